@@ -1,0 +1,411 @@
+"""The built-in catalog of accelerators, nodes, fabrics, fleets and workloads.
+
+The catalog lives in ``configs/catalog/*.toml`` (values as mlsysim 0.3.0's
+registry states them, each with its source). The files are read once, on
+first use, with :mod:`tomllib`; quantity strings are converted to SI floats
+at load (:mod:`solver.units`) and every entry becomes a frozen
+:mod:`solver.specs` object.
+
+    >>> from solver import catalog
+    >>> catalog.fleet("Training_1K").node.accelerator.name
+    'NVIDIA H100'
+    >>> catalog.names("fabrics")[:2]
+    ['Ethernet_100G', 'Ethernet_10G']
+
+Users can describe their own hardware and models in a TOML file with tables
+``[accelerators.X]``, ``[nodes.X]``, ``[fabrics.X]``, ``[fleets.X]`` and
+``[workloads.X]`` (same keys as the catalog files) and read it with
+:func:`load_file`; references (a node's ``accelerator``, a fleet's ``node`` and
+``fabric``) name an entry of the same file or of the built-in catalog.
+
+The catalog directory is ``configs/catalog`` next to the ``solver`` package,
+or ``$SOLVER_CATALOG_DIR`` if set when the catalog is first used.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+import tomllib
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from . import specs
+from .units import parse_quantity
+
+__all__ = [
+    "CatalogError",
+    "KINDS",
+    "workload",
+    "fleet",
+    "accelerator",
+    "node",
+    "fabric",
+    "names",
+    "load_file",
+    "catalog_dir",
+]
+
+#: Catalog sections, in the order they are built (references point backwards).
+KINDS = ("accelerators", "fabrics", "workloads", "nodes", "fleets")
+
+_SINGULAR = {"accelerators": "accelerator", "nodes": "node", "fabrics": "fabric",
+             "fleets": "fleet", "workloads": "workload"}
+_SPEC = {"accelerators": specs.Accelerator, "nodes": specs.Node, "fabrics": specs.Fabric,
+         "fleets": specs.Fleet, "workloads": specs.Workload}
+_DEFAULT_DIR = Path(__file__).resolve().parent.parent / "configs" / "catalog"
+
+
+class CatalogError(ValueError):
+    """An unknown catalog name, or a catalog/user TOML entry that cannot be read."""
+
+
+# ----------------------------------------------------------------- fields
+
+class _Field(NamedTuple):
+    expected: str                      # for messages: "an integer", "a bytes quantity such as ..."
+    convert: Callable                  # (value, where, resolve) -> converted value
+    required: bool = False
+
+
+def _type_name(value) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string",
+            dict: "table", list: "array"}.get(type(value), type(value).__name__)
+
+
+def _wrong(where, expected, value):
+    return CatalogError(f"{where}: expected {expected}, but got {_type_name(value)} {value!r}")
+
+
+def _string(value, where, resolve):
+    if not isinstance(value, str):
+        raise _wrong(where, "a string", value)
+    return value
+
+
+def _integer(value, where, resolve):
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _wrong(where, "an integer", value)
+    return value
+
+
+def _number(value, where, resolve):
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _wrong(where, "a plain number", value)
+    return float(value)
+
+
+def _quantity(dimension):
+    def convert(value, where, resolve):
+        try:
+            return parse_quantity(value, dimension, where=where)
+        except ValueError as err:
+            raise CatalogError(str(err)) from None
+    return convert
+
+
+def _flops_table(value, where, resolve):
+    if not isinstance(value, dict):
+        raise _wrong(where, "an inline table of precision = FLOP/s quantity", value)
+    return {key: _quantity("flops")(v, f"{where}.{key}", resolve) for key, v in value.items()}
+
+
+def _reference(kind):
+    def convert(value, where, resolve):
+        return resolve(kind, _string(value, where, resolve), where)
+    return convert
+
+
+def _field(kind_of_value: str, required: bool = False) -> _Field:
+    table = {
+        "string": ("a string", _string),
+        "integer": ("an integer", _integer),
+        "number": ("a plain number", _number),
+        "bytes": ("a bytes quantity such as '80 GiB'", _quantity("bytes")),
+        "bandwidth": ("a bandwidth quantity such as '3.35 TB/s' or '400 Gbps'", _quantity("bandwidth")),
+        "flops": ("a FLOP/s quantity such as '989 TFLOP/s'", _quantity("flops")),
+        "time": ("a time quantity such as '5 us'", _quantity("time")),
+        "power": ("a power quantity such as '700 W'", _quantity("power")),
+        "flops_table": ("an inline table of precision = FLOP/s quantity", _flops_table),
+    }
+    if kind_of_value in _SINGULAR:
+        return _Field(f"the name of a {_SINGULAR[kind_of_value]} (this file or the built-in catalog)",
+                      _reference(kind_of_value), required)
+    expected, convert = table[kind_of_value]
+    return _Field(expected, convert, required)
+
+
+_SCHEMA = {
+    "accelerators": {
+        "name": _field("string"),
+        "peak_flops": _field("flops", True),
+        "precision_flops": _field("flops_table"),
+        "memory_capacity": _field("bytes", True),
+        "memory_bandwidth": _field("bandwidth", True),
+        "sram_capacity": _field("bytes"),
+        "sram_bandwidth": _field("bandwidth"),
+        "flash_bandwidth": _field("bandwidth"),
+        "host_link_bandwidth": _field("bandwidth"),
+        "nvlink_latency": _field("time"),
+        "tdp": _field("power"),
+        "dispatch_tax": _field("time"),
+        "source": _field("string"),
+    },
+    "nodes": {
+        "name": _field("string"),
+        "accelerator": _field("accelerators", True),
+        "accelerators_per_node": _field("integer", True),
+        "intra_node_bandwidth": _field("bandwidth", True),
+        "source": _field("string"),
+    },
+    "fabrics": {
+        "name": _field("string"),
+        "bandwidth": _field("bandwidth", True),
+        "latency": _field("time"),
+        "oversubscription": _field("number"),
+        "source": _field("string"),
+    },
+    "fleets": {
+        "name": _field("string"),
+        "node": _field("nodes", True),
+        "count": _field("integer", True),
+        "fabric": _field("fabrics", True),
+        "source": _field("string"),
+    },
+    "workloads": {
+        "name": _field("string"),
+        "kind": _field("string", True),
+        "parameters": _field("number"),
+        "model_size": _field("bytes"),
+        "inference_flops": _field("number"),
+        "layers": _field("integer"),
+        "hidden_dim": _field("integer"),
+        "heads": _field("integer"),
+        "active_parameters": _field("number"),
+        "experts": _field("integer"),
+        "active_experts_per_token": _field("integer"),
+        "denoising_steps": _field("integer"),
+        "source": _field("string"),
+    },
+}
+
+
+# ---------------------------------------------------------------- building
+
+def _suggest(name: str, choices) -> str:
+    choices = sorted(choices)
+    same_case = [c for c in choices if c.lower() == name.lower()]
+    close = same_case or difflib.get_close_matches(name, choices, n=3, cutoff=0.6)
+    if not close:
+        return ""
+    quoted = [repr(c) for c in close]
+    options = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+    return f"; did you mean {options}?"
+
+
+def _build(kind: str, key: str, table, loc: str, resolve):
+    """One spec from one TOML table; ``loc`` is ``"<file>: <table>"``."""
+    if not isinstance(table, dict):
+        raise _wrong(loc, f"a table of {_SINGULAR[kind]} keys", table)
+    schema = _SCHEMA[kind]
+    for field in table:
+        if field not in schema:
+            raise CatalogError(
+                f"{loc}: unknown key {field!r}{_suggest(field, schema)}; "
+                f"a {_SINGULAR[kind]} takes {', '.join(schema)}"
+            )
+    for field, spec in schema.items():
+        if spec.required and field not in table:
+            raise CatalogError(f"{loc}: missing required key {field!r} ({spec.expected})")
+    values = {"name": key}
+    for field, value in table.items():
+        values[field] = schema[field].convert(value, f"{loc}.{field}", resolve)
+    try:
+        return _SPEC[kind](**values)
+    except ValueError as err:
+        raise CatalogError(f"{loc}: {err}") from None
+
+
+def _build_all(sources: dict, fallback: dict | None) -> dict:
+    """Specs from ``{kind: (display_path, table_prefix, {key: table})}``.
+
+    References resolve to entries built from ``sources`` first, then to
+    ``fallback`` (the built-in catalog) if given.
+    """
+    out = {kind: {} for kind in KINDS}
+
+    def resolve(kind, name, where):
+        if name in out[kind]:
+            return out[kind][name]
+        if fallback is not None and name in fallback[kind]:
+            return fallback[kind][name]
+        known = set(out[kind]) | set(fallback[kind] if fallback else ())
+        raise CatalogError(f"{where}: unknown {_SINGULAR[kind]} {name!r}{_suggest(name, known)}")
+
+    for kind in KINDS:
+        if kind in sources:
+            display, prefix, tables = sources[kind]
+            for key, table in tables.items():
+                out[kind][key] = _build(kind, key, table, f"{display}: {prefix}{key}", resolve)
+    return out
+
+
+def _read_toml(path: Path, display: str) -> dict:
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise CatalogError(f"{display}: file not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise CatalogError(f"{display}: not valid TOML: {err}") from None
+
+
+def catalog_dir() -> Path:
+    """The directory the built-in catalog is read from.
+
+    Returns
+    -------
+    pathlib.Path
+        ``$SOLVER_CATALOG_DIR`` if set, else ``configs/catalog`` beside the
+        ``solver`` package.
+    """
+    override = os.environ.get("SOLVER_CATALOG_DIR")
+    return Path(override) if override else _DEFAULT_DIR
+
+
+@functools.cache
+def _builtin() -> dict:
+    directory = catalog_dir()
+    sources = {}
+    for kind in KINDS:
+        path = directory / f"{kind}.toml"
+        display = f"configs/catalog/{kind}.toml" if directory == _DEFAULT_DIR else str(path)
+        sources[kind] = (display, "", _read_toml(path, display))
+    return _build_all(sources, fallback=None)
+
+
+# ------------------------------------------------------------------ public
+
+def _kind(kind: str) -> str:
+    if kind not in _SINGULAR:
+        raise CatalogError(f"unknown catalog kind {kind!r} (expected one of "
+                           f"{', '.join(sorted(KINDS))}){_suggest(kind, KINDS)}")
+    return kind
+
+
+def _get(kind: str, name: str):
+    entries = _builtin()[kind]
+    if name in entries:
+        return entries[name]
+    raise CatalogError(
+        f"unknown {_SINGULAR[kind]} {name!r}{_suggest(str(name), entries)}"
+        f" (see solver.catalog.names({kind!r}))"
+    )
+
+
+def workload(name: str) -> specs.Workload:
+    """The catalog workload with table key ``name`` (e.g. ``"Llama3_70B"``).
+
+    Raises
+    ------
+    CatalogError
+        If there is no such entry; close matches are suggested.
+    """
+    return _get("workloads", name)
+
+
+def fleet(name: str) -> specs.Fleet:
+    """The catalog fleet with table key ``name`` (e.g. ``"Training_1K"``).
+
+    Raises
+    ------
+    CatalogError
+        If there is no such entry; close matches are suggested.
+    """
+    return _get("fleets", name)
+
+
+def accelerator(name: str) -> specs.Accelerator:
+    """The catalog accelerator with table key ``name`` (e.g. ``"H100"``).
+
+    Raises
+    ------
+    CatalogError
+        If there is no such entry; close matches are suggested.
+    """
+    return _get("accelerators", name)
+
+
+def node(name: str) -> specs.Node:
+    """The catalog node with table key ``name`` (e.g. ``"DGX_H100"``).
+
+    Raises
+    ------
+    CatalogError
+        If there is no such entry; close matches are suggested.
+    """
+    return _get("nodes", name)
+
+
+def fabric(name: str) -> specs.Fabric:
+    """The catalog fabric with table key ``name`` (e.g. ``"InfiniBand_NDR"``).
+
+    Raises
+    ------
+    CatalogError
+        If there is no such entry; close matches are suggested.
+    """
+    return _get("fabrics", name)
+
+
+def names(kind: str) -> list[str]:
+    """Sorted table keys of one catalog section.
+
+    Parameters
+    ----------
+    kind : {"workloads", "fleets", "accelerators", "nodes", "fabrics"}
+
+    Returns
+    -------
+    list of str
+    """
+    return sorted(_builtin()[_kind(kind)])
+
+
+def load_file(path) -> dict:
+    """Read a user's TOML file of accelerators, nodes, fabrics, fleets and workloads.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A TOML file whose top-level tables are any of ``accelerators``,
+        ``nodes``, ``fabrics``, ``fleets``, ``workloads``, each holding one
+        sub-table per entry (``[fleets.MyFleet]``) with the same keys as the
+        built-in catalog files. A node's ``accelerator`` and a fleet's
+        ``node`` / ``fabric`` name an entry of this file or, failing that, of
+        the built-in catalog. ``name`` defaults to the table key.
+
+    Returns
+    -------
+    dict
+        ``{kind: {table key: spec}}`` for all five kinds (empty where the file
+        has none).
+
+    Raises
+    ------
+    CatalogError
+        For unreadable TOML, unknown tables or keys, wrong types, bad units,
+        missing required keys or unknown references; the message names the
+        file, the table and the key.
+    """
+    display = str(path)
+    data = _read_toml(Path(path), display)
+    for top, value in data.items():
+        if top not in _SINGULAR:
+            raise CatalogError(f"{display}: unknown table [{top}] (expected any of "
+                               f"{', '.join(f'[{k}.NAME]' for k in sorted(KINDS))}){_suggest(top, KINDS)}")
+        if not isinstance(value, dict):
+            raise _wrong(f"{display}: {top}", f"a table of [{top}.NAME] tables", value)
+    sources = {kind: (display, f"{kind}.", data[kind]) for kind in KINDS if kind in data}
+    return _build_all(sources, fallback=_builtin())

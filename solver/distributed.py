@@ -1,0 +1,281 @@
+"""The composition: mlsysim 0.3.0 ``DistributedModel.solve``, broadcast over arrays.
+
+Every numeric and boolean knob may be an array; all broadcast together, and
+each term is computed on the axes its inputs span (pass a grid as an open mesh,
+like ``np.ix_``). Branches of the reference are ``np.where``; branches on the
+workload or fleet (one object per call) are plain ``if``.
+
+References
+----------
+[1] Shoeybi, M. et al. (2019), "Megatron-LM", arXiv:1909.08053 (4 all-reduces
+    per layer per training step under TP).
+[2] Fedus, W., Zoph, B. and Shazeer, N. (2022), "Switch Transformers", JMLR
+    (expert-parallel all-to-all).
+[3] Dean, J. and Barroso, L. (2013), "The tail at scale", CACM (stragglers).
+[4] mlsysim 0.3.0, ``DistributedModel.solve`` (engine/solvers/distributed.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import collectives as coll
+from . import knobs as knobs_
+from . import pipeline
+from .replica import layer_count, replica_step, stored_bytes, weight_bytes, width
+from .specs import Fleet, Workload
+
+__all__ = [
+    "solve",
+    "OUTPUTS",
+    "NVLINK_CLASS_LATENCY",
+    "FALLBACK_FABRIC_LATENCY",
+    "TP_ALLREDUCES_PER_LAYER",
+    "LORA_GRADIENT_FRACTION",
+]
+
+#: Per-hop latency of the NVLink technology class [s], used when the
+#: accelerator's own link states none (mlsysim ``Tech.Interconnect.NVLink``).
+NVLINK_CLASS_LATENCY = 500e-9
+#: Fabric latency used when a fabric states none [s]: InfiniBand NDR's 5 us.
+FALLBACK_FABRIC_LATENCY = 5e-6
+#: Megatron-LM: 2 all-reduces forward and 2 backward per layer [1].
+TP_ALLREDUCES_PER_LAYER = 4
+#: Share of the gradients a LoRA step all-reduces across DP.
+LORA_GRADIENT_FRACTION = 0.01
+
+#: Points per block when a call is large enough to be cut (fits in L2 cache).
+CHUNK_SIZE = 1 << 15
+
+#: Output name -> (units, long name). Units are CF strings, "1" for ratios.
+OUTPUTS = {
+    "valid": ("1", "split is possible: TP*PP*EP divides the fleet"),
+    "dp_size": ("1", "data-parallel degree"),
+    "idle_ranks": ("1", "global batch smaller than DP: ranks run one sample"),
+    "step_latency_total": ("s", "training step time"),
+    "scaling_efficiency": ("1", "replica step time over total step time"),
+    "effective_throughput": ("s-1", "fleet throughput in samples per second"),
+    "mfu": ("1", "fleet model FLOPs utilization"),
+    "dp_communication_latency": ("s", "exposed data-parallel gradient all-reduce"),
+    "tp_communication_latency": ("s", "tensor-parallel activation all-reduces"),
+    "ep_communication_latency": ("s", "expert-parallel all-to-all"),
+    "communication_latency": ("s", "all communication before overlap"),
+    "pipeline_bubble_latency": ("s", "pipeline fill and drain"),
+    "bubble_fraction": ("1", "idle share of a pipelined step"),
+    "node_latency": ("s", "replica step time"),
+    "node_latency_compute": ("s", "replica compute time"),
+    "node_latency_memory": ("s", "replica memory-traffic time"),
+    "node_latency_overhead": ("s", "dispatch and framework layer taxes"),
+    "node_throughput": ("s-1", "replica throughput in samples per second"),
+    "node_mfu": ("1", "replica model FLOPs utilization"),
+    "node_hfu": ("1", "replica hardware FLOPs utilization"),
+    "node_energy": ("J", "replica energy per step"),
+    "memory_footprint": ("B", "training memory per accelerator"),
+    "memory_weights": ("B", "weights per accelerator"),
+    "memory_gradients": ("B", "gradients per accelerator"),
+    "memory_optimizer_state": ("B", "optimizer state per accelerator"),
+    "memory_activations": ("B", "stored activations per accelerator"),
+    "memory_communication_buffers": ("B", "gradient bucket and pipeline buffers per accelerator"),
+    "feasible": ("1", "training state fits the accelerator's memory"),
+}
+
+
+def _per_precision(precision, fn):
+    """``fn(key)`` for a precision name, or spread over an array of them."""
+    return fn(precision) if isinstance(precision, str) else precision.lookup(fn)
+
+
+def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", efficiency=0.5,
+          tp_size=1, pp_size=1, ep_size=1, v_stages=1, microbatch_count=1,
+          topology_override=None, zero_stage=0, is_lora=False, activation_recomputation=False,
+          overlap_comm=False, overlap_efficiency=0.85, congestion_factor=1.0,
+          straggler_factor=1.0, moe_routing_imbalance_factor=1.0,
+          gradient_accumulation_steps=1, seq_len=2048):
+    """Distributed training step of ``workload`` on ``fleet``, for every configuration at once.
+
+    Keyword names and defaults are those of mlsysim 0.3.0
+    ``DistributedModel.solve``. Numeric and boolean knobs may be arrays; all
+    broadcast together. ``precision`` is a name (``fp32``, ``tf32``, ``bf16``,
+    ``fp16``, ``fp8``, ``int8``, ``int4``; any case) or an array of names.
+    ``topology_override`` is accepted, as by the reference, and changes nothing.
+
+    Returns
+    -------
+    dict of str -> numpy.ndarray
+        The outputs of :data:`OUTPUTS` in SI units, each of the broadcast shape
+        of the knobs (read-only views where a term spans fewer axes). Where
+        ``valid`` is False (TP*PP*EP exceeds or does not divide the fleet)
+        every float output is NaN and every boolean False.
+
+    Raises
+    ------
+    ValueError
+        For a value no configuration can have, naming the knob and the value.
+    """
+    k = knobs_.normalize({
+        "batch_size": batch_size, "precision": precision, "efficiency": efficiency,
+        "tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size, "v_stages": v_stages,
+        "microbatch_count": microbatch_count, "topology_override": topology_override,
+        "zero_stage": zero_stage, "is_lora": is_lora,
+        "activation_recomputation": activation_recomputation, "overlap_comm": overlap_comm,
+        "overlap_efficiency": overlap_efficiency, "congestion_factor": congestion_factor,
+        "straggler_factor": straggler_factor,
+        "moe_routing_imbalance_factor": moe_routing_imbalance_factor,
+        "gradient_accumulation_steps": gradient_accumulation_steps, "seq_len": seq_len,
+    })
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a solver.specs.Workload (see solver.catalog.workload "
+                        f"or solver.from_mlsysim), but got {type(workload).__name__}")
+    if not isinstance(fleet, Fleet):
+        raise TypeError(f"fleet must be a solver.specs.Fleet (see solver.catalog.fleet "
+                        f"or solver.from_mlsysim), but got {type(fleet).__name__}")
+    shape = np.broadcast_shapes(*(np.shape(v) for v in k.values()))
+    size = int(np.prod(shape))
+    axis = int(np.argmax(shape)) if shape else 0
+    if size <= 2 * CHUNK_SIZE or shape[axis] < 2:
+        return _solve(workload, fleet, k, shape)
+    # Large inputs: blocks along the longest axis, so temporaries stay in cache.
+    n_blocks = min(shape[axis], -(-size // CHUNK_SIZE))
+    bounds = np.linspace(0, shape[axis], n_blocks + 1).astype(int)
+    result = {}
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        part = {name: _block(value, axis, len(shape), lo, hi) for name, value in k.items()}
+        block_shape = shape[:axis] + (hi - lo,) + shape[axis + 1:]
+        for name, value in _solve(workload, fleet, part, block_shape).items():
+            if name not in result:
+                result[name] = np.empty(shape, dtype=value.dtype)
+            result[name][(slice(None),) * axis + (slice(lo, hi),)] = value
+    return result
+
+
+def _block(value, axis, ndim, lo, hi):
+    """Rows ``lo:hi`` of a knob along broadcast axis ``axis`` (unchanged if it is not long there)."""
+    shape = np.shape(value)
+    own = axis - (ndim - len(shape))
+    if own < 0 or shape[own] == 1:
+        return value
+    index = (slice(None),) * own + (slice(lo, hi),)
+    if isinstance(value, knobs_.Precisions):
+        return knobs_.Precisions(value.keys, value.codes[index])
+    return value[index]
+
+
+def _solve(workload, fleet, k, shape):
+    node, fabric = fleet.node, fleet.fabric
+    acc = node.accelerator
+    n_accelerators = fleet.total_accelerators
+    tp, pp, ep = k["tp_size"], k["pp_size"], k["ep_size"]
+    seq_len, lora = k["seq_len"], k["is_lora"]
+
+    # 1. Split the fleet into TP x PP x EP replicas and DP; the split must be exact.
+    replica = tp * pp * ep
+    valid = (replica <= n_accelerators) & (n_accelerators % replica == 0)
+    replica = np.where(valid, replica, 1)  # priced harmlessly, reported NaN below
+    dp = n_accelerators // replica
+    local_batch = np.maximum(1, k["batch_size"] // dp)
+    idle_ranks = k["batch_size"] < dp
+
+    precision = k["precision"]
+    precision_bytes = _per_precision(precision, knobs_.PRECISION_BYTES.__getitem__)
+    peak_flops = _per_precision(precision, acc.peak_for)
+    weights_total = _per_precision(
+        precision, lambda p: weight_bytes(workload, knobs_.PRECISION_BYTES[p]))
+    model_bytes = _per_precision(
+        precision, lambda p: stored_bytes(workload, knobs_.PRECISION_BYTES[p]))
+
+    # 2. One replica's step.
+    step = replica_step(
+        workload, acc, local_batch=local_batch, replica=replica, dp_size=dp,
+        tp_size=tp, pp_size=pp, seq_len=seq_len, precision_bytes=precision_bytes,
+        peak_flops=peak_flops, weights_total=weights_total, efficiency=k["efficiency"],
+        zero_stage=k["zero_stage"], is_lora=lora,
+        activation_recomputation=k["activation_recomputation"],
+        microbatch_count=k["microbatch_count"],
+        gradient_accumulation_steps=k["gradient_accumulation_steps"])
+    latency = step["latency"]
+
+    # 3. Communication.
+    intra_bw = node.intra_node_bandwidth
+    intra_lat = acc.nvlink_latency if acc.nvlink_latency is not None else NVLINK_CLASS_LATENCY
+    inter_bw = fabric.bandwidth / fabric.oversubscription
+    inter_lat = fabric.latency if fabric.latency is not None else FALLBACK_FABRIC_LATENCY
+
+    # DP: each rank all-reduces the gradients of its TP x PP shard.
+    gradients = model_bytes / (tp * pp)
+    gradients = np.where(lora, gradients * LORA_GRADIENT_FRACTION, gradients)
+    ranks_per_node = np.maximum(1, node.accelerators_per_node // replica)
+    nodes_spanned = -(-dp // ranks_per_node)
+    t_dp = np.where(
+        nodes_spanned == 1,
+        coll.ring_allreduce_time(gradients, dp, bandwidth=intra_bw, latency=intra_lat),
+        np.where(
+            ranks_per_node == 1,
+            coll.ring_allreduce_time(gradients, dp, bandwidth=inter_bw, latency=inter_lat),
+            coll.hierarchical_allreduce_time(
+                gradients, nodes_spanned, ranks_per_node, intra_node_bandwidth=intra_bw,
+                inter_node_bandwidth=inter_bw, inter_node_latency=inter_lat)))
+    t_dp = np.where(dp > 1, t_dp, 0.0)
+
+    # TP: 4 all-reduces of the stage's activations per layer [1], over NVLink
+    # when the group fits in a node, else over the fabric.
+    activation_bytes = (local_batch * seq_len).astype(np.float64) * width(workload) * precision_bytes
+    in_node = tp <= node.accelerators_per_node
+    stage_layers = -(-layer_count(workload) // pp)
+    t_tp = coll.ring_allreduce_time(
+        activation_bytes, tp, bandwidth=np.where(in_node, intra_bw, inter_bw),
+        latency=np.where(in_node, intra_lat, inter_lat)) * TP_ALLREDUCES_PER_LAYER * stage_layers
+
+    # EP: routed tokens all-to-all over the fabric [2].
+    top_k = workload.active_experts_per_token or 1
+    token_bytes = activation_bytes * top_k * k["moe_routing_imbalance_factor"]
+    t_ep = np.where(ep > 1, coll.all_to_all_time(token_bytes, ep, bandwidth=inter_bw,
+                                                 latency=inter_lat), 0.0)
+
+    # 4. Pipeline bubble.
+    bubble_fraction = pipeline.bubble_fraction(pp, k["microbatch_count"], k["v_stages"])
+    t_bubble = pipeline.bubble_time(latency, bubble_fraction, pp)
+
+    # 5. Congestion, gradient accumulation, overlap, stragglers.
+    congestion = k["congestion_factor"]
+    t_dp = t_dp * congestion / k["gradient_accumulation_steps"]
+    t_tp = t_tp * congestion
+    t_ep = t_ep * congestion
+    communication = t_dp + t_tp + t_ep
+    exposed_dp = np.where(k["overlap_comm"], t_dp * (1 - k["overlap_efficiency"]), t_dp)
+    total = latency + exposed_dp + t_tp + t_ep + t_bubble
+    straggler = k["straggler_factor"]
+    total = np.where(straggler > 1.0, total * straggler, total)  # [3]
+    scaling = latency / total
+
+    out = {
+        "dp_size": dp.astype(np.float64),
+        "idle_ranks": idle_ranks,
+        "step_latency_total": total,
+        "scaling_efficiency": scaling,
+        "effective_throughput": dp * step["throughput"] * scaling,
+        "mfu": step["mfu"] * scaling,
+        "dp_communication_latency": t_dp,
+        "tp_communication_latency": t_tp,
+        "ep_communication_latency": t_ep,
+        "communication_latency": communication,
+        "pipeline_bubble_latency": t_bubble,
+        "bubble_fraction": bubble_fraction,
+        "node_latency": latency,
+        "node_latency_compute": step["latency_compute"],
+        "node_latency_memory": step["latency_memory"],
+        "node_latency_overhead": step["latency_overhead"],
+        "node_throughput": step["throughput"],
+        "node_mfu": step["mfu"],
+        "node_hfu": step["hfu"],
+        "node_energy": step["energy"],
+    }
+    out.update({name: step[name] for name in step if name.startswith("memory_")})
+    out["feasible"] = step["feasible"]
+    result = {"valid": np.broadcast_to(valid, shape)}
+    all_valid = bool(valid.all())
+    for name, value in out.items():
+        value = np.asarray(value)
+        if not all_valid:
+            value = np.where(valid, value, False if value.dtype == bool else np.nan)
+        result[name] = np.broadcast_to(value, shape)
+    return result

@@ -1,0 +1,260 @@
+"""The knobs of ``solve``: names, defaults, kinds and the values each may take.
+
+One table serves the solver (validation), the sweep (axis names and types) and
+the command line (flags). Names and defaults are those of mlsysim 0.3.0's
+``DistributedModel.solve``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = [
+    "Knob",
+    "KNOBS",
+    "PRECISION_BYTES",
+    "TOPOLOGIES",
+    "canonical_precision",
+    "Precisions",
+    "normalize",
+]
+
+#: Storage bytes per element by canonical precision key (the reference's PRECISION_MAP).
+PRECISION_BYTES = {
+    "fp32": 4.0,
+    "tf32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+}
+
+#: Accepted values of ``topology_override``. The reference accepts the knob and
+#: does not use it; so do we (it changes no output).
+TOPOLOGIES = (None, "ring", "tree")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One keyword of ``solve``.
+
+    kind is ``"int"``, ``"float"``, ``"bool"``, ``"precision"`` or ``"topology"``;
+    ``low``/``high`` bound the value (``low_open``: the low bound itself is refused);
+    ``why`` finishes the error message.
+    """
+
+    name: str
+    kind: str
+    default: Any
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    why: str = ""
+
+
+KNOBS = {k.name: k for k in (
+    Knob("batch_size", "int", 1, low=1, why="global batch in samples"),
+    Knob("precision", "precision", "fp16"),
+    Knob("efficiency", "float", 0.5, low=1e-9, high=1.0,
+         why="achieved share of peak compute, in (0, 1] (at least 1e-9, as the reference requires)"),
+    Knob("tp_size", "int", 1, low=1, why="tensor-parallel degree"),
+    Knob("pp_size", "int", 1, low=1, why="pipeline-parallel degree"),
+    Knob("ep_size", "int", 1, low=1, why="expert-parallel degree"),
+    Knob("v_stages", "int", 1, low=1, why="virtual stages per device"),
+    Knob("microbatch_count", "int", 1, low=1, why="microbatches per step"),
+    Knob("topology_override", "topology", None),
+    Knob("zero_stage", "int", 0, low=0, high=3, why="ZeRO stage 0, 1, 2 or 3"),
+    Knob("is_lora", "bool", False),
+    Knob("activation_recomputation", "bool", False),
+    Knob("overlap_comm", "bool", False),
+    Knob("overlap_efficiency", "float", 0.85, low=0.0, high=1.0,
+         why="share of DP communication hidden behind compute, in [0, 1]"),
+    Knob("congestion_factor", "float", 1.0, low=1.0,
+         why="multiplier on communication time; 1.0 is an ideal network"),
+    Knob("straggler_factor", "float", 1.0, low=1.0,
+         why="multiplier on step time for the slowest worker; 1.0 is none"),
+    Knob("moe_routing_imbalance_factor", "float", 1.0, low=1.0,
+         why="multiplier on routed MoE traffic; 1.0 is balanced routing"),
+    Knob("gradient_accumulation_steps", "int", 1, low=1, why="micro-steps per optimizer step"),
+    Knob("seq_len", "int", 2048, low=1, why="tokens per sample"),
+)}
+
+
+def canonical_precision(value) -> str:
+    """The reference's canonical key for a precision name (case-insensitive)."""
+    if not isinstance(value, (str, np.str_)):
+        raise ValueError(f"precision must be a string such as 'fp16', but got {value!r}")
+    key = str(value).lower()
+    if key not in PRECISION_BYTES:
+        raise ValueError(
+            f"precision must be one of {', '.join(PRECISION_BYTES)} (any case), but got {value!r}"
+        )
+    return key
+
+
+def _first_bad(array, bad):
+    return array[bad].flat[0] if np.ndim(array) else array.item()
+
+
+def _describe_bounds(knob):
+    parts = []
+    if knob.low is not None:
+        parts.append(f"{'>' if knob.low_open else '>='} {knob.low:g}")
+    if knob.high is not None:
+        parts.append(f"<= {knob.high:g}")
+    return " and ".join(parts)
+
+
+def _check_bounds(knob, array):
+    bad = np.zeros(np.shape(array), dtype=bool)
+    if knob.low is not None:
+        bad |= (array <= knob.low) if knob.low_open else (array < knob.low)
+    if knob.high is not None:
+        bad |= array > knob.high
+    if bad.any():
+        kind = "an integer" if knob.kind == "int" else "a number"
+        raise ValueError(
+            f"{knob.name} must be {kind} {_describe_bounds(knob)} ({knob.why}), "
+            f"but got {knob.name}={_first_bad(array, bad)!r}"
+        )
+
+
+def _as_int(knob, value):
+    array = np.asarray(value)
+    if array.dtype == bool or array.dtype.kind not in "iuf":
+        raise ValueError(
+            f"{knob.name} must be an integer or an array of integers ({knob.why}), "
+            f"but got {value!r:.80}"
+        )
+    if array.dtype.kind == "f":
+        bad = ~np.isfinite(array) | (array != np.round(array))
+        if bad.any():
+            raise ValueError(
+                f"{knob.name} must be a whole number ({knob.why}), "
+                f"but got {knob.name}={_first_bad(array, bad)!r}"
+            )
+        if np.abs(array).max(initial=0) >= 2.0 ** 62:
+            raise ValueError(f"{knob.name} is too large for 64-bit integers: {array.max()!r}")
+    array = array.astype(np.int64, copy=False)
+    _check_bounds(knob, array)
+    return array
+
+
+def _as_float(knob, value):
+    array = np.asarray(value)
+    if array.dtype == bool or array.dtype.kind not in "iuf":
+        raise ValueError(f"{knob.name} must be a number or an array of numbers ({knob.why}), "
+                         f"but got {value!r:.80}")
+    array = array.astype(np.float64, copy=False)
+    bad = ~np.isfinite(array)
+    if bad.any():
+        raise ValueError(f"{knob.name} must be finite ({knob.why}), "
+                         f"but got {knob.name}={_first_bad(array, bad)!r}")
+    _check_bounds(knob, array)
+    return array
+
+
+def _as_bool(knob, value):
+    array = np.asarray(value)
+    if array.dtype == bool:
+        return array
+    if array.dtype.kind in "iuf" and np.isin(array, (0, 1)).all():
+        return array.astype(bool)
+    raise ValueError(f"{knob.name} must be True or False (or an array of them), "
+                     f"but got {value!r:.80}")
+
+
+class Precisions:
+    """An array of precision names, stored as codes into ``keys`` (canonical names)."""
+
+    __slots__ = ("keys", "codes")
+
+    def __init__(self, keys, codes):
+        self.keys, self.codes = tuple(keys), codes
+
+    @property
+    def shape(self):
+        return self.codes.shape
+
+    def names(self):
+        """The canonical names as a string array."""
+        return np.array(self.keys)[self.codes]
+
+    def lookup(self, fn):
+        """``fn(key)`` for every distinct precision, spread over the array [float64]."""
+        return np.array([fn(key) for key in self.keys], dtype=np.float64)[self.codes]
+
+
+def _factorize(array):
+    """Distinct values of an array and its codes; one pass per distinct value."""
+    codes = np.full(array.shape, -1, dtype=np.int64)
+    values = []
+    while True:
+        todo = (codes < 0).ravel()
+        first = int(np.argmax(todo))
+        if not todo[first]:
+            return values, codes
+        value = array.flat[first]
+        codes[array == value] = len(values)
+        values.append(value)
+
+
+def _as_precision(knob, value):
+    if isinstance(value, (str, np.str_)):
+        return canonical_precision(value)
+    if isinstance(value, Precisions):
+        return value
+    array = np.asarray(value)
+    if array.dtype.kind not in "UO":
+        raise ValueError(f"precision must be a string or an array of strings, but got {value!r:.80}")
+    raw, codes = _factorize(array)
+    keys = sorted({canonical_precision(v) for v in raw})
+    to_key = np.array([keys.index(canonical_precision(v)) for v in raw], dtype=np.int64)
+    return Precisions(keys, to_key[codes])
+
+
+def _as_topology(knob, value):
+    if value not in TOPOLOGIES:
+        raise ValueError(
+            f"topology_override must be None, 'ring' or 'tree', but got {value!r}"
+        )
+    return value
+
+
+_CONVERT = {
+    "int": _as_int,
+    "float": _as_float,
+    "bool": _as_bool,
+    "precision": _as_precision,
+    "topology": _as_topology,
+}
+
+
+def normalize(values: dict) -> dict:
+    """Check every knob and convert it to a numpy array of its kind.
+
+    Parameters
+    ----------
+    values : dict
+        Knob name -> scalar or array.
+
+    Returns
+    -------
+    dict
+        Knob name -> int64, float64 or bool array; precision: a canonical name,
+        or :class:`Precisions` for an array of names.
+
+    Raises
+    ------
+    ValueError
+        Naming the knob, what it accepts and the offending value.
+    """
+    out = {}
+    for name, value in values.items():
+        knob = KNOBS[name]
+        out[name] = _CONVERT[knob.kind](knob, value)
+    return out

@@ -1,0 +1,248 @@
+"""Frozen specifications of hardware and workloads, in plain SI floats.
+
+Every quantity is stored once, in SI base units, as the datasheet (or the
+mlsysim 0.3.0 registry) states it: bytes [B], bytes per second [B/s],
+floating-point operations per second [FLOP/s], seconds [s], watts [W].
+Conventions that depend on a fact being absent (a fabric with no stated
+latency, an accelerator with no host link) are applied by the solver, not
+here, so that a spec says only what its source says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, Optional
+
+__all__ = [
+    "Accelerator",
+    "Node",
+    "Fabric",
+    "Fleet",
+    "Workload",
+    "WORKLOAD_KINDS",
+]
+
+#: Workload families, named after the mlsysim 0.3.0 classes they mirror.
+#: ``transformer`` = TransformerWorkload, ``moe`` = SparseTransformerWorkload,
+#: ``cnn`` = CNNWorkload, ``ssm`` = SSMWorkload, ``diffusion`` =
+#: DiffusionWorkload, ``embodied`` = EmbodiedWorkload, ``generic`` = Workload.
+WORKLOAD_KINDS = ("transformer", "moe", "cnn", "ssm", "diffusion", "embodied", "generic")
+
+
+def _positive(obj, *names):
+    for name in names:
+        value = getattr(obj, name)
+        if value is None:
+            continue
+        if not value > 0:
+            raise ValueError(
+                f"{type(obj).__name__} {obj.name!r}: {name} must be > 0, but got {value!r}"
+            )
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One accelerator (GPU, TPU, ...).
+
+    Parameters
+    ----------
+    name : str
+    peak_flops : float [FLOP/s]
+        Default (dense FP16) peak; used for any precision not in ``precision_flops``.
+    memory_capacity : float [B]
+    memory_bandwidth : float [B/s]
+    precision_flops : mapping str -> float [FLOP/s]
+        Peaks by precision key as the registry names them (``fp32``, ``fp8``, ...).
+    sram_capacity, sram_bandwidth, flash_bandwidth : float, optional [B], [B/s]
+        On-chip SRAM and flash tiers (single-device roofline path only).
+    host_link_bandwidth : float, optional [B/s]
+        One-way host (PCIe) bandwidth; the offload path's bandwidth.
+    nvlink_latency : float, optional [s]
+        Per-hop latency of the accelerator's NVLink-class link.
+    tdp : float, optional [W]
+    dispatch_tax : float [s]
+        Fixed per-step launch overhead (mlsysim default 0.01 ms).
+    """
+
+    name: str
+    peak_flops: float
+    memory_capacity: float
+    memory_bandwidth: float
+    precision_flops: Mapping[str, float] = field(default_factory=dict)
+    sram_capacity: Optional[float] = None
+    sram_bandwidth: Optional[float] = None
+    flash_bandwidth: Optional[float] = None
+    host_link_bandwidth: Optional[float] = None
+    nvlink_latency: Optional[float] = None
+    tdp: Optional[float] = None
+    dispatch_tax: float = 1e-5
+    source: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "precision_flops", MappingProxyType(dict(self.precision_flops)))
+        _positive(self, "peak_flops", "memory_capacity", "memory_bandwidth",
+                  "sram_capacity", "sram_bandwidth", "flash_bandwidth", "host_link_bandwidth")
+        for key, value in self.precision_flops.items():
+            if not value > 0:
+                raise ValueError(
+                    f"Accelerator {self.name!r}: precision_flops[{key!r}] must be > 0, but got {value!r}"
+                )
+        for name in ("nvlink_latency", "dispatch_tax", "tdp"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"Accelerator {self.name!r}: {name} must be >= 0, but got {value!r}")
+
+    def peak_for(self, precision: str) -> float:
+        """Peak [FLOP/s] at a canonical precision key (the reference's lookup)."""
+        return self.precision_flops.get(precision, self.peak_flops)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A server holding ``accelerators_per_node`` accelerators.
+
+    ``intra_node_bandwidth`` [B/s] is the one-way rate between two accelerators of
+    the node (the ring collectives' beta).
+    """
+
+    name: str
+    accelerator: Accelerator
+    accelerators_per_node: int
+    intra_node_bandwidth: float
+    source: str = ""
+
+    def __post_init__(self):
+        if int(self.accelerators_per_node) != self.accelerators_per_node or self.accelerators_per_node < 1:
+            raise ValueError(
+                f"Node {self.name!r}: accelerators_per_node must be an integer >= 1, "
+                f"but got {self.accelerators_per_node!r}"
+            )
+        object.__setattr__(self, "accelerators_per_node", int(self.accelerators_per_node))
+        _positive(self, "intra_node_bandwidth")
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The inter-node network: per-port ``bandwidth`` [B/s], per-hop ``latency`` [s]."""
+
+    name: str
+    bandwidth: float
+    latency: Optional[float] = None
+    oversubscription: float = 1.0
+    source: str = ""
+
+    def __post_init__(self):
+        _positive(self, "bandwidth", "oversubscription")
+        if self.latency is not None and not self.latency >= 0:
+            raise ValueError(f"Fabric {self.name!r}: latency must be >= 0, but got {self.latency!r}")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """``count`` nodes joined by one fabric."""
+
+    name: str
+    node: Node
+    count: int
+    fabric: Fabric
+    source: str = ""
+
+    def __post_init__(self):
+        if int(self.count) != self.count or self.count < 1:
+            raise ValueError(f"Fleet {self.name!r}: count must be an integer >= 1, but got {self.count!r}")
+        object.__setattr__(self, "count", int(self.count))
+
+    @property
+    def accelerator(self) -> Accelerator:
+        return self.node.accelerator
+
+    @property
+    def total_accelerators(self) -> int:
+        return self.count * self.node.accelerators_per_node
+
+    def with_count(self, count: int) -> "Fleet":
+        """The same fleet with ``count`` nodes."""
+        return dataclasses.replace(self, count=count, name=f"{self.name}[{count} nodes]")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model to train.
+
+    Parameters
+    ----------
+    name : str
+    kind : str
+        One of :data:`WORKLOAD_KINDS`; decides how the model is lowered.
+    parameters : float, optional [1]
+        Total parameter count.
+    model_size : float, optional [B]
+        Stated size in bytes (taken at 2-byte precisions, as the reference does).
+    inference_flops : float, optional [FLOP]
+        Forward FLOPs per token (language models) or per sample (others).
+    layers, hidden_dim, heads : int, optional
+    active_parameters : float, optional [1]
+        MoE: parameters active per token.
+    experts, active_experts_per_token : int, optional
+        MoE: expert count and top-k.
+    denoising_steps : int, optional
+        Diffusion: forward passes per sample.
+    """
+
+    name: str
+    kind: str
+    parameters: Optional[float] = None
+    model_size: Optional[float] = None
+    inference_flops: Optional[float] = None
+    layers: Optional[int] = None
+    hidden_dim: Optional[int] = None
+    heads: Optional[int] = None
+    active_parameters: Optional[float] = None
+    experts: Optional[int] = None
+    active_experts_per_token: Optional[int] = None
+    denoising_steps: Optional[int] = None
+    source: str = ""
+
+    def __post_init__(self):
+        if self.kind not in WORKLOAD_KINDS:
+            raise ValueError(
+                f"Workload {self.name!r}: kind must be one of {', '.join(WORKLOAD_KINDS)}, "
+                f"but got {self.kind!r}"
+            )
+        _positive(self, "parameters", "model_size", "active_parameters")
+        if self.parameters is None and self.model_size is None:
+            raise ValueError(f"Workload {self.name!r}: give parameters or model_size (got neither)")
+        if self.inference_flops is not None and not self.inference_flops >= 0:
+            raise ValueError(
+                f"Workload {self.name!r}: inference_flops must be >= 0, but got {self.inference_flops!r}"
+            )
+        for name in ("layers", "hidden_dim", "heads", "experts", "active_experts_per_token",
+                     "denoising_steps"):
+            value = getattr(self, name)
+            if value is not None and (int(value) != value or value < 0):
+                raise ValueError(
+                    f"Workload {self.name!r}: {name} must be a whole number >= 0, but got {value!r}"
+                )
+        needs = {
+            "transformer": ("parameters", "layers"),
+            "moe": ("parameters", "layers", "active_parameters", "experts"),
+            "cnn": ("parameters", "inference_flops"),
+            "ssm": ("parameters", "layers", "hidden_dim"),
+            "diffusion": ("parameters", "denoising_steps"),
+            "embodied": ("parameters",),
+            "generic": (),
+        }[self.kind]
+        missing = [name for name in needs if getattr(self, name) is None]
+        if missing:
+            raise ValueError(
+                f"Workload {self.name!r} of kind {self.kind!r} needs {', '.join(missing)} (got None)"
+            )
+        if self.kind in ("transformer", "moe") and self.layers < 1:
+            raise ValueError(f"Workload {self.name!r}: layers must be >= 1, but got {self.layers!r}")
+
+    @property
+    def is_transformer(self) -> bool:
+        """Priced with the sharded training-memory model (mlsysim TransformerWorkload)."""
+        return self.kind in ("transformer", "moe")
