@@ -10,6 +10,7 @@
 from . import catalog
 from .adapters import from_mlsysim
 from .distributed import OUTPUTS, solve
+from . import knobs
 from .knobs import KNOBS, PRECISION_BYTES
 from .specs import Accelerator, Fabric, Fleet, Node, Workload
 

@@ -90,7 +90,7 @@ def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", effi
           topology_override=None, zero_stage=0, is_lora=False, activation_recomputation=False,
           overlap_comm=False, overlap_efficiency=0.85, congestion_factor=1.0,
           straggler_factor=1.0, moe_routing_imbalance_factor=1.0,
-          gradient_accumulation_steps=1, seq_len=2048):
+          gradient_accumulation_steps=1, seq_len=2048, *, dp_size=None):
     """Distributed training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Keyword names and defaults are those of mlsysim 0.3.0
@@ -98,6 +98,11 @@ def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", effi
     broadcast together. ``precision`` is a name (``fp32``, ``tf32``, ``bf16``,
     ``fp16``, ``fp8``, ``int8``, ``int4``; any case) or an array of names.
     ``topology_override`` is accepted, as by the reference, and changes nothing.
+
+    ``dp_size`` (keyword-only, not in the reference) sizes the cluster instead
+    of the fleet's node count: the fleet then has ``tp*pp*ep*dp_size``
+    accelerators of its node type, which must be whole nodes (else the point
+    is not valid). The result equals the reference on a fleet of that size.
 
     Returns
     -------
@@ -122,6 +127,7 @@ def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", effi
         "straggler_factor": straggler_factor,
         "moe_routing_imbalance_factor": moe_routing_imbalance_factor,
         "gradient_accumulation_steps": gradient_accumulation_steps, "seq_len": seq_len,
+        **({} if dp_size is None else {"dp_size": dp_size}),
     })
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a solver.specs.Workload (see solver.catalog.workload "
@@ -163,15 +169,19 @@ def _block(value, axis, ndim, lo, hi):
 def _solve(workload, fleet, k, shape):
     node, fabric = fleet.node, fleet.fabric
     acc = node.accelerator
-    n_accelerators = fleet.total_accelerators
     tp, pp, ep = k["tp_size"], k["pp_size"], k["ep_size"]
     seq_len, lora = k["seq_len"], k["is_lora"]
 
     # 1. Split the fleet into TP x PP x EP replicas and DP; the split must be exact.
     replica = tp * pp * ep
-    valid = (replica <= n_accelerators) & (n_accelerators % replica == 0)
-    replica = np.where(valid, replica, 1)  # priced harmlessly, reported NaN below
-    dp = n_accelerators // replica
+    if "dp_size" in k:  # the cluster is sized by the layout: whole nodes only
+        dp = k["dp_size"]
+        valid = (replica * dp) % node.accelerators_per_node == 0
+    else:
+        n_accelerators = fleet.total_accelerators
+        valid = (replica <= n_accelerators) & (n_accelerators % replica == 0)
+        replica = np.where(valid, replica, 1)  # priced harmlessly, reported NaN below
+        dp = n_accelerators // replica
     local_batch = np.maximum(1, k["batch_size"] // dp)
     idle_ranks = k["batch_size"] < dp
 

@@ -15,6 +15,7 @@ import numpy as np
 __all__ = [
     "Knob",
     "KNOBS",
+    "REFERENCE_KNOBS",
     "PRECISION_BYTES",
     "TOPOLOGIES",
     "canonical_precision",
@@ -81,7 +82,13 @@ KNOBS = {k.name: k for k in (
          why="multiplier on routed MoE traffic; 1.0 is balanced routing"),
     Knob("gradient_accumulation_steps", "int", 1, low=1, why="micro-steps per optimizer step"),
     Knob("seq_len", "int", 2048, low=1, why="tokens per sample"),
+    # Not a reference keyword: sizes the cluster as tp*pp*ep*dp_size accelerators.
+    Knob("dp_size", "int", None, low=1, why="data-parallel degree when it sizes the cluster"),
 )}
+
+
+#: The keywords of mlsysim 0.3.0 ``DistributedModel.solve``, in its order.
+REFERENCE_KNOBS = tuple(name for name in KNOBS if name != "dp_size")
 
 
 def canonical_precision(value) -> str:

@@ -199,7 +199,7 @@ def test_random_configurations_match_reference():
         fleet, model = FLEETS[fleet_key], WORKLOADS[wl_key]
         columns = {name: np.array([draws[i][2].get(name, solver.KNOBS[name].default)
                                    for i in rows])
-                   for name in solver.KNOBS if name != "topology_override"}
+                   for name in solver.knobs.REFERENCE_KNOBS if name != "topology_override"}
         ours = solver.solve(solver.from_mlsysim(model), solver.from_mlsysim(fleet), **columns)
         for j, i in enumerate(rows):
             knobs = draws[i][2]
