@@ -1,0 +1,144 @@
+"""Cut a spec's grid into blocks of open-mesh knob arrays for ``solver.solve``.
+
+A block is one (workload, fleet) pair and a C-ordered slab of the remaining
+axes, at most ``max_points`` points. Its knobs form an open mesh over *all*
+the spec's dims (the categorical ``workload`` and ``fleet`` dims have length 1),
+so ``solver.solve(block.workload, block.fleet, **block.knobs)`` returns arrays of
+exactly ``block.shape``, ready to be written at ``block.index`` of the cube.
+Each term inside the solver is then computed on the axes it depends on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from solver.specs import Fleet, Workload
+
+from .spec import Spec, SpecError
+
+__all__ = ["Block", "blocks", "point", "DEFAULT_BLOCK_POINTS"]
+
+#: Points per block by default: bounded memory per worker, big enough that
+#: numpy's per-call overhead is negligible.
+DEFAULT_BLOCK_POINTS = 1 << 20
+
+_CATEGORICAL = ("workload", "fleet")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One slab of the grid.
+
+    ``index`` has one entry per dim: a slice into the cube. ``shape`` is the
+    block's shape over all dims. ``knobs`` maps solve keywords to arrays
+    broadcastable to ``shape`` (fixed knobs as scalars).
+    """
+
+    index: tuple
+    shape: tuple
+    workload_label: str
+    fleet_label: str
+    workload: Workload
+    fleet: Fleet
+    knobs: dict
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _axis_array(axis, ndim, position, lo, hi):
+    values = np.asarray(axis.values[lo:hi])
+    shape = [1] * ndim
+    shape[position] = len(values)
+    return values.reshape(shape)
+
+
+def blocks(spec: Spec, max_points: int = DEFAULT_BLOCK_POINTS) -> Iterator[Block]:
+    """Blocks covering the spec's grid once, in C order.
+
+    Raises
+    ------
+    SpecError
+        If an axis is a continuous range (only a search can use it).
+    """
+    if max_points < 1:
+        raise ValueError(f"max_points must be >= 1, but got {max_points}")
+    for axis in spec.axes:
+        if axis.is_continuous:
+            raise SpecError(f"{spec.source}: axes.{axis.name}: a sweep needs listed values "
+                            f"(add step or num to the range); only a search samples a "
+                            f"continuous range")
+    dims, shape = spec.dims, spec.shape
+    ndim = len(dims)
+    workload_labels = (spec.axis("workload").values if "workload" in dims
+                       else tuple(spec.workloads))
+    fleet_labels = spec.axis("fleet").values if "fleet" in dims else tuple(spec.fleets)
+
+    # Split from the outside in: a dim whose inner dims already exceed the budget
+    # is taken one index at a time; the first dim one of whose slices fits is cut
+    # into runs of as many slices as fit, and the dims inside it stay whole.
+    numeric = [i for i, d in enumerate(dims) if d not in _CATEGORICAL]
+    inner = 1
+    inner_sizes = {}
+    for i in reversed(numeric):
+        inner_sizes[i] = inner
+        inner *= shape[i]
+    run_dim, run_length = None, None
+    for i in numeric:
+        if inner_sizes[i] <= max_points:
+            run_dim, run_length = i, max(1, max_points // inner_sizes[i])
+            break
+    single = [i for i in numeric if run_dim is None or i < run_dim]
+
+    def numeric_slabs():
+        ranges = []
+        for i in numeric:
+            if i in single:
+                ranges.append([(j, j + 1) for j in range(shape[i])])
+            elif i == run_dim:
+                ranges.append([(lo, min(lo + run_length, shape[i]))
+                               for lo in range(0, shape[i], run_length)])
+            else:
+                ranges.append([(0, shape[i])])
+        if not ranges:
+            yield {}
+            return
+        for combo in np.ndindex(*[len(r) for r in ranges]):
+            yield {i: ranges[n][c] for n, (i, c) in enumerate(zip(numeric, combo))}
+
+    for w_index, w_label in enumerate(workload_labels):
+        for f_index, f_label in enumerate(fleet_labels):
+            for slab in numeric_slabs():
+                index, block_shape, knobs = [], [], dict(spec.fixed)
+                for i, dim in enumerate(dims):
+                    if dim == "workload":
+                        lo, hi = w_index, w_index + 1
+                    elif dim == "fleet":
+                        lo, hi = f_index, f_index + 1
+                    else:
+                        lo, hi = slab[i]
+                        knobs[dim] = _axis_array(spec.axes[i], ndim, i, lo, hi)
+                    index.append(slice(lo, hi))
+                    block_shape.append(hi - lo)
+                yield Block(index=tuple(index), shape=tuple(block_shape),
+                            workload_label=w_label, fleet_label=f_label,
+                            workload=spec.workloads[w_label], fleet=spec.fleets[f_label],
+                            knobs=knobs)
+
+
+def point(spec: Spec, coords: dict) -> tuple:
+    """``(workload, fleet, knobs)`` for one point of the grid given its coordinates.
+
+    ``coords`` maps dims to values (as in a cube's coordinates); fixed knobs are
+    added, so ``solver.solve(workload, fleet, **knobs)`` prices that point.
+    """
+    coords = dict(coords)
+    workload = spec.workload_spec(coords.pop("workload", None))
+    fleet = spec.fleet_spec(coords.pop("fleet", None))
+    knobs = {**spec.fixed, **{k: (v.item() if hasattr(v, "item") else v)
+                              for k, v in coords.items()}}
+    return workload, fleet, knobs
