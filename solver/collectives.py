@@ -46,11 +46,11 @@ def ring_allreduce_time(message_bytes, n_ranks, *, bandwidth, latency):
     Returns
     -------
     numpy.ndarray [s]
+        Exactly 0 where ``n_ranks`` is 1 (both terms carry the factor n - 1).
     """
     n = np.asarray(n_ranks)
     # Eq. (2) of [1]: T = 2 (n-1)/n * M / beta + 2 (n-1) * alpha
-    time = 2 * (n - 1) / n * message_bytes / bandwidth + 2 * (n - 1) * latency
-    return np.where(n == 1, 0.0, time)
+    return 2 * (n - 1) / n * message_bytes / bandwidth + 2 * (n - 1) * latency
 
 
 def all_to_all_time(message_bytes, n_ranks, *, bandwidth, latency):
@@ -67,6 +67,7 @@ def all_to_all_time(message_bytes, n_ranks, *, bandwidth, latency):
     Returns
     -------
     numpy.ndarray [s]
+        Exactly 0 where ``n_ranks`` is 1.
     """
     n = np.asarray(n_ranks)
     # Sec. 3.5 of [2]: T = (n-1)/n * M / beta + (n-1) * alpha

@@ -44,8 +44,8 @@ TP_ALLREDUCES_PER_LAYER = 4
 #: Share of the gradients a LoRA step all-reduces across DP.
 LORA_GRADIENT_FRACTION = 0.01
 
-#: Points per block when a call is large enough to be cut (fits in L2 cache).
-CHUNK_SIZE = 1 << 15
+#: Points per block when a call is large enough to be cut (bounds the temporaries).
+CHUNK_SIZE = 1 << 20
 
 #: Output name -> (units, long name). Units are CF strings, "1" for ratios.
 OUTPUTS = {
@@ -140,7 +140,7 @@ def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", effi
     axis = int(np.argmax(shape)) if shape else 0
     if size <= 2 * CHUNK_SIZE or shape[axis] < 2:
         return _solve(workload, fleet, k, shape)
-    # Large inputs: blocks along the longest axis, so temporaries stay in cache.
+    # Large inputs: blocks along the longest axis, so temporaries stay bounded.
     n_blocks = min(shape[axis], -(-size // CHUNK_SIZE))
     bounds = np.linspace(0, shape[axis], n_blocks + 1).astype(int)
     result = {}
@@ -180,7 +180,7 @@ def _solve(workload, fleet, k, shape):
     else:
         n_accelerators = fleet.total_accelerators
         valid = (replica <= n_accelerators) & (n_accelerators % replica == 0)
-        replica = np.where(valid, replica, 1)  # priced harmlessly, reported NaN below
+        replica = 1 + valid * (replica - 1)  # invalid: priced as 1, reported NaN below
         dp = n_accelerators // replica
     local_batch = np.maximum(1, k["batch_size"] // dp)
     idle_ranks = k["batch_size"] < dp
@@ -213,18 +213,20 @@ def _solve(workload, fleet, k, shape):
     # DP: each rank all-reduces the gradients of its TP x PP shard.
     gradients = model_bytes / (tp * pp)
     gradients = np.where(lora, gradients * LORA_GRADIENT_FRACTION, gradients)
+    # The group's ranks sit in different replicas: accelerators_per_node // replica
+    # of them share a node. One node: a ring over the intra-node link; one rank
+    # per node: a ring over the fabric; else hierarchical. (dp = 1 costs 0.)
     ranks_per_node = np.maximum(1, node.accelerators_per_node // replica)
     nodes_spanned = -(-dp // ranks_per_node)
+    one_node = nodes_spanned == 1
+    ring = coll.ring_allreduce_time(gradients, dp, bandwidth=np.where(one_node, intra_bw, inter_bw),
+                                    latency=np.where(one_node, intra_lat, inter_lat))
     t_dp = np.where(
-        nodes_spanned == 1,
-        coll.ring_allreduce_time(gradients, dp, bandwidth=intra_bw, latency=intra_lat),
-        np.where(
-            ranks_per_node == 1,
-            coll.ring_allreduce_time(gradients, dp, bandwidth=inter_bw, latency=inter_lat),
-            coll.hierarchical_allreduce_time(
-                gradients, nodes_spanned, ranks_per_node, intra_node_bandwidth=intra_bw,
-                inter_node_bandwidth=inter_bw, inter_node_latency=inter_lat)))
-    t_dp = np.where(dp > 1, t_dp, 0.0)
+        one_node | (ranks_per_node == 1),
+        ring,
+        coll.hierarchical_allreduce_time(
+            gradients, nodes_spanned, ranks_per_node, intra_node_bandwidth=intra_bw,
+            inter_node_bandwidth=inter_bw, inter_node_latency=inter_lat))
 
     # TP: 4 all-reduces of the stage's activations per layer [1], over NVLink
     # when the group fits in a node, else over the fabric.
@@ -235,15 +237,14 @@ def _solve(workload, fleet, k, shape):
         activation_bytes, tp, bandwidth=np.where(in_node, intra_bw, inter_bw),
         latency=np.where(in_node, intra_lat, inter_lat)) * TP_ALLREDUCES_PER_LAYER * stage_layers
 
-    # EP: routed tokens all-to-all over the fabric [2].
+    # EP: routed tokens all-to-all over the fabric [2] (ep = 1 costs 0).
     top_k = workload.active_experts_per_token or 1
     token_bytes = activation_bytes * top_k * k["moe_routing_imbalance_factor"]
-    t_ep = np.where(ep > 1, coll.all_to_all_time(token_bytes, ep, bandwidth=inter_bw,
-                                                 latency=inter_lat), 0.0)
+    t_ep = coll.all_to_all_time(token_bytes, ep, bandwidth=inter_bw, latency=inter_lat)
 
     # 4. Pipeline bubble.
     bubble_fraction = pipeline.bubble_fraction(pp, k["microbatch_count"], k["v_stages"])
-    t_bubble = pipeline.bubble_time(latency, bubble_fraction, pp)
+    t_bubble = pipeline.bubble_time(latency, bubble_fraction)
 
     # 5. Congestion, gradient accumulation, overlap, stragglers.
     congestion = k["congestion_factor"]
@@ -251,10 +252,11 @@ def _solve(workload, fleet, k, shape):
     t_tp = t_tp * congestion
     t_ep = t_ep * congestion
     communication = t_dp + t_tp + t_ep
-    exposed_dp = np.where(k["overlap_comm"], t_dp * (1 - k["overlap_efficiency"]), t_dp)
+    # Overlap hides a share of the DP term (x * 1.0 is x, so no branch is needed).
+    exposed_dp = t_dp * (1 - k["overlap_comm"] * k["overlap_efficiency"])
     total = latency + exposed_dp + t_tp + t_ep + t_bubble
-    straggler = k["straggler_factor"]
-    total = np.where(straggler > 1.0, total * straggler, total)  # [3]
+    # [3]: the slowest worker gates the step; the reference ignores factors <= 1.
+    total = total * np.maximum(k["straggler_factor"], 1.0)
     scaling = latency / total
 
     out = {
@@ -283,9 +285,10 @@ def _solve(workload, fleet, k, shape):
     out["feasible"] = step["feasible"]
     result = {"valid": np.broadcast_to(valid, shape)}
     all_valid = bool(valid.all())
+    nan_if_invalid = np.where(valid, 0.0, np.nan)  # on the split's axes only
     for name, value in out.items():
         value = np.asarray(value)
         if not all_valid:
-            value = np.where(valid, value, False if value.dtype == bool else np.nan)
+            value = (value & valid) if value.dtype == bool else value + nan_if_invalid
         result[name] = np.broadcast_to(value, shape)
     return result

@@ -116,13 +116,22 @@ def _describe_bounds(knob):
     return " and ".join(parts)
 
 
-def _check_bounds(knob, array):
+def _out_of_bounds(knob, array):
     bad = np.zeros(np.shape(array), dtype=bool)
     if knob.low is not None:
         bad |= (array <= knob.low) if knob.low_open else (array < knob.low)
     if knob.high is not None:
         bad |= array > knob.high
-    if bad.any():
+    return bad
+
+
+def _check_bounds(knob, array):
+    if array.size == 0:
+        return
+    # Two reductions on the fast path; the mask is built only to report a refusal.
+    edges = np.array([array.min(), array.max()])
+    if _out_of_bounds(knob, edges).any():
+        bad = _out_of_bounds(knob, array)
         kind = "an integer" if knob.kind == "int" else "a number"
         raise ValueError(
             f"{knob.name} must be {kind} {_describe_bounds(knob)} ({knob.why}), "

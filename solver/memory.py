@@ -84,10 +84,12 @@ def model_state(parameters, *, precision_bytes, model_parallel, dp_size, zero_st
     gradients = trainable_per_rank * precision_bytes
     optimizer = trainable_per_rank * ADAM_OPTIMIZER_BYTES
     zero_stage = np.asarray(zero_stage)
-    # Sec. 5 of [1]: P_os (stage 1), P_os+g (stage 2), P_os+g+p (stage 3).
-    optimizer = np.where(zero_stage >= 1, optimizer / dp_size, optimizer)
-    gradients = np.where(zero_stage >= 2, gradients / dp_size, gradients)
-    weights = np.where(zero_stage >= 3, weights / dp_size, weights)
+    # Sec. 5 of [1]: P_os (stage 1), P_os+g (stage 2), P_os+g+p (stage 3). The
+    # divisor is dp_size where the stage shards the term, else exactly 1.
+    spread = np.asarray(dp_size) - 1
+    optimizer = optimizer / (1 + (zero_stage >= 1) * spread)
+    gradients = gradients / (1 + (zero_stage >= 2) * spread)
+    weights = weights / (1 + (zero_stage >= 3) * spread)
     return weights, gradients, optimizer
 
 
@@ -130,15 +132,16 @@ def activation_memory(layers, seq_len, microbatch, hidden_dim, *, precision_byte
     -------
     numpy.ndarray [B]
     """
-    bytes_per_token = np.where(full_recomputation, _FULL_RECOMPUTE_BYTES, _SELECTIVE_BYTES)
+    bytes_per_token = _SELECTIVE_BYTES - (_SELECTIVE_BYTES - _FULL_RECOMPUTE_BYTES) * np.asarray(
+        full_recomputation, dtype=np.int64)
     tokens = np.asarray(seq_len, dtype=np.float64) * microbatch
     # Sec. 4.1 of [2]: s*b*h*34 (selective) or s*b*h*2 (full), FP16 constants
     # scaled by precision_bytes / 2.
     per_layer = bytes_per_token * tokens * hidden_dim * (np.asarray(precision_bytes) / 2)
     stage = layers * per_layer
-    # Table 2 of [2]: sequence parallelism divides every stored activation by t.
-    tp_size = np.asarray(tp_size)
-    return np.where(tp_size > 1, stage / tp_size, stage)
+    # Table 2 of [2]: sequence parallelism divides every stored activation by t
+    # (t = 1 divides by 1).
+    return stage / tp_size
 
 
 def pipeline_buffer(seq_len, microbatch, hidden_dim, *, precision_bytes, pp_size):
@@ -157,4 +160,4 @@ def pipeline_buffer(seq_len, microbatch, hidden_dim, *, precision_bytes, pp_size
         ``2 * b * s * h * bytes`` with a pipeline, else 0.
     """
     buffer = 2 * (np.asarray(microbatch, dtype=np.float64) * seq_len) * hidden_dim * precision_bytes
-    return np.where(np.asarray(pp_size) > 1, buffer, 0.0)
+    return buffer * (np.asarray(pp_size) > 1)

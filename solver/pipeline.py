@@ -37,7 +37,7 @@ def bubble_fraction(pp_size, microbatch_count, v_stages=1):
     return (p - 1) / (np.asarray(v_stages) * microbatch_count + p - 1)
 
 
-def bubble_time(busy_time, fraction, pp_size):
+def bubble_time(busy_time, fraction):
     """Idle time added to a step whose busy time is ``busy_time``.
 
     Parameters
@@ -45,11 +45,11 @@ def bubble_time(busy_time, fraction, pp_size):
     busy_time : array_like [s]
     fraction : array_like [1]
         :func:`bubble_fraction` of the step.
-    pp_size : array_like of int [1]
 
     Returns
     -------
     numpy.ndarray [s]
-        ``busy * b / (1 - b)``, which is ``busy * (p-1) / (v*m)``; 0 without a pipeline.
+        ``busy * b / (1 - b)``, which is ``busy * (p-1) / (v*m)``; exactly 0 without a
+        pipeline (b is 0 there).
     """
-    return np.where(np.asarray(pp_size) > 1, busy_time * fraction / (1 - fraction), 0.0)
+    return busy_time * fraction / (1 - fraction)

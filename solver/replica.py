@@ -135,7 +135,7 @@ def replica_step(workload: Workload, acc: Accelerator, *, local_batch, replica, 
     tokens = seq_len if workload.is_transformer else 1
     sample_ops = forward_flops(workload) * np.asarray(tokens, dtype=np.float64)
     model_ops = sample_ops * 3 * local_batch
-    hardware_ops = sample_ops * np.where(activation_recomputation, 4, 3) * local_batch
+    hardware_ops = sample_ops * np.where(activation_recomputation, 4.0, 3.0) * local_batch
     effective_flops = peak_flops * efficiency
     # Step compute shared over the replica.
     compute_time = hardware_ops / (effective_flops * replica)
@@ -148,7 +148,7 @@ def replica_step(workload: Workload, acc: Accelerator, *, local_batch, replica, 
                 workload.parameters, hidden_dim=width(workload), layers=workload.layers)
             trainable = np.where(is_lora, fraction, 1.0)
         # 1F1B: the first stage holds up to pp_size microbatches in flight.
-        in_flight = np.where(pp_size > 1, np.maximum(1, microbatch_count // pp_size), 1)
+        in_flight = 1 + (pp_size > 1) * (np.maximum(1, microbatch_count // pp_size) - 1)
         microbatch = mem.stored_microbatch(local_batch, gradient_accumulation_steps * in_flight)
         weights, gradients, optimizer = mem.model_state(
             workload.parameters, precision_bytes=precision_bytes, model_parallel=replica,

@@ -23,7 +23,7 @@ __all__ = ["Block", "blocks", "point", "DEFAULT_BLOCK_POINTS"]
 
 #: Points per block by default: bounded memory per worker, big enough that
 #: numpy's per-call overhead is negligible.
-DEFAULT_BLOCK_POINTS = 1 << 20
+DEFAULT_BLOCK_POINTS = 1 << 18
 
 _CATEGORICAL = ("workload", "fleet")
 
