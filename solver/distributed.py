@@ -192,6 +192,17 @@ def _solve(workload, fleet, k, shape):
         precision, lambda p: weight_bytes(workload, knobs_.PRECISION_BYTES[p]))
     model_bytes = _per_precision(
         precision, lambda p: stored_bytes(workload, knobs_.PRECISION_BYTES[p]))
+    all_valid = bool(np.all(valid))
+    if not all_valid:
+        # Invalid splits are reported as NaN. Every priced term derives from these
+        # four small arrays (precision x split axes), so NaN placed here reaches
+        # every full-size output without a pass over it; the few outputs that do
+        # not derive from them are masked explicitly below.
+        nan_if_invalid = np.where(valid, 0.0, np.nan)
+        precision_bytes = precision_bytes + nan_if_invalid
+        peak_flops = peak_flops + nan_if_invalid
+        weights_total = weights_total + nan_if_invalid
+        model_bytes = model_bytes + nan_if_invalid
 
     # 2. One replica's step.
     step = replica_step(
@@ -284,11 +295,16 @@ def _solve(workload, fleet, k, shape):
     out.update({name: step[name] for name in step if name.startswith("memory_")})
     out["feasible"] = step["feasible"]
     result = {"valid": np.broadcast_to(valid, shape)}
-    all_valid = bool(valid.all())
-    nan_if_invalid = np.where(valid, 0.0, np.nan)  # on the split's axes only
     for name, value in out.items():
         value = np.asarray(value)
-        if not all_valid:
+        if not all_valid and name in _NOT_PRICED:
             value = (value & valid) if value.dtype == bool else value + nan_if_invalid
         result[name] = np.broadcast_to(value, shape)
     return result
+
+
+#: Outputs that do not derive from the precision-dependent terms (Adam state is
+#: 12 B per parameter at any precision), so an invalid split must be masked in
+#: them explicitly (they span few axes: cheap).
+_NOT_PRICED = ("dp_size", "idle_ranks", "bubble_fraction", "node_latency_overhead",
+               "memory_optimizer_state")

@@ -168,10 +168,9 @@ def replica_step(workload: Workload, acc: Accelerator, *, local_batch, replica, 
         adam_total = (weights_total / precision_bytes) * mem.ADAM_OPTIMIZER_BYTES
         lora_alone = np.asarray(is_lora) & (np.asarray(replica) == 1)
         weights = shard
-        gradients = np.where(lora_alone, 0.0, shard)
+        gradients = shard * ~lora_alone
         optimizer = np.where(lora_alone, (_LORA_FOOTPRINT - 1) * weights_total, adam_total / replica)
-        activations = np.zeros(())
-        buffers = np.zeros(())
+        activations = buffers = shard * 0.0  # none modeled (NaN where shard is)
         footprint = np.where(lora_alone, _LORA_FOOTPRINT * weights_total,
                              (weights_total * 2 + adam_total) / replica)
     feasible = footprint <= acc.memory_capacity
@@ -203,7 +202,7 @@ def replica_step(workload: Workload, acc: Accelerator, *, local_batch, replica, 
         # [3]: power = TDP * (idle + dynamic * utilization), for every accelerator.
         energy = acc.tdp * (ENERGY_IDLE_FRACTION + ENERGY_DYNAMIC_FRACTION * hfu) * replica * latency
     else:
-        energy = np.zeros(np.shape(latency))
+        energy = latency * 0.0  # no TDP stated: no energy (NaN where latency is)
     return {
         "latency": latency,
         "latency_compute": compute_time,

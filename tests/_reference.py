@@ -103,6 +103,8 @@ def assert_matches(ours, ref, *, rtol=1e-9, where=""):
         for name, value in ours.items():
             if isinstance(value, float):
                 assert math.isnan(value), f"{name} should be NaN for an invalid split {where}"
+            else:
+                assert value is False, f"{name} should be False for an invalid split {where}"
         return worst
     for name, expected in ref.items():
         got = ours[name]
