@@ -173,14 +173,21 @@ def _solve(workload, fleet, k, shape):
     seq_len, lora = k["seq_len"], k["is_lora"]
 
     # 1. Split the fleet into TP x PP x EP replicas and DP; the split must be exact.
-    replica = tp * pp * ep
+    # Products of degrees are taken in float64 first (exact below 2**53, never
+    # wrapping); the int64 product is used only where it is known to fit.
+    replica_f = tp * 1.0 * pp * ep
     if "dp_size" in k:  # the cluster is sized by the layout: whole nodes only
         dp = k["dp_size"]
-        valid = (replica * dp) % node.accelerators_per_node == 0
+        fits = replica_f * dp < knobs_.MAX_INTEGER
     else:
         n_accelerators = fleet.total_accelerators
-        valid = (replica <= n_accelerators) & (n_accelerators % replica == 0)
-        replica = 1 + valid * (replica - 1)  # invalid: priced as 1, reported NaN below
+        fits = replica_f <= n_accelerators
+    replica = 1 + fits * (tp * pp * ep - 1)  # unfit: priced as 1, reported NaN below
+    if "dp_size" in k:
+        valid = fits & ((replica * dp) % node.accelerators_per_node == 0)
+    else:
+        valid = fits & (n_accelerators % replica == 0)
+        replica = 1 + valid * (replica - 1)
         dp = n_accelerators // replica
     local_batch = np.maximum(1, k["batch_size"] // dp)
     idle_ranks = k["batch_size"] < dp
@@ -241,7 +248,7 @@ def _solve(workload, fleet, k, shape):
 
     # TP: 4 all-reduces of the stage's activations per layer [1], over NVLink
     # when the group fits in a node, else over the fabric.
-    activation_bytes = (local_batch * seq_len).astype(np.float64) * width(workload) * precision_bytes
+    activation_bytes = local_batch * 1.0 * seq_len * width(workload) * precision_bytes
     in_node = tp <= node.accelerators_per_node
     stage_layers = -(-layer_count(workload) // pp)
     t_tp = coll.ring_allreduce_time(

@@ -34,6 +34,9 @@ PRECISION_BYTES = {
     "int4": 0.5,
 }
 
+#: Integer knobs stay below 2**53, where every count is exact in float64 too.
+MAX_INTEGER = 2 ** 53
+
 #: Accepted values of ``topology_override``. The reference accepts the knob and
 #: does not use it; so do we (it changes no output).
 TOPOLOGIES = (None, "ring", "tree")
@@ -104,7 +107,8 @@ def canonical_precision(value) -> str:
 
 
 def _first_bad(array, bad):
-    return array[bad].flat[0] if np.ndim(array) else array.item()
+    value = array[bad].flat[0] if np.ndim(array) else array
+    return value.item() if hasattr(value, "item") else value
 
 
 def _describe_bounds(knob):
@@ -153,8 +157,10 @@ def _as_int(knob, value):
                 f"{knob.name} must be a whole number ({knob.why}), "
                 f"but got {knob.name}={_first_bad(array, bad)!r}"
             )
-        if np.abs(array).max(initial=0) >= 2.0 ** 62:
-            raise ValueError(f"{knob.name} is too large for 64-bit integers: {array.max()!r}")
+    if array.size and np.abs(array).max() >= MAX_INTEGER:
+        raise ValueError(
+            f"{knob.name} must be below 2**53 ({knob.why}; larger counts are not exact "
+            f"in float64), but got {knob.name}={_first_bad(array, np.abs(array) >= MAX_INTEGER)!r}")
     array = array.astype(np.int64, copy=False)
     _check_bounds(knob, array)
     return array

@@ -105,9 +105,10 @@ def stored_microbatch(local_batch, accumulation_divisor):
 
     Returns
     -------
-    numpy.ndarray of int [1]
+    numpy.ndarray [1]
+        Whole numbers (as float64: exact below 2**53, as the knobs are).
     """
-    return np.maximum(1, -(-np.asarray(local_batch) // accumulation_divisor))
+    return np.maximum(1.0, np.ceil(np.asarray(local_batch) / accumulation_divisor))
 
 
 def activation_memory(layers, seq_len, microbatch, hidden_dim, *, precision_bytes,

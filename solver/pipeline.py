@@ -34,7 +34,7 @@ def bubble_fraction(pp_size, microbatch_count, v_stages=1):
     """
     p = np.asarray(pp_size)
     # Eq. (1) of [2] with v*m slots: (p-1) / (v*m + p - 1)
-    return (p - 1) / (np.asarray(v_stages) * microbatch_count + p - 1)
+    return (p - 1) / (np.asarray(v_stages) * 1.0 * microbatch_count + p - 1)
 
 
 def bubble_time(busy_time, fraction):

@@ -149,7 +149,7 @@ def replica_step(workload: Workload, acc: Accelerator, *, local_batch, replica, 
             trainable = np.where(is_lora, fraction, 1.0)
         # 1F1B: the first stage holds up to pp_size microbatches in flight.
         in_flight = 1 + (pp_size > 1) * (np.maximum(1, microbatch_count // pp_size) - 1)
-        microbatch = mem.stored_microbatch(local_batch, gradient_accumulation_steps * in_flight)
+        microbatch = mem.stored_microbatch(local_batch, gradient_accumulation_steps * 1.0 * in_flight)
         weights, gradients, optimizer = mem.model_state(
             workload.parameters, precision_bytes=precision_bytes, model_parallel=replica,
             dp_size=dp_size, zero_stage=zero_stage, trainable_fraction=trainable)

@@ -33,7 +33,8 @@ def test_bubble_fraction_default_v_is_one():
 def test_no_pipeline_no_bubble():
     m = np.array([1, 2, 7, 1000])
     np.testing.assert_array_equal(bubble_fraction(1, m), np.zeros(4))
-    np.testing.assert_array_equal(bubble_time(np.array([0.5, 1.0, 2.0, 3.0]), 0.3, 1), np.zeros(4))
+    np.testing.assert_array_equal(bubble_time(np.array([0.5, 1.0, 2.0, 3.0]), bubble_fraction(1, m)),
+                                  np.zeros(4))
 
 
 def test_bubble_fraction_broadcasts():
@@ -51,17 +52,17 @@ def test_bubble_fraction_broadcasts():
 
 def test_bubble_time_hand_values():
     # busy 2 s, p = 4, m = 8, v = 1: 2 * 3/8 = 0.75 s; v = 2: 2 * 3/16 = 0.375 s.
-    assert bubble_time(2.0, bubble_fraction(4, 8, 1), 4) == pytest.approx(0.75, rel=RTOL)
-    assert bubble_time(2.0, bubble_fraction(4, 8, 2), 4) == pytest.approx(0.375, rel=RTOL)
+    assert bubble_time(2.0, bubble_fraction(4, 8, 1)) == pytest.approx(0.75, rel=RTOL)
+    assert bubble_time(2.0, bubble_fraction(4, 8, 2)) == pytest.approx(0.375, rel=RTOL)
     # one microbatch, p = 8: the pipeline idles 7 busy-times.
-    assert bubble_time(0.1, bubble_fraction(8, 1), 8) == pytest.approx(0.7, rel=RTOL)
+    assert bubble_time(0.1, bubble_fraction(8, 1)) == pytest.approx(0.7, rel=RTOL)
 
 
 def test_bubble_time_array_broadcast():
     busy = np.array([1.0, 3.0]).reshape(2, 1)
     p = np.array([1, 2, 5])
     m = 4
-    t = bubble_time(busy, bubble_fraction(p, m), p)
+    t = bubble_time(busy, bubble_fraction(p, m))
     assert t.shape == (2, 3)
     np.testing.assert_allclose(t, busy * (p - 1) / m, rtol=RTOL, atol=0)
 
@@ -70,7 +71,7 @@ def test_bubble_time_array_broadcast():
 @given(busy=st.floats(1e-6, 1e4), p=st.integers(1, 256), m=st.integers(1, 4096), v=st.integers(1, 16))
 def test_bubble_time_identity(busy, p, m, v):
     # busy * b / (1 - b) == busy * (p-1) / (v*m)
-    t = bubble_time(busy, bubble_fraction(p, m, v), p)
+    t = bubble_time(busy, bubble_fraction(p, m, v))
     assert t == pytest.approx(busy * (p - 1) / (v * m), rel=1e-9, abs=0)
     f = bubble_fraction(p, m, v)
     assert 0.0 <= f < 1.0
