@@ -1,0 +1,32 @@
+"""Sweeps: declared design spaces, evaluated in chunks, into labeled xarray cubes.
+
+    >>> import sweep
+    >>> cube = sweep.run("configs/sweeps/default.toml")              # in memory
+    >>> sweep.top_k(cube, by="mfu", k=5)                              # best admissible layouts
+    >>> sweep.run("configs/sweeps/calculon_gpt3.toml", path="gpt3.nc", n_jobs=2)  # streamed
+    >>> cube = sweep.open_cube("gpt3.nc")                             # lazy
+
+A cube's dims are named like ``solver.solve``'s keywords, so any point goes
+straight back to the solver (``sweep.grid.point(spec, coords)``).
+"""
+
+from .analysis import best_along, pareto_front, top_k
+from .evaluate import run
+from .spec import Spec, SpecError, divisors, load_spec, powers_of_two
+from .storage import open_cube, save
+
+# from .search import search
+
+__all__ = [
+    "load_spec",
+    "Spec",
+    "SpecError",
+    "run",
+    "save",
+    "open_cube",
+    "top_k",
+    "best_along",
+    "pareto_front",
+    "powers_of_two",
+    "divisors",
+]

@@ -1,0 +1,282 @@
+"""The layout of a sweep's cube: dims, coordinates, variables and provenance.
+
+A cube is an :class:`xarray.Dataset` whose dims are the spec's axes, named
+exactly like the ``solver.solve`` keywords (plus ``dp_size``, ``workload`` and
+``fleet``), whose coordinates are the axis values, and whose data variables
+are the spec's outputs (``units`` and ``long_name`` from ``solver.OUTPUTS``)
+plus these masks and counts:
+
+``valid``
+    The split is possible (TP*PP*EP divides the fleet, or whole nodes when
+    ``dp_size`` sizes the cluster).
+``feasible``
+    The training state fits the accelerator's memory.
+``within_memory_limit``
+    ``memory_footprint <= spec.memory_limit_for(fleet)``.
+``n_accelerators``
+    Accelerators the layout runs on. It spans only the dims it depends on:
+    ``tp_size``, ``pp_size``, ``ep_size`` and ``dp_size`` when ``dp_size`` is an
+    axis or fixed (the cluster is sized by the layout), else ``fleet`` (or no
+    dim: the fleet's size).
+``admissible``
+    ``valid & within_memory_limit & (n_accelerators <= max_accelerators)`` (the
+    last term only when the spec sets ``max_accelerators``).
+
+The ``dp_size`` output is left out when ``dp_size`` is an axis (its coordinate
+gives it). The same layout serves the in-memory cube (:func:`allocate`, :func:`to_dataset`)
+and the cube streamed to a netCDF file (:mod:`sweep.storage`), so both give
+identical datasets. Attributes follow netCDF's rules: strings and numbers only
+(JSON strings for structures, no bools or None). The dataset's attributes give
+the provenance: ``package_version``, ``reference`` (the model reproduced),
+``spec`` (``spec.to_json()``), ``workloads`` and ``fleets`` (their facts, JSON),
+``fixed`` (JSON), ``memory_limit`` (bytes per fleet, JSON), ``max_accelerators``
+when set, and ``date_created``/``history`` (UTC; set ``$SOURCE_DATE_EPOCH`` to fix
+them, as the tests do, so that two runs of one spec give identical cubes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+import numpy as np
+import xarray as xr
+
+import solver
+from solver.knobs import KNOBS
+
+from .spec import Spec, SpecError
+
+__all__ = [
+    "CubeLayout",
+    "Variable",
+    "MASKS",
+    "layout",
+    "allocate",
+    "to_dataset",
+    "accelerator_counts",
+    "check_some_valid",
+    "bool_outputs",
+]
+
+#: Boolean masks every cube carries, with their long names.
+MASKS = {
+    "valid": solver.OUTPUTS["valid"][1],
+    "feasible": solver.OUTPUTS["feasible"][1],
+    "within_memory_limit": "memory footprint at most the spec's memory limit",
+    "admissible": "valid, within the memory limit and within max_accelerators",
+}
+_SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "dp_size")
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One variable of a cube: its dims, numpy dtype and attributes."""
+
+    dims: tuple
+    dtype: np.dtype
+    attrs: Mapping
+
+
+@dataclass(frozen=True)
+class CubeLayout:
+    """Everything about a cube but its data.
+
+    ``coords`` maps each dim to its coordinate values (a numpy array) and
+    attributes; ``variables`` maps each data variable to a :class:`Variable`;
+    ``attrs`` are the dataset's provenance attributes.
+    """
+
+    dims: tuple
+    shape: tuple
+    coords: Mapping
+    variables: Mapping
+    attrs: Mapping
+
+    def bytes_per_point(self) -> int:
+        """Bytes the full-size variables take per point of the cube."""
+        return sum(v.dtype.itemsize for v in self.variables.values() if v.dims == self.dims)
+
+
+_BOOL_OUTPUTS: list = []
+
+
+def bool_outputs(spec: Spec) -> frozenset:
+    """Names of the solver outputs that are boolean (``valid``, ``feasible``, ...).
+
+    Read once from the dtypes of one ``solver.solve`` call (they do not depend
+    on the workload or fleet).
+    """
+    if not _BOOL_OUTPUTS:
+        out = solver.solve(next(iter(spec.workloads.values())), next(iter(spec.fleets.values())))
+        _BOOL_OUTPUTS.append(frozenset(n for n, v in out.items() if v.dtype == bool))
+    return _BOOL_OUTPUTS[0]
+
+
+def _facts(value):
+    """A spec object (dataclass) as plain JSON-able data."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _facts(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (Mapping, MappingProxyType)):
+        return {str(k): _facts(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_facts(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _created() -> str:
+    """Creation time, UTC ISO 8601; ``$SOURCE_DATE_EPOCH`` fixes it (reproducible files)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = (datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch
+            else datetime.datetime.now(datetime.timezone.utc))
+    return when.replace(microsecond=0).isoformat()
+
+
+def _attrs(spec: Spec) -> dict:
+    created = _created()
+    attrs = {
+        "title": f"layout sweep {spec.name!r}",
+        "Conventions": "CF-1.8",
+        "package": "layout-sweep",
+        "package_version": solver.__version__,
+        "reference": solver.REFERENCE,
+        "spec_name": spec.name,
+        "spec_source": str(spec.source),
+        "spec": spec.to_json(),
+        "description": spec.description,
+        "workloads": json.dumps({k: _facts(v) for k, v in spec.workloads.items()}, sort_keys=True),
+        "fleets": json.dumps({k: _facts(v) for k, v in spec.fleets.items()}, sort_keys=True),
+        "fixed": json.dumps(_facts(dict(spec.fixed)), sort_keys=True),
+        "memory_limit": json.dumps({k: spec.memory_limit_for(v) for k, v in spec.fleets.items()},
+                                   sort_keys=True),
+        "date_created": created,
+        "history": (f"{created} sweep.run (layout-sweep {solver.__version__}; "
+                    f"python {platform.python_version()}, numpy {np.__version__}, "
+                    f"xarray {xr.__version__})"),
+    }
+    if len(spec.workloads) == 1:
+        attrs["workload"] = next(iter(spec.workloads))
+    if len(spec.fleets) == 1:
+        attrs["fleet"] = next(iter(spec.fleets))
+    if spec.max_accelerators is not None:
+        attrs["max_accelerators"] = int(spec.max_accelerators)
+    return attrs
+
+
+def _coordinate(axis) -> tuple:
+    if axis.kind in ("workload", "fleet", "precision", "topology"):
+        values = np.array([str(v) for v in axis.values])
+        attrs = {"long_name": axis.kind if axis.kind in ("workload", "fleet") else axis.name}
+        return values, attrs
+    dtype = {"int": np.int64, "float": np.float64, "bool": bool}[axis.kind]
+    attrs = {"long_name": KNOBS[axis.name].why or axis.name.replace("_", " ")}
+    if axis.kind != "bool":
+        attrs["units"] = "1"
+    return np.array(axis.values, dtype=dtype), attrs
+
+
+def _accelerator_dims(spec: Spec) -> tuple:
+    if "dp_size" in spec.dims or "dp_size" in spec.fixed:
+        return tuple(d for d in spec.dims if d in _SPLIT_DIMS)
+    return ("fleet",) if "fleet" in spec.dims else ()
+
+
+def layout(spec: Spec) -> CubeLayout:
+    """The dims, coordinates, variables and attributes of ``spec``'s cube."""
+    dims, shape = spec.dims, spec.shape
+    coords = {axis.name: _coordinate(axis) for axis in spec.axes}
+    booleans = bool_outputs(spec)
+    float_dtype = np.dtype(spec.dtype)
+    variables = {}
+    for name in spec.outputs:
+        if name in dims:  # the dp_size output when dp_size is an axis: the coordinate says it
+            continue
+        units, long_name = solver.OUTPUTS[name]
+        dtype = np.dtype(bool) if name in booleans else float_dtype
+        variables[name] = Variable(dims, dtype, {"units": units, "long_name": long_name})
+    for name, long_name in MASKS.items():
+        variables[name] = Variable(dims, np.dtype(bool), {"long_name": long_name})
+    variables["n_accelerators"] = Variable(
+        _accelerator_dims(spec), np.dtype(np.int64),
+        {"units": "1", "long_name": "accelerators the layout runs on"})
+    return CubeLayout(dims=dims, shape=shape, coords=coords, variables=variables,
+                      attrs=_attrs(spec))
+
+
+def _split_mesh(spec: Spec, dims: tuple) -> dict:
+    """Open mesh over ``dims`` of the split knobs (axis values, else fixed or 1)."""
+    mesh = {}
+    for name in _SPLIT_DIMS:
+        if name in dims:
+            values = np.asarray(spec.axis(name).values, dtype=np.int64)
+            shape = [1] * len(dims)
+            shape[dims.index(name)] = len(values)
+            mesh[name] = values.reshape(shape)
+        elif name in spec.fixed:
+            mesh[name] = np.int64(spec.fixed[name])
+    return mesh
+
+
+def accelerator_counts(spec: Spec) -> np.ndarray:
+    """``n_accelerators`` over its own dims (see :func:`layout`) [1]."""
+    dims = _accelerator_dims(spec)
+    if "dp_size" in spec.dims or "dp_size" in spec.fixed:
+        mesh = _split_mesh(spec, dims)
+        count = np.int64(1)
+        for name in _SPLIT_DIMS:
+            count = count * mesh.get(name, np.int64(1))
+        return np.broadcast_to(count, tuple(len(spec.axis(d)) for d in dims)).copy()
+    if dims:
+        return np.array([spec.fleets[label].total_accelerators for label in spec.axis("fleet").values],
+                        dtype=np.int64)
+    return np.array(next(iter(spec.fleets.values())).total_accelerators, dtype=np.int64)
+
+
+def check_some_valid(spec: Spec) -> None:
+    """Raise :class:`SpecError` if no point of the space is a valid split.
+
+    Validity depends only on the ``tp_size``, ``pp_size``, ``ep_size`` and
+    ``dp_size`` values and the fleet, so this prices that small mesh alone.
+    """
+    dims = tuple(d for d in spec.dims if d in _SPLIT_DIMS)
+    mesh = _split_mesh(spec, dims)
+    for label, fleet in spec.fleets.items():
+        workload = next(iter(spec.workloads.values()))
+        if solver.solve(workload, fleet, **mesh)["valid"].any():
+            return
+    names = [n for n in _SPLIT_DIMS if n in mesh or n != "dp_size"]
+    product = np.prod(np.broadcast_arrays(*[mesh.get(n, np.int64(1)) for n in names]), axis=0)
+    products = sorted({int(p) for p in np.ravel(product)})
+    shown = ", ".join(map(str, products[:12])) + (", ..." if len(products) > 12 else "")
+    label = " * ".join(names)
+    if "dp_size" in mesh:
+        need = (f"{label} to be whole nodes of "
+                + ", ".join(f"{f.node.accelerators_per_node} ({k})" for k, f in spec.fleets.items()))
+    else:
+        need = (f"{label} to divide the fleet's accelerators: "
+                + ", ".join(f"{f.total_accelerators} ({k})" for k, f in spec.fleets.items()))
+    raise SpecError(f"{spec.source}: no point of the space is a valid split: expected {need}, "
+                    f"but the axes give {label} in {{{shown}}}")
+
+
+def allocate(cube_layout: CubeLayout) -> dict:
+    """Uninitialized numpy arrays for every full-size variable of a layout."""
+    return {name: np.empty(cube_layout.shape, dtype=var.dtype)
+            for name, var in cube_layout.variables.items() if var.dims == cube_layout.dims}
+
+
+def to_dataset(cube_layout: CubeLayout, arrays: Mapping) -> xr.Dataset:
+    """The cube as an :class:`xarray.Dataset`, from arrays named like the layout's variables."""
+    coords = {dim: xr.Variable((dim,), values, dict(attrs))
+              for dim, (values, attrs) in cube_layout.coords.items()}
+    data_vars = {name: xr.Variable(var.dims, arrays[name], dict(var.attrs))
+                 for name, var in cube_layout.variables.items()}
+    return xr.Dataset(data_vars, coords=coords, attrs=dict(cube_layout.attrs))

@@ -1,0 +1,210 @@
+"""Analysis (sweep.analysis): top-k, best per slice and Pareto fronts against brute force."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import solver
+import sweep
+from sweep.analysis import _front_2d, _front_nd, mask
+
+SEEDS = range(6)
+
+
+def _random_cube(seed, ties=False):
+    """A synthetic cube: 4 dims, float outputs with NaNs, masks, a count on 2 dims."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(int(n) for n in rng.integers(2, 7, size=4))
+    dims = ("tp_size", "pp_size", "microbatch_count", "zero_stage")
+    coords = {d: np.sort(rng.choice(np.arange(1, 100), size=n, replace=False))
+              for d, n in zip(dims, shape)}
+
+    def values():
+        v = rng.integers(0, 5, size=shape).astype(float) if ties else rng.random(shape)
+        v[rng.random(shape) < 0.1] = np.nan
+        return v
+    valid = rng.random(shape) < 0.8
+    cube = xr.Dataset(
+        {"mfu": (dims, values()), "step_latency_total": (dims, values()),
+         "memory_footprint": (dims, values() * 1e11),
+         "valid": (dims, valid), "admissible": (dims, valid & (rng.random(shape) < 0.7)),
+         "n_accelerators": (dims[:2], rng.integers(1, 2048, size=shape[:2]))},
+        coords=coords)
+    return cube
+
+
+def _brute_points(cube, selected):
+    """Flat C-order list of (positions dict, values dict) for the selected points."""
+    dims = tuple(cube["mfu"].dims)
+    names = ("mfu", "step_latency_total", "memory_footprint", "n_accelerators")
+    arrays = {n: cube[n].broadcast_like(cube["mfu"]).transpose(*dims).values for n in names}
+    chosen = selected.broadcast_like(cube["mfu"]).transpose(*dims).values
+    out = []
+    for idx in itertools.product(*(range(cube.sizes[d]) for d in dims)):
+        if chosen[idx]:
+            out.append((dict(zip(dims, idx)), {n: float(arrays[n][idx]) for n in names}))
+    return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("largest", [True, False])
+def test_top_k_matches_brute_force(seed, largest):
+    cube = _random_cube(seed, ties=seed % 2 == 1)
+    points = [p for p in _brute_points(cube, cube["admissible"]) if not np.isnan(p[1]["mfu"])]
+    # Stable sort: ties keep C order, as top_k promises.
+    points.sort(key=lambda p: -p[1]["mfu"] if largest else p[1]["mfu"])
+    for k, slab in ((1, 7), (5, 30), (1000, 1 << 20)):
+        got = sweep.top_k(cube, by="mfu", k=k, largest=largest, slab_points=slab)
+        want = points[:k]
+        assert got.sizes["rank"] == len(want)
+        assert got["rank"].values.tolist() == list(range(1, len(want) + 1))
+        for d in ("tp_size", "pp_size", "microbatch_count", "zero_stage"):
+            assert got[d].values.tolist() == [cube[d].values[p[0][d]] for p in want]
+        np.testing.assert_array_equal(got["mfu"], [p[1]["mfu"] for p in want])
+        np.testing.assert_array_equal(got["n_accelerators"], [p[1]["n_accelerators"] for p in want])
+        assert got["admissible"].all()
+
+
+def test_top_k_constraints_and_where():
+    cube = _random_cube(11)
+    got = sweep.top_k(cube, k=3, where="valid",
+                      constraints={"memory_limit": "50 GB", "max_accelerators": 1000,
+                                   "step_latency_total": (0.2, None)})
+    assert (got["memory_footprint"] <= 50e9).all() and (got["n_accelerators"] <= 1000).all()
+    assert (got["step_latency_total"] >= 0.2).all() and got["valid"].all()
+    selected = mask(cube, "valid", {"memory_limit": 5e10, "max_accelerators": 1000,
+                                    "step_latency_total": (0.2, None)})
+    best = cube["mfu"].where(selected).max()
+    assert float(got["mfu"][0]) == float(best)
+    with pytest.raises(KeyError, match="constraints: expected memory_limit, max_accelerators"):
+        sweep.top_k(cube, constraints={"memory_limt": 1})
+    with pytest.raises(KeyError, match="by must be a data variable"):
+        sweep.top_k(cube, by="mfuu")
+    with pytest.raises(ValueError, match="k must be a whole number >= 1, but got 0"):
+        sweep.top_k(cube, k=0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("dims", [("pp_size",), ("tp_size", "zero_stage"), ("microbatch_count",)])
+def test_best_along_matches_brute_force(seed, dims):
+    cube = _random_cube(seed, ties=seed % 2 == 1)
+    got = sweep.best_along(cube, dims, by="mfu", slab_points=11)
+    assert tuple(got["mfu"].dims) == dims
+    order = tuple(cube["mfu"].dims)
+    others = [d for d in order if d not in dims]
+    mfu = cube["mfu"].transpose(*order).values
+    admissible = cube["admissible"].transpose(*order).values
+    for key in itertools.product(*(range(cube.sizes[d]) for d in dims)):
+        at = dict(zip(dims, key))
+        best, best_at = None, None
+        for rest in itertools.product(*(range(cube.sizes[d]) for d in others)):
+            point = {**at, **dict(zip(others, rest))}
+            idx = tuple(point[d] for d in order)
+            value = float(mfu[idx])
+            if admissible[idx] and not np.isnan(value):
+                if best is None or value > best:
+                    best, best_at = value, point
+        here = got.isel(at)
+        assert bool(here["found"]) == (best is not None)
+        if best is None:
+            assert np.isnan(float(here["mfu"]))
+            continue
+        assert float(here["mfu"]) == best
+        for d in others:
+            assert int(here[d]) == cube[d].values[best_at[d]]
+
+
+def _dominated_brute(values):
+    n = len(values)
+    return np.array([any(np.all(values[j] <= values[i]) and np.any(values[j] < values[i])
+                         for j in range(n)) for i in range(n)], dtype=bool)
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("m", [2, 3, 4])
+def test_front_kernels_match_brute_force(seed, m):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    values = rng.integers(0, 8, size=(n, m)).astype(float) if seed % 2 else rng.random((n, m))
+    expected = np.flatnonzero(~_dominated_brute(values))
+    np.testing.assert_array_equal(_front_nd(values, batch=int(rng.integers(1, 64))), expected)
+    if m == 2:
+        np.testing.assert_array_equal(_front_2d(values), expected)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("objectives", [
+    {"mfu": "max", "memory_footprint": "min"},
+    {"mfu": "max", "n_accelerators": "min", "memory_footprint": "min"},
+    {"mfu": "max", "step_latency_total": "max", "memory_footprint": "min"},
+])
+def test_pareto_front_matches_brute_force(seed, objectives):
+    cube = _random_cube(seed, ties=seed % 2 == 1)
+    points = _brute_points(cube, cube["admissible"])
+    names = list(objectives)
+    rows = np.array([[p[1][n] * (-1 if objectives[n] == "max" else 1) for n in names]
+                     for p in points]).reshape(-1, len(names))
+    finite = ~np.isnan(rows).any(axis=1)
+    rows, points = rows[finite], [p for p, f in zip(points, finite) if f]
+    on_front = ~_dominated_brute(rows)
+    expected = {tuple(p[0][d] for d in cube["mfu"].dims) for p, f in zip(points, on_front) if f}
+    got = sweep.pareto_front(cube, objectives, slab_points=13)
+    positions = {tuple(int(np.flatnonzero(cube[d].values == v)[0]) for d, v in
+                       ((d, got[d].values[i]) for d in cube["mfu"].dims))
+                 for i in range(got.sizes["point"])}
+    assert positions == expected
+    assert got.sizes["point"] == len(expected)
+    first = names[0]
+    sign = -1 if objectives[first] == "max" else 1
+    assert np.all(np.diff(sign * got[first].values) >= 0)  # sorted, best first
+
+
+def test_pareto_front_needs_two_objectives():
+    with pytest.raises(ValueError, match="at least 2"):
+        sweep.pareto_front(_random_cube(0), {"mfu": "max"})
+    with pytest.raises(ValueError, match="must be 'max' or 'min', but got 'up'"):
+        sweep.pareto_front(_random_cube(0), {"mfu": "up", "memory_footprint": "min"})
+
+
+@pytest.fixture(scope="module")
+def real_cube():
+    return sweep.run({"workload": "Llama3_70B", "fleet": "Training_1K",
+                      "outputs": ["mfu", "step_latency_total", "memory_footprint"],
+                      "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 5, 8],
+                               "dp_size": [4, 16, 64], "microbatch_count": [1, 4, 16, 64],
+                               "seq_len": [2048, 8192], "zero_stage": [0, 1, 3]},
+                      "fixed": {"batch_size": 1024},
+                      "constraints": {"memory_limit": "72 GB", "max_accelerators": 1024}})
+
+
+def test_analysis_of_a_real_cube_and_its_file(real_cube, tmp_path):
+    best = sweep.top_k(real_cube, k=5, constraints={"max_accelerators": 256})
+    assert (best["n_accelerators"] <= 256).all() and best["admissible"].all()
+    assert np.all(np.diff(best["mfu"].values) <= 0)
+    per_seq = sweep.best_along(real_cube, "seq_len")
+    assert per_seq["found"].all()
+    np.testing.assert_array_equal(
+        per_seq["mfu"], real_cube["mfu"].where(real_cube["admissible"]).max(
+            [d for d in real_cube["mfu"].dims if d != "seq_len"]))
+    front = sweep.pareto_front(real_cube)
+    assert set(front["n_accelerators"].values) <= {64 * k for k in range(1, 33)} | set(
+        np.unique(real_cube["n_accelerators"]).tolist())
+    # The same answers from the file opened lazily, scanned in small slabs.
+    lazy = sweep.open_cube(sweep.save(real_cube, tmp_path / "real.nc"))
+    xr.testing.assert_identical(best, sweep.top_k(lazy, k=5, constraints={"max_accelerators": 256},
+                                                  slab_points=1000))
+    xr.testing.assert_identical(front, sweep.pareto_front(lazy, slab_points=1000))
+    xr.testing.assert_identical(per_seq, sweep.best_along(lazy, "seq_len", slab_points=1000))
+    lazy.close()
+
+
+def test_memory_limit_as_fraction_of_capacity(real_cube):
+    got = sweep.top_k(real_cube, k=3, constraints={"memory_limit": 0.5})
+    capacity = solver.catalog.fleet("Training_1K").node.accelerator.memory_capacity
+    assert (got["memory_footprint"] <= 0.5 * capacity).all()
+    assert float(got["mfu"][0]) == float(real_cube["mfu"].where(
+        real_cube["admissible"] & (real_cube["memory_footprint"] <= 0.5 * capacity)).max())

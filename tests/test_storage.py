@@ -1,0 +1,174 @@
+"""Cubes on disk (sweep.storage): exact round trips, streamed sweeps, atomic writes, resume."""
+
+from __future__ import annotations
+
+import netCDF4
+import numpy as np
+import pytest
+import xarray as xr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sweep
+from sweep import cube as cube_
+from sweep import evaluate, storage
+from sweep.storage import partial_path
+
+
+@pytest.fixture(autouse=True)
+def _fixed_date(monkeypatch):
+    # Both runs of a comparison carry the same date_created (reproducible files).
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1764460800")
+
+
+SPEC = {"workload": ["Llama3_70B", "Mixtral_8x7B"], "fleet": "Training_1K", "dtype": "float32",
+        "outputs": ["mfu", "step_latency_total", "memory_footprint", "feasible", "idle_ranks"],
+        "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 5],
+                 "microbatch_count": list(range(1, 17)), "zero_stage": [0, 1, 2, 3],
+                 "activation_recomputation": [False, True], "precision": ["bf16", "fp8"]},
+        "fixed": {"batch_size": 1024},
+        "constraints": {"memory_limit": "72 GB", "max_accelerators": 512}}
+
+CLUSTER = {"workload": "Llama3_70B", "fleet": "Training_1K",
+           "axes": {"tp_size": [1, 2, 8], "pp_size": [1, 4, 5], "dp_size": [1, 2, 8, 64],
+                    "efficiency": [0.4, 0.5]},
+           "fixed": {"batch_size": 512}, "constraints": {"max_accelerators": 256}}
+
+
+@pytest.fixture(scope="module")
+def cube():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SOURCE_DATE_EPOCH", "1764460800")
+        return sweep.run(SPEC)
+
+
+def test_save_round_trips_exactly(cube, tmp_path):
+    path = sweep.save(cube, tmp_path / "cube.nc")
+    back = xr.load_dataset(path)
+    xr.testing.assert_identical(cube, back)
+    for name in ("feasible", "valid", "admissible", "activation_recomputation"):
+        assert back[name].dtype == bool
+    assert back["mfu"].dtype == np.float32
+    assert back["mfu"].encoding["zlib"] and back["mfu"].encoding["complevel"] == storage.COMPLEVEL
+    assert not partial_path(path).exists()
+
+
+def test_save_compresses(cube, tmp_path):
+    packed = sweep.save(cube, tmp_path / "packed.nc")
+    plain = sweep.save(cube, tmp_path / "plain.nc", complevel=0)
+    assert packed.stat().st_size < 0.7 * plain.stat().st_size
+
+
+@pytest.mark.parametrize("spec", [SPEC, CLUSTER], ids=["workload_axis", "dp_size_axis"])
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_streamed_equals_in_memory(spec, n_jobs, tmp_path):
+    in_memory = sweep.run(spec)
+    path = tmp_path / "streamed.nc"
+    streamed = sweep.run(spec, path=path, max_points=300, n_jobs=n_jobs)
+    assert not streamed["mfu"].variable._in_memory  # opened lazily
+    xr.testing.assert_identical(in_memory, streamed.load())
+    assert not partial_path(path).exists()
+    streamed.close()
+
+
+def test_streamed_file_uses_xarrays_conventions(tmp_path):
+    path = tmp_path / "streamed.nc"
+    sweep.run(SPEC, path=path).close()
+    with netCDF4.Dataset(path) as ds:
+        assert ds["valid"].dtype == np.int8 and ds["valid"].getncattr("dtype") == "bool"
+        assert ds["activation_recomputation"].getncattr("dtype") == "bool"
+        assert ds["precision"].dtype is str and ds["workload"].dtype is str
+        assert ds["mfu"].dtype == np.float32 and np.isnan(ds["mfu"].getncattr("_FillValue"))
+        assert ds["mfu"].filters()["zlib"] and ds["mfu"].filters()["complevel"] == 4
+        assert not [a for a in ds.ncattrs() if a.startswith("sweep_partial")]
+    back = sweep.open_cube(path)
+    assert back["valid"].dtype == bool
+    back.close()
+
+
+def test_streaming_never_allocates_the_cube(monkeypatch, tmp_path):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a streamed sweep allocated the whole cube")
+    monkeypatch.setattr(cube_, "allocate", refuse)
+    sweep.run(SPEC, path=tmp_path / "s.nc", max_points=1000).close()
+
+
+def _interrupt_after(monkeypatch, calls):
+    real = evaluate._evaluate_block
+    count = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        count["n"] += 1
+        if count["n"] > calls:
+            raise KeyboardInterrupt("stopped")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(evaluate, "_evaluate_block", flaky)
+
+
+def test_interrupted_sweep_resumes(monkeypatch, tmp_path):
+    path = tmp_path / "resumed.nc"
+    with monkeypatch.context() as mp:
+        _interrupt_after(mp, 5)
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run(SPEC, path=path, max_points=500)
+    assert not path.exists() and partial_path(path).exists()  # atomic: no half file at path
+    with netCDF4.Dataset(partial_path(path)) as ds:
+        assert ds.getncattr("sweep_partial_blocks_done") == 5
+    with pytest.raises(sweep.SpecError, match="cannot resume"):
+        sweep.run({**SPEC, "outputs": ["mfu"]}, path=path, resume=True)
+    # The block size of the partial file is kept, whatever max_points says now.
+    resumed = sweep.run(SPEC, path=path, resume=True, max_points=10_000)
+    xr.testing.assert_identical(sweep.run(SPEC), resumed.load())
+    resumed.close()
+    assert not partial_path(path).exists()
+
+
+def test_resume_returns_a_finished_file(monkeypatch, tmp_path):
+    path = tmp_path / "done.nc"
+    sweep.run(SPEC, path=path).close()
+    _interrupt_after(monkeypatch, 0)  # any evaluation would raise
+    again = sweep.run(SPEC, path=path, resume=True)
+    xr.testing.assert_identical(sweep.open_cube(path), again)
+    again.close()
+
+
+def test_without_resume_a_partial_file_is_replaced(monkeypatch, tmp_path):
+    path = tmp_path / "fresh.nc"
+    with monkeypatch.context() as mp:
+        _interrupt_after(mp, 2)
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run(SPEC, path=path, max_points=500)
+    fresh = sweep.run(SPEC, path=path)
+    xr.testing.assert_identical(sweep.run(SPEC), fresh.load())
+    fresh.close()
+
+
+def test_open_cube_is_lazy_and_chunks_with_dask(cube, tmp_path):
+    path = sweep.save(cube, tmp_path / "lazy.nc")
+    lazy = sweep.open_cube(path)
+    assert not lazy["mfu"].variable._in_memory
+    lazy.close()
+    pytest.importorskip("dask")
+    chunked = sweep.open_cube(path, chunks={})  # the file's own chunks
+    assert chunked["mfu"].chunks is not None
+    xr.testing.assert_identical(cube, chunked.compute())
+    chunked.close()
+    with pytest.raises(FileNotFoundError, match="no cube at"):
+        sweep.open_cube(tmp_path / "missing.nc")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tp=st.sets(st.sampled_from([1, 2, 3, 4, 8]), min_size=1),
+       mb=st.sets(st.integers(1, 64), min_size=1, max_size=4),
+       dtype=st.sampled_from(["float32", "float64"]),
+       recompute=st.sampled_from([[False], [True], [False, True]]))
+def test_round_trip_property(tmp_path, tp, mb, dtype, recompute):
+    spec = {"workload": "GPT3", "fleet": "Training_1K", "dtype": dtype,
+            "axes": {"tp_size": sorted(tp) + [16], "microbatch_count": sorted(mb),
+                     "activation_recomputation": recompute}}
+    cube = sweep.run(spec)
+    path = tmp_path / f"p-{dtype}.nc"
+    xr.testing.assert_identical(cube, xr.load_dataset(sweep.save(cube, path)))
+    streamed = sweep.run(spec, path=path, max_points=5)
+    xr.testing.assert_identical(cube, streamed.load())
+    streamed.close()
