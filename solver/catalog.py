@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import os
 import tomllib
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 from . import specs
+from .knobs import MAX_INTEGER
 from .units import parse_quantity
 
 __all__ = [
@@ -55,6 +57,13 @@ _SINGULAR = {"accelerators": "accelerator", "nodes": "node", "fabrics": "fabric"
 _SPEC = {"accelerators": specs.Accelerator, "nodes": specs.Node, "fabrics": specs.Fabric,
          "fleets": specs.Fleet, "workloads": specs.Workload}
 _DEFAULT_DIR = Path(__file__).resolve().parent.parent / "configs" / "catalog"
+
+
+#: Magnitudes a catalog number or quantity may have, in SI units (or be 0): far
+#: beyond any real hardware or model, and far inside float64, so no product or
+#: quotient of the model overflows to inf or underflows to 0 (which would then
+#: make NaN of a valid configuration).
+MAGNITUDE = (1e-30, 1e30)
 
 
 class CatalogError(ValueError):
@@ -87,21 +96,39 @@ def _string(value, where, resolve):
 def _integer(value, where, resolve):
     if not isinstance(value, int) or isinstance(value, bool):
         raise _wrong(where, "an integer", value)
+    if abs(value) >= MAX_INTEGER:  # counts stay exact in float64
+        raise _wrong(where, "an integer below 2**53", value)
     return value
+
+
+def _in_range(number, value, where, what):
+    if not math.isfinite(number):
+        raise _wrong(where, f"a finite {what}", value)
+    low, high = MAGNITUDE
+    if number != 0 and not low <= abs(number) <= high:
+        raise _wrong(where, f"a {what} of magnitude {low:g} to {high:g} (SI units) or 0", value)
+    return number
 
 
 def _number(value, where, resolve):
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise _wrong(where, "a plain number", value)
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    return _in_range(number, value, where, "number")
 
 
 def _quantity(dimension):
     def convert(value, where, resolve):
         try:
-            return parse_quantity(value, dimension, where=where)
+            number = parse_quantity(value, dimension, where=where)
+        except OverflowError:
+            number = math.inf
         except ValueError as err:
             raise CatalogError(str(err)) from None
+        return _in_range(number, value, where, f"{dimension} quantity")
     return convert
 
 
@@ -222,9 +249,15 @@ def _build(kind: str, key: str, table, loc: str, resolve):
     for field, value in table.items():
         values[field] = schema[field].convert(value, f"{loc}.{field}", resolve)
     try:
-        return _SPEC[kind](**values)
+        built = _SPEC[kind](**values)
     except ValueError as err:
         raise CatalogError(f"{loc}: {err}") from None
+    if kind == "fleets" and built.total_accelerators >= MAX_INTEGER:
+        raise CatalogError(
+            f"{loc}: expected fewer than 2**53 accelerators in all (count * the node's "
+            f"accelerators_per_node, exact in float64), but got {built.count} * "
+            f"{built.node.accelerators_per_node} = {built.total_accelerators}")
+    return built
 
 
 def _build_all(sources: dict, fallback: dict | None) -> dict:
@@ -257,8 +290,10 @@ def _read_toml(path: Path, display: str) -> dict:
             return tomllib.load(handle)
     except FileNotFoundError:
         raise CatalogError(f"{display}: file not found") from None
-    except tomllib.TOMLDecodeError as err:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise CatalogError(f"{display}: not valid TOML: {err}") from None
+    except OSError as err:
+        raise CatalogError(f"{display}: cannot read the file: {err.strerror or err}") from None
 
 
 def catalog_dir() -> Path:
@@ -395,9 +430,10 @@ def load_file(path) -> dict:
     Raises
     ------
     CatalogError
-        For unreadable TOML, unknown tables or keys, wrong types, bad units,
-        missing required keys or unknown references; the message names the
-        file, the table and the key.
+        For unreadable TOML, unknown tables or keys, wrong types (booleans are
+        not numbers), bad units, values that are not finite or beyond
+        :data:`MAGNITUDE`, counts of 2**53 or more, missing required keys or
+        unknown references; the message names the file, the table and the key.
     """
     display = str(path)
     data = _read_toml(Path(path), display)

@@ -115,7 +115,8 @@ def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", effi
     Raises
     ------
     ValueError
-        For a value no configuration can have, naming the knob and the value.
+        For a value no configuration can have, naming the knob and the value, or
+        array knobs whose shapes do not broadcast (naming the knobs and shapes).
     """
     k = knobs_.normalize({
         "batch_size": batch_size, "precision": precision, "efficiency": efficiency,
@@ -135,7 +136,13 @@ def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", effi
     if not isinstance(fleet, Fleet):
         raise TypeError(f"fleet must be a solver.specs.Fleet (see solver.catalog.fleet "
                         f"or solver.from_mlsysim), but got {type(fleet).__name__}")
-    shape = np.broadcast_shapes(*(np.shape(v) for v in k.values()))
+    try:
+        shape = np.broadcast_shapes(*(np.shape(v) for v in k.values()))
+    except ValueError:
+        shapes = {name: np.shape(v) for name, v in k.items() if np.shape(v)}
+        raise ValueError(
+            "the array knobs must broadcast together (each axis of equal length or 1), but got "
+            + ", ".join(f"{name} of shape {shape}" for name, shape in shapes.items())) from None
     size = int(np.prod(shape))
     axis = int(np.argmax(shape)) if shape else 0
     if size <= 2 * CHUNK_SIZE or shape[axis] < 2:

@@ -37,6 +37,10 @@ PRECISION_BYTES = {
 #: Integer knobs stay below 2**53, where every count is exact in float64 too.
 MAX_INTEGER = 2 ** 53
 
+#: Slow-down factors stay below this: far past any real network or worker, and
+#: far from float64 overflow when they multiply a time.
+MAX_FACTOR = 1e6
+
 #: Accepted values of ``topology_override``. The reference accepts the knob and
 #: does not use it; so do we (it changes no output).
 TOPOLOGIES = (None, "ring", "tree")
@@ -77,11 +81,11 @@ KNOBS = {k.name: k for k in (
     Knob("overlap_comm", "bool", False),
     Knob("overlap_efficiency", "float", 0.85, low=0.0, high=1.0,
          why="share of DP communication hidden behind compute, in [0, 1]"),
-    Knob("congestion_factor", "float", 1.0, low=1.0,
+    Knob("congestion_factor", "float", 1.0, low=1.0, high=MAX_FACTOR,
          why="multiplier on communication time; 1.0 is an ideal network"),
-    Knob("straggler_factor", "float", 1.0, low=1.0,
+    Knob("straggler_factor", "float", 1.0, low=1.0, high=MAX_FACTOR,
          why="multiplier on step time for the slowest worker; 1.0 is none"),
-    Knob("moe_routing_imbalance_factor", "float", 1.0, low=1.0,
+    Knob("moe_routing_imbalance_factor", "float", 1.0, low=1.0, high=MAX_FACTOR,
          why="multiplier on routed MoE traffic; 1.0 is balanced routing"),
     Knob("gradient_accumulation_steps", "int", 1, low=1, why="micro-steps per optimizer step"),
     Knob("seq_len", "int", 2048, low=1, why="tokens per sample"),
@@ -143,8 +147,17 @@ def _check_bounds(knob, array):
         )
 
 
+def _array(knob, value):
+    """``np.asarray(value)``, with numpy's refusals (ragged lists) naming the knob."""
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{knob.name} must be a scalar or a rectangular array, "
+                         f"but got {value!r:.80} ({err})") from None
+
+
 def _as_int(knob, value):
-    array = np.asarray(value)
+    array = _array(knob, value)
     if array.dtype == bool or array.dtype.kind not in "iuf":
         raise ValueError(
             f"{knob.name} must be an integer or an array of integers ({knob.why}), "
@@ -167,7 +180,7 @@ def _as_int(knob, value):
 
 
 def _as_float(knob, value):
-    array = np.asarray(value)
+    array = _array(knob, value)
     if array.dtype == bool or array.dtype.kind not in "iuf":
         raise ValueError(f"{knob.name} must be a number or an array of numbers ({knob.why}), "
                          f"but got {value!r:.80}")
@@ -181,7 +194,7 @@ def _as_float(knob, value):
 
 
 def _as_bool(knob, value):
-    array = np.asarray(value)
+    array = _array(knob, value)
     if array.dtype == bool:
         return array
     if array.dtype.kind in "iuf" and np.isin(array, (0, 1)).all():
@@ -230,7 +243,7 @@ def _as_precision(knob, value):
         return canonical_precision(value)
     if isinstance(value, Precisions):
         return value
-    array = np.asarray(value)
+    array = _array(knob, value)
     if array.dtype.kind not in "UO":
         raise ValueError(f"precision must be a string or an array of strings, but got {value!r:.80}")
     raw, codes = _factorize(array)
@@ -240,7 +253,7 @@ def _as_precision(knob, value):
 
 
 def _as_topology(knob, value):
-    if value not in TOPOLOGIES:
+    if not (value is None or isinstance(value, str)) or value not in TOPOLOGIES:
         raise ValueError(
             f"topology_override must be None, 'ring' or 'tree', but got {value!r}"
         )

@@ -13,7 +13,7 @@ straight back to the solver (``sweep.grid.point(spec, coords)``).
 from .analysis import best_along, pareto_front, top_k
 from .evaluate import run
 from .spec import Spec, SpecError, divisors, load_spec, powers_of_two
-from .storage import open_cube, save
+from .storage import IncompleteCubeError, open_cube, save
 
 # from .search import search
 
@@ -24,6 +24,7 @@ __all__ = [
     "run",
     "save",
     "open_cube",
+    "IncompleteCubeError",
     "top_k",
     "best_along",
     "pareto_front",

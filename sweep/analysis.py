@@ -18,6 +18,11 @@ The cube is scanned in slabs along its first dim, so a cube opened lazily
 from disk (:func:`sweep.open_cube`) is never loaded whole. Results are small
 :class:`xarray.Dataset` s: the point's coordinates as variables (named like the
 dims, i.e. like the ``solver.solve`` keywords) and every data variable's value.
+
+A cube that says it is not finished (``complete = 0``: an interrupted sweep
+opened with ``sweep.open_cube(..., allow_partial=True)``, whose unpriced points
+are NaN and never admissible) is refused unless ``allow_partial=True``: an
+answer from part of the space is then asked for, not stumbled upon.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ import xarray as xr
 
 from solver.units import parse_quantity
 
+from .cube import COMPLETE
+from .storage import IncompleteCubeError
+
 __all__ = ["top_k", "best_along", "pareto_front", "mask", "SLAB_POINTS",
            "DEFAULT_OBJECTIVES"]
 
@@ -38,6 +46,23 @@ SLAB_POINTS = 1 << 24
 #: Objectives of :func:`pareto_front` by default.
 DEFAULT_OBJECTIVES = {"mfu": "max", "n_accelerators": "min", "memory_footprint": "min"}
 _SENSES = ("max", "min")
+
+
+def _check_complete(cube, allow_partial: bool) -> None:
+    """Refuse a cube marked unfinished (``complete = 0``) unless ``allow_partial``."""
+    if allow_partial or COMPLETE not in cube.attrs:
+        return
+    flag = cube.attrs[COMPLETE]
+    try:
+        finished = int(flag) == 1
+    except (TypeError, ValueError):
+        finished = False
+    if not finished:
+        raise IncompleteCubeError(
+            f"expected a finished cube ({COMPLETE} = 1), but got {COMPLETE} = {flag!r}: an "
+            f"unfinished sweep whose unpriced points are left out; finish it "
+            f"(sweep.run(spec, path=..., resume=True)) or pass allow_partial=True to ask about "
+            f"the points priced so far")
 
 
 def _require(cube, name, what):
@@ -203,7 +228,8 @@ def _sign(largest):
 
 
 def top_k(cube: xr.Dataset, by: str = "mfu", k: int = 10, where=None, largest: bool = True,
-          constraints: Optional[Mapping] = None, *, slab_points: int = SLAB_POINTS) -> xr.Dataset:
+          constraints: Optional[Mapping] = None, *, slab_points: int = SLAB_POINTS,
+          allow_partial: bool = False) -> xr.Dataset:
     """The ``k`` best points of ``cube`` by one variable.
 
     Parameters
@@ -217,6 +243,8 @@ def top_k(cube: xr.Dataset, by: str = "mfu", k: int = 10, where=None, largest: b
         Which points count (see :func:`mask`); ``admissible`` by default.
     largest : bool
         Rank the largest values first (False: the smallest).
+    allow_partial : bool
+        Accept a cube that is not finished (``complete = 0``).
 
     Returns
     -------
@@ -224,6 +252,7 @@ def top_k(cube: xr.Dataset, by: str = "mfu", k: int = 10, where=None, largest: b
         Along dim ``rank`` (1 = best): each dim's coordinate as a variable and
         every data variable's value. Ties go to the earlier point (C order).
     """
+    _check_complete(cube, allow_partial)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a whole number >= 1, but got {k!r}")
     _require(cube, by, "by")
@@ -245,7 +274,7 @@ def top_k(cube: xr.Dataset, by: str = "mfu", k: int = 10, where=None, largest: b
 
 def best_along(cube: xr.Dataset, dims, by: str = "mfu", where=None, largest: bool = True,
                constraints: Optional[Mapping] = None, *,
-               slab_points: int = SLAB_POINTS) -> xr.Dataset:
+               slab_points: int = SLAB_POINTS, allow_partial: bool = False) -> xr.Dataset:
     """The best point for each value of ``dims``, the other dims reduced by argmax.
 
     Parameters
@@ -257,6 +286,8 @@ def best_along(cube: xr.Dataset, dims, by: str = "mfu", where=None, largest: boo
         The data variable to maximize (``largest=False``: minimize).
     where, constraints
         Which points count (see :func:`mask`); ``admissible`` by default.
+    allow_partial : bool
+        Accept a cube that is not finished (``complete = 0``).
 
     Returns
     -------
@@ -265,6 +296,7 @@ def best_along(cube: xr.Dataset, dims, by: str = "mfu", where=None, largest: boo
         data variable's value there, and ``found`` (False where no point of
         that slice is selected; the other variables are then masked: NaN).
     """
+    _check_complete(cube, allow_partial)
     dims = (dims,) if isinstance(dims, str) else tuple(dims)
     all_dims = _cube_dims(cube)
     for d in dims:
@@ -371,7 +403,7 @@ def _front(values):
 
 def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=None,
                  constraints: Optional[Mapping] = None, *,
-                 slab_points: int = SLAB_POINTS) -> xr.Dataset:
+                 slab_points: int = SLAB_POINTS, allow_partial: bool = False) -> xr.Dataset:
     """The Pareto-optimal points of ``cube`` over 2 or 3 (or more) objectives.
 
     Parameters
@@ -382,6 +414,8 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
         (``mfu`` up, ``n_accelerators`` and ``memory_footprint`` down).
     where, constraints
         Which points count (see :func:`mask`); ``admissible`` by default.
+    allow_partial : bool
+        Accept a cube that is not finished (``complete = 0``).
 
     Returns
     -------
@@ -397,6 +431,7 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
     in lexicographic order against the front so far, O(n * front size). Each
     slab's own front is found first, so only its members meet the others.
     """
+    _check_complete(cube, allow_partial)
     objectives = dict(DEFAULT_OBJECTIVES if objectives is None else objectives)
     if len(objectives) < 2:
         raise ValueError(f"objectives must name at least 2 variables, but got {objectives!r}")

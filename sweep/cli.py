@@ -607,6 +607,8 @@ def _cmd_run(args) -> int:
         print(f"{args.prog}: interrupted; the sweep so far is in {path}.partial: continue it "
               f"with `{args.prog} run {args.spec} -o {path} --resume`", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except FileExistsError as err:  # staged blocks of an earlier run, and no --resume
+        raise UsageError(f"{err} (on the command line: add --resume)") from None
     elapsed = time.perf_counter() - started
     shape = " x ".join(f"{d} {n}" for d, n in zip(spec.dims, spec.shape))
     admissible = int(cube["admissible"].sum())

@@ -32,6 +32,9 @@ the provenance: ``package_version``, ``reference`` (the model reproduced),
 ``fixed`` (JSON), ``memory_limit`` (bytes per fleet, JSON), ``max_accelerators``
 when set, and ``date_created``/``history`` (UTC; set ``$SOURCE_DATE_EPOCH`` to fix
 them, as the tests do, so that two runs of one spec give identical cubes).
+``complete = 1`` says every point is priced: a streamed sweep writes it last
+(:mod:`sweep.storage`), and a cube without it is refused where a finished one
+is needed (:func:`sweep.open_cube`, :mod:`sweep.analysis`).
 """
 
 from __future__ import annotations
@@ -63,7 +66,11 @@ __all__ = [
     "accelerator_counts",
     "check_some_valid",
     "bool_outputs",
+    "COMPLETE",
 ]
+
+#: The attribute of a finished cube (every point priced): ``complete = 1``.
+COMPLETE = "complete"
 
 #: Boolean masks every cube carries, with their long names.
 MASKS = {
@@ -168,6 +175,7 @@ def _attrs(spec: Spec) -> dict:
         attrs["fleet"] = next(iter(spec.fleets))
     if spec.max_accelerators is not None:
         attrs["max_accelerators"] = int(spec.max_accelerators)
+    attrs[COMPLETE] = 1
     return attrs
 
 

@@ -223,16 +223,20 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     max_points : int
         Points per block: bounds the memory of one ``solver.solve`` call.
     path : str or pathlib.Path, optional
-        Stream the cube into this netCDF file instead of memory; the file is
-        written under ``<path>.partial`` and renamed when complete. The result
-        is then :func:`sweep.open_cube` of the file (lazy).
+        Stream the cube into this netCDF file instead of memory: finished
+        blocks are staged in the directory ``<path>.partial`` (they survive any
+        interruption, ``SIGKILL`` included), then assembled into ``path``
+        (atomic rename). The result is then :func:`sweep.open_cube` of the
+        file (lazy). Peak memory does not grow with the space.
     progress : bool, optional
         A tqdm bar on stderr; by default only on a terminal and for sweeps of
         at least :data:`PROGRESS_MIN_POINTS` points.
     resume : bool
-        With ``path``: continue an interrupted sweep from ``<path>.partial``
-        (the same spec), or return the finished file if it already holds this
-        spec's sweep.
+        With ``path``: continue an interrupted sweep from the blocks staged in
+        ``<path>.partial`` (only the missing blocks are priced; the cube is
+        identical to an uninterrupted run's), or return the finished file if it
+        already holds this spec's sweep. Without it, staged blocks at ``path``
+        are refused, never discarded.
 
     Returns
     -------
@@ -242,7 +246,11 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     Raises
     ------
     SpecError
-        For an unreadable spec, a continuous axis, or a space with no valid split.
+        For an unreadable spec, a continuous axis, a space with no valid split,
+        or a resume of blocks staged by another spec.
+    FileExistsError
+        If blocks are staged at ``path`` and ``resume`` is False, or another
+        process is writing them.
     """
     spec = load_spec(spec)
     if max_points < 1:
@@ -253,6 +261,7 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     if path is not None and resume:
         finished = storage.finished_cube(path, spec)
         if finished is not None:
+            storage.discard_staged(path, spec)
             return finished
     blocks = list(grid.blocks(spec, max_points))  # raises for continuous axes
     cube_.check_some_valid(spec)
@@ -262,7 +271,7 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     if not serial:
         _check_backend(backend)
 
-    writer, arrays, shared, start = None, None, None, 0
+    writer, arrays, shared = None, None, None
     if path is None and not serial and (backend or "loky") in _SHARED_BACKENDS:
         full = {n: v.dtype for n, v in cube_layout.variables.items() if v.dims == cube_layout.dims}
         shared = _SharedArrays(full, cube_layout.shape)
@@ -275,42 +284,41 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
             small={"n_accelerators": cube_.accelerator_counts(spec)})
         if writer.max_points != max_points:  # resuming: keep the partition already begun
             blocks = list(grid.blocks(spec, writer.max_points))
-        start = writer.blocks_done
-    done_points = sum(b.size for b in blocks[:start])
-    todo = blocks[start:]
+    done = writer.done if writer is not None else set()
+    todo = [(n, block) for n, block in enumerate(blocks) if n not in done]
+    done_points = sum(b.size for n, b in enumerate(blocks) if n in done)
 
-    bar = _progress_bar(spec, progress, done_points)
+    bar = None
     try:
+        bar = _progress_bar(spec, progress, done_points)
         if serial:
-            for n, block in enumerate(todo, start + 1):
+            for n, block in todo:
                 if writer is None:
                     _evaluate_block(block, plan, {k: a[block.index] for k, a in arrays.items()})
                 else:
-                    writer.write(block.index, _evaluate_block(block, plan))
-                    writer.checkpoint(n)
+                    writer.add(n, block.index, _evaluate_block(block, plan))
                 bar.update(block.size)
         else:
             task_points = _task_points(spec, cube_layout, max_points, n_jobs, backend)
-            tasks = _tasks(todo, task_points)
-            n = start
+            tasks = _tasks([block for _, block in todo], task_points)
+            numbers = iter([n for n, _ in todo])  # results come back in order
             files = shared.files if shared is not None else None
             for results in _parallel(tasks, plan, n_jobs, backend, files):
                 for index, values in results:
+                    n = next(numbers)
                     if writer is not None:
-                        writer.write(index, values)
+                        writer.add(n, index, values)
                     elif values is not None:
                         for name, value in values.items():
                             arrays[name][index] = value
                     bar.update(math.prod(s.stop - s.start for s in index))
-                n += len(results)
-                if writer is not None:
-                    writer.checkpoint(n)
     except BaseException:
         if writer is not None:
-            writer.close()
+            writer.close()  # stages the blocks finished so far
         raise
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         if shared is not None:
             shared.close()
 

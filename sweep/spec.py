@@ -25,10 +25,13 @@ values), the fixed knob values, constraints and the outputs to keep::
 
 Axis values: a list, or a helper table: ``powers_of_two = N`` (1..N),
 ``divisors_of = "fleet" | "layers" | N``, ``from``/``to`` with ``step`` (default 1
-for whole numbers) or ``num`` (evenly spaced; ``log = true`` for geometric). A
-``from``/``to`` range of floats with neither ``step`` nor ``num`` is continuous:
-a search samples it, a sweep refuses it. Every name is a ``solver.solve`` keyword,
-plus ``dp_size`` (the cluster is then sized by the layout) and ``workload``/``fleet``.
+for whole numbers) or ``num`` (evenly spaced; ``log = true`` for geometric); one
+form per axis, at most :data:`MAX_AXIS_VALUES` values. A ``from``/``to`` range of
+floats with neither ``step`` nor ``num`` is continuous: a search samples it, a
+sweep refuses it. Numbers must be finite; whole-number knobs take whole numbers
+below 2**53 (``2.0`` is 2, ``2.5`` is refused); booleans are not numbers. Every
+name is a ``solver.solve`` keyword, plus ``dp_size`` (the cluster is then sized by
+the layout) and ``workload``/``fleet``.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ __all__ = [
     "divisors",
     "TOP_KEYS",
     "CONSTRAINT_KEYS",
+    "MAX_AXIS_VALUES",
 ]
 
 TOP_KEYS = ("name", "workload", "fleet", "axes", "fixed", "constraints", "outputs", "catalog",
@@ -65,6 +69,10 @@ TOP_KEYS = ("name", "workload", "fleet", "axes", "fixed", "constraints", "output
 CONSTRAINT_KEYS = ("memory_limit", "max_accelerators")
 _HELPER_KEYS = ("powers_of_two", "divisors_of", "from", "to", "step", "num", "log")
 _DTYPES = ("float64", "float32")
+#: Values one axis may list (a longer range is surely a typo in from/to/step/num).
+MAX_AXIS_VALUES = 1_000_000
+#: Largest ``divisors_of`` (its divisors are found by trial division up to the square root).
+_MAX_DIVISORS_OF = 10 ** 12
 
 
 class SpecError(ValueError):
@@ -149,7 +157,7 @@ class Spec:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.axes else 1
+        return math.prod(self.shape)  # exact: a Python int never wraps
 
     def axis(self, name: str) -> Axis:
         for a in self.axes:
@@ -217,8 +225,11 @@ class _Reader:
                         f"(expected one of {', '.join(choices)})")
 
 
-def _value(reader, key, knob_name, value):
-    """Check one knob value against the knob's kind; return it as a plain Python value."""
+def _value(reader, key, knob_name, value, bounds=True):
+    """Check one knob value against the knob's kind; return it as a plain Python value.
+
+    ``bounds=False`` leaves the knob's range to the caller (checked for a whole axis at once).
+    """
     knob = KNOBS[knob_name]
     where = key
     if knob.kind == "precision":
@@ -236,18 +247,25 @@ def _value(reader, key, knob_name, value):
         if not isinstance(value, (bool, np.bool_)):
             reader.fail(where, "true or false", value)
         return bool(value)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
         reader.fail(where, "a whole number" if knob.kind == "int" else "a number", value)
     if knob.kind == "int":
-        if not float(value).is_integer():
+        if isinstance(value, (float, np.floating)) and not (
+                math.isfinite(value) and float(value).is_integer()):
             reader.fail(where, "a whole number", value)
         value = int(value)
+        if abs(value) >= solver.knobs.MAX_INTEGER:
+            reader.fail(where, "a whole number below 2**53", value)
     else:
+        if not _finite(value):
+            reader.fail(where, "a finite number", value)
         value = float(value)
-    try:
-        solver.knobs.normalize({knob_name: value})
-    except ValueError as err:
-        raise SpecError(f"{reader.source}: {where}: {err}") from None
+    if bounds:
+        try:
+            solver.knobs.normalize({knob_name: value})
+        except ValueError as err:
+            raise SpecError(f"{reader.source}: {where}: {err}") from None
     return value
 
 
@@ -256,10 +274,16 @@ def _helper_values(reader, key, knob_name, table, workloads, fleets):
     if unknown:
         reader.unknown(unknown[0], _HELPER_KEYS, where=key)
     kind = KNOBS[knob_name].kind
+    forms = [k for k in ("powers_of_two", "divisors_of") if k in table]
+    ranged = [k for k in ("from", "to", "step", "num", "log") if k in table]
+    if len(forms) > 1 or (forms and ranged) or ("step" in table and "num" in table):
+        reader.fail(key, "one form: powers_of_two, divisors_of, or from and to (with step "
+                         "or num, not both)", table)
     if "powers_of_two" in table:
         high = table["powers_of_two"]
-        if isinstance(high, bool) or not isinstance(high, int) or high < 1:
-            reader.fail(f"{key}.powers_of_two", "a whole number >= 1", high)
+        if (isinstance(high, bool) or not isinstance(high, int) or high < 1
+                or high >= solver.knobs.MAX_INTEGER):
+            reader.fail(f"{key}.powers_of_two", "a whole number from 1 to 2**53 - 1", high)
         return {"values": powers_of_two(high)}
     if "divisors_of" in table:
         of = table["divisors_of"]
@@ -272,10 +296,11 @@ def _helper_values(reader, key, knob_name, table, workloads, fleets):
             if len(layers) != 1 or not layers[0]:
                 reader.fail(f"{key}.divisors_of", "one workload with a layer count", of)
             n = layers[0]
-        elif isinstance(of, int) and not isinstance(of, bool) and of >= 1:
+        elif isinstance(of, int) and not isinstance(of, bool) and 1 <= of <= _MAX_DIVISORS_OF:
             n = of
         else:
-            reader.fail(f"{key}.divisors_of", "'fleet', 'layers' or a whole number >= 1", of)
+            reader.fail(f"{key}.divisors_of", "'fleet', 'layers' or a whole number from 1 to "
+                                              "10**12", of)
         return {"values": divisors(n)}
     if "from" not in table or "to" not in table:
         reader.fail(key, "a list of values, or a table with powers_of_two, divisors_of, "
@@ -284,6 +309,8 @@ def _helper_values(reader, key, knob_name, table, workloads, fleets):
     for name, v in (("from", low), ("to", high)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             reader.fail(f"{key}.{name}", "a number", v)
+        if not _finite(v):
+            reader.fail(f"{key}.{name}", "a finite number", v)
     if high < low:
         reader.fail(f"{key}.to", f"a number >= from ({low})", high)
     log = table.get("log", False)
@@ -293,17 +320,24 @@ def _helper_values(reader, key, knob_name, table, workloads, fleets):
         reader.fail(f"{key}.from", "a number > 0 with log = true", low)
     if "num" in table:
         num = table["num"]
-        if isinstance(num, bool) or not isinstance(num, int) or num < 1:
-            reader.fail(f"{key}.num", "a whole number >= 1", num)
+        if isinstance(num, bool) or not isinstance(num, int) or not 1 <= num <= MAX_AXIS_VALUES:
+            reader.fail(f"{key}.num", f"a whole number from 1 to {MAX_AXIS_VALUES:,}", num)
         values = (np.geomspace if log else np.linspace)(low, high, num)
         if kind == "int":
             values = np.unique(np.round(values).astype(np.int64))
         return {"values": [v.item() for v in values], "low": low, "high": high, "log": log}
     if kind == "int" or "step" in table:
         step = table.get("step", 1)
-        if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0:
-            reader.fail(f"{key}.step", "a number > 0", step)
-        count = int(math.floor((high - low) / step + 1e-9)) + 1
+        if (isinstance(step, bool) or not isinstance(step, (int, float)) or not _finite(step)
+                or step <= 0):
+            reader.fail(f"{key}.step", "a finite number > 0", step)
+        try:
+            count = int(math.floor((high - low) / step + 1e-9)) + 1
+        except OverflowError:
+            count = math.inf
+        if count > MAX_AXIS_VALUES:
+            reader.fail(key, f"at most {MAX_AXIS_VALUES:,} values",
+                        f"{count:,} values from {table!r}" if count < math.inf else table)
         values = [low + i * step for i in range(count)]
         if kind == "int":
             if not all(float(v).is_integer() for v in (low, step)):
@@ -313,26 +347,51 @@ def _helper_values(reader, key, knob_name, table, workloads, fleets):
     return {"values": None, "low": float(low), "high": float(high), "log": log}
 
 
+def _finite(value) -> bool:
+    """A number that is finite as a float (a huge int overflows: not finite)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _axis(reader, name, given, workloads, fleets):
     key = f"axes.{name}"
+    if name in ("workload", "fleet"):
+        reader.fail(key, f"a knob name (several {name}s are listed at the top, "
+                         f"{name} = [...], and then form the {name} axis)", given)
     if name not in KNOBS:
         reader.unknown(name, list(KNOBS), where="axes")
     if isinstance(given, Mapping):
         parts = _helper_values(reader, key, name, given, workloads, fleets)
     elif isinstance(given, (list, tuple, np.ndarray)):
         parts = {"values": list(given)}
+        if len(given) > MAX_AXIS_VALUES:
+            reader.fail(key, f"at most {MAX_AXIS_VALUES:,} values", f"{len(given):,} values")
     else:
         reader.fail(key, "a list of values or a helper table (e.g. { powers_of_two = 8 })", given)
     values = parts["values"]
     if values is not None:
         if len(values) == 0:
             reader.fail(key, "at least one value", given)
-        values = [_value(reader, f"{key}[{i}]", name, v) for i, v in enumerate(values)]
-        seen = set()
-        for v in values:
+        kind = KNOBS[name].kind
+        if isinstance(given, Mapping):  # made here from checked numbers: only convert
+            values = [int(v) if kind == "int" else float(v) for v in values]
+        else:
+            values = [_value(reader, f"{key}[{i}]", name, v, bounds=False)
+                      for i, v in enumerate(values)]
+        if kind in ("int", "float"):  # the knob's range, for the whole axis at once
+            try:
+                solver.knobs.normalize({name: np.array(values)})
+            except ValueError:
+                for i, v in enumerate(values):  # name the first value out of range
+                    _value(reader, f"{key}[{i}]", name, v)
+                raise
+        seen = {}
+        for i, v in enumerate(values):
             if v in seen:
-                reader.fail(key, "distinct values", f"{v!r} twice in {values!r}")
-            seen.add(v)
+                reader.fail(key, "distinct values", f"{v!r} twice (at [{seen[v]}] and [{i}])")
+            seen[v] = i
         parts["values"] = tuple(values)
     else:
         if KNOBS[name].kind != "float":
@@ -387,8 +446,10 @@ def load_spec(spec, *, source: Optional[str] = None) -> Spec:
                 raw = tomllib.load(fh)
         except FileNotFoundError:
             raise SpecError(f"{path}: no such spec file") from None
-        except tomllib.TOMLDecodeError as err:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
             raise SpecError(f"{path}: not valid TOML: {err}") from None
+        except OSError as err:
+            raise SpecError(f"{path}: cannot read the spec file: {err.strerror or err}") from None
         return _parse(raw, source or str(path), base=path.parent)
     if isinstance(spec, Mapping):
         return _parse(dict(spec), source or "<dict>", base=Path.cwd())
@@ -406,6 +467,8 @@ def _parse(raw, source, base):
 
     extra_workloads, extra_fleets = {}, {}
     if "catalog" in raw:
+        if not isinstance(raw["catalog"], str) or not raw["catalog"]:
+            reader.fail("catalog", "the path of a catalog TOML file (a string)", raw["catalog"])
         path = Path(raw["catalog"])
         path = path if path.is_absolute() else base / path
         try:
@@ -442,8 +505,13 @@ def _parse(raw, source, base):
     if not isinstance(outputs, (list, tuple)) or not outputs:
         reader.fail("outputs", "a non-empty list of output names", outputs)
     for name in outputs:
+        if not isinstance(name, str):
+            reader.fail("outputs", "a list of output names (strings)", outputs)
         if name not in solver.OUTPUTS:
             reader.unknown(name, list(solver.OUTPUTS), where="outputs")
+    if len(set(outputs)) != len(outputs):
+        twice = sorted({n for n in outputs if outputs.count(n) > 1})
+        reader.fail("outputs", "distinct output names", f"{', '.join(twice)} more than once")
 
     constraints = raw.get("constraints", {})
     if not isinstance(constraints, Mapping):
@@ -456,8 +524,9 @@ def _parse(raw, source, base):
         memory_limit, fraction = _memory_limit(reader, constraints["memory_limit"])
     max_acc = constraints.get("max_accelerators")
     if max_acc is not None and (isinstance(max_acc, bool) or not isinstance(max_acc, int)
-                                or max_acc < 1):
-        reader.fail("constraints.max_accelerators", "a whole number >= 1", max_acc)
+                                or not 1 <= max_acc < solver.knobs.MAX_INTEGER):
+        reader.fail("constraints.max_accelerators", "a whole number from 1 to 2**53 - 1",
+                    max_acc)
 
     dtype = raw.get("dtype", "float64")
     if dtype not in _DTYPES:
@@ -465,22 +534,31 @@ def _parse(raw, source, base):
     name = raw.get("name", Path(source).stem if source != "<dict>" else "sweep")
     if not isinstance(name, str):
         reader.fail("name", "a string", name)
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        reader.fail("description", "a string", description)
     return Spec(workloads=workloads, fleets=fleets, axes=tuple(axes), fixed=fixed,
                 outputs=tuple(outputs), memory_limit=memory_limit,
                 memory_limit_fraction=fraction, max_accelerators=max_acc, dtype=dtype,
-                name=name, description=str(raw.get("description", "")), source=source,
+                name=name, description=description, source=source,
                 raw=raw)
 
 
 def _memory_limit(reader, value):
     """A limit in bytes ("72 GB", 7.2e10) or a fraction of capacity (0 < x <= 1)."""
     key = "constraints.memory_limit"
+    expected = "a size such as '72 GB', bytes, or a fraction of capacity in (0, 1]"
     if isinstance(value, str):
         try:
-            return parse_quantity(value, "bytes", where=f"{reader.source}: {key}"), None
+            size = parse_quantity(value, "bytes", where=f"{reader.source}: {key}")
+        except OverflowError:
+            size = math.inf
         except ValueError as err:
             raise SpecError(str(err)) from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        reader.fail(key, "a size such as '72 GB', bytes, or a fraction of capacity in (0, 1]",
-                    value)
+        if not (math.isfinite(size) and size > 0):
+            reader.fail(key, "a finite size > 0 such as '72 GB'", value)
+        return size, None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) \
+            or value <= 0:
+        reader.fail(key, expected, value)
     return (None, float(value)) if value <= 1 else (float(value), None)

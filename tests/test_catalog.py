@@ -245,6 +245,65 @@ def test_load_file_errors_name_file_table_and_key(tmp_path, table, needle):
     assert needle in message, message
 
 
+_FLEET = '[fleets.F]\nnode = "DGX_H100"\nfabric = "InfiniBand_NDR"\n'
+_FABRIC = '[fabrics.X]\n'
+_MODEL = '[workloads.W]\nkind = "transformer"\nlayers = 8\n'
+
+
+@pytest.mark.parametrize("table, needle", [
+    # a fleet of no (or negative) nodes
+    (_FLEET + "count = 0\n", "fleets.F: Fleet 'F': count must be an integer >= 1, but got 0"),
+    (_FLEET + "count = -8\n", "count must be an integer >= 1, but got -8"),
+    # booleans, floats, lists and tables where an integer is expected
+    (_FLEET + "count = true\n", "fleets.F.count: expected an integer, but got boolean True"),
+    (_FLEET + "count = 2.5\n", "fleets.F.count: expected an integer, but got number 2.5"),
+    (_FLEET + "count = [16]\n", "fleets.F.count: expected an integer, but got array [16]"),
+    (_FLEET + "count = { n = 16 }\n", "fleets.F.count: expected an integer, but got table"),
+    # counts that float64 cannot hold exactly
+    (_FLEET + "count = 9223372036854775807\n", "fleets.F.count: expected an integer below 2**53"),
+    (_FLEET + "count = 1125899906842624\n",  # 2**50 nodes of 8: 2**53 accelerators
+     "fleets.F: expected fewer than 2**53 accelerators in all"),
+    # NaN, inf and booleans where a number is expected
+    (_FABRIC + 'bandwidth = "1 Gbps"\noversubscription = nan\n',
+     "fabrics.X.oversubscription: expected a finite number, but got number nan"),
+    (_FABRIC + 'bandwidth = "1 Gbps"\noversubscription = inf\n', "expected a finite number"),
+    (_FABRIC + 'bandwidth = "1 Gbps"\noversubscription = true\n',
+     "fabrics.X.oversubscription: expected a plain number, but got boolean True"),
+    (_MODEL + "parameters = -inf\n", "workloads.W.parameters: expected a finite number"),
+    (_MODEL + "parameters = 0\n", "parameters must be > 0, but got 0.0"),
+    # quantities out of range
+    (_FABRIC + 'bandwidth = "1e400 Gbps"\n',
+     "fabrics.X.bandwidth: expected a finite bandwidth quantity, but got string '1e400 Gbps'"),
+    (_FABRIC + 'bandwidth = "-5 Gbps"\n', "bandwidth must be > 0"),
+    (_FABRIC + 'bandwidth = "nan Gbps"\n', "fabrics.X.bandwidth: expected a bandwidth quantity"),
+    (_FABRIC + 'bandwidth = "1 Gbps"\nlatency = "-1 us"\n', "latency must be >= 0"),
+    # magnitudes the model's float64 arithmetic would overflow or underflow on
+    (_FABRIC + 'bandwidth = "1e-290 Gbps"\n',
+     "fabrics.X.bandwidth: expected a bandwidth quantity of magnitude 1e-30 to 1e+30 (SI units) "
+     "or 0, but got string '1e-290 Gbps'"),
+    (_MODEL + "parameters = 1e300\n",
+     "workloads.W.parameters: expected a number of magnitude 1e-30 to 1e+30"),
+])
+def test_load_file_refuses_values_at_the_edges(tmp_path, table, needle):
+    path = _write(tmp_path, table)
+    with pytest.raises(CatalogError) as err:
+        catalog.load_file(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: "), message
+    assert needle in message, message
+
+
+def test_load_file_unreadable(tmp_path):
+    with pytest.raises(CatalogError, match="cannot read the file"):
+        catalog.load_file(tmp_path)  # a directory
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b"[fleets.F]\nname = \"caf\xe9\"\n")
+    with pytest.raises(CatalogError, match="not valid TOML"):
+        catalog.load_file(path)
+    with pytest.raises(CatalogError, match="file not found"):
+        catalog.load_file(tmp_path / "missing.toml")
+
+
 def test_load_file_bad_toml(tmp_path):
     path = _write(tmp_path, "[fleets.F\n")
     with pytest.raises(CatalogError, match="not valid TOML"):

@@ -81,3 +81,45 @@ def test_refusal_reports_plain_python_values():
     with pytest.raises(ValueError) as err:
         solver.solve(WL, FL, tp_size=np.array([1, 0]))
     assert "tp_size=0" in str(err.value) and "np.int64" not in str(err.value)
+
+
+def test_largest_fleet_a_catalog_accepts_stays_finite():
+    # 2**49 nodes of 8: 2**52 accelerators, the most solver.catalog.load_file accepts, with the
+    # largest catalog model and knobs at their limits: no overflow, no NaN where valid.
+    huge = solver.catalog.fleet("Mega_100K").with_count(2 ** 49)
+    assert huge.total_accelerators == 2 ** 52
+    gpt4 = solver.catalog.workload("GPT4")
+    out = solver.solve(gpt4, huge, batch_size=2 ** 52, seq_len=2 ** 24, tp_size=8,
+                       pp_size=np.array([1, 4, 2 ** 10]), ep_size=np.array([[1], [16]]),
+                       microbatch_count=2 ** 40, gradient_accumulation_steps=2 ** 40,
+                       v_stages=2 ** 40, zero_stage=3, efficiency=1e-9,
+                       precision=np.array(["fp32", "int4"])[:, None, None])
+    assert out["valid"].all()
+    for name, value in out.items():
+        if value.dtype != bool:
+            assert np.isfinite(value).all(), name
+
+
+@pytest.mark.parametrize("field, value", [
+    ("parameters", 1e30),   # the largest model a catalog file accepts (solver.catalog.MAGNITUDE)
+])
+def test_largest_model_a_catalog_accepts_stays_finite(field, value):
+    import dataclasses
+
+    model = dataclasses.replace(WL, **{field: value})
+    out = solver.solve(model, solver.catalog.fleet("Mega_100K"), tp_size=8, pp_size=4,
+                       batch_size=2 ** 40, seq_len=2 ** 20)
+    assert out["valid"]
+    for name, v in out.items():
+        if v.dtype != bool:
+            assert np.isfinite(v), name
+
+
+def test_factor_knobs_are_bounded_so_no_term_overflows():
+    # Past MAX_FACTOR a slow-down factor is refused; at the bound every output is finite.
+    with pytest.raises(ValueError, match="moe_routing_imbalance_factor must be a number"):
+        solver.solve(WL, FL, tp_size=8, moe_routing_imbalance_factor=1e308)
+    out = solver.solve(WL, FL, tp_size=8, ep_size=2, moe_routing_imbalance_factor=1e6,
+                       congestion_factor=1e6, straggler_factor=1e6)
+    assert out["valid"]
+    assert all(np.isfinite(v) for k, v in out.items() if v.dtype != bool)

@@ -111,13 +111,19 @@ def test_interrupted_sweep_resumes(monkeypatch, tmp_path):
         _interrupt_after(mp, 5)
         with pytest.raises(KeyboardInterrupt):
             sweep.run(SPEC, path=path, max_points=500)
-    assert not path.exists() and partial_path(path).exists()  # atomic: no half file at path
-    with netCDF4.Dataset(partial_path(path)) as ds:
-        assert ds.getncattr("sweep_partial_blocks_done") == 5
-    with pytest.raises(sweep.SpecError, match="cannot resume"):
+    assert not path.exists() and partial_path(path).is_dir()  # atomic: no half file at path
+    assert storage.staged_progress(partial_path(path))[0] == 5  # what was priced is staged
+    with pytest.raises(sweep.SpecError, match=r"cannot resume .*\(differs in variables idle_ranks, "
+                       r"memory_footprint, step_latency_total; attributes spec\)"):
         sweep.run({**SPEC, "outputs": ["mfu"]}, path=path, resume=True)
-    # The block size of the partial file is kept, whatever max_points says now.
+    # The block size of the staged sweep is kept, whatever max_points says now; only the
+    # missing blocks are priced.
+    priced = []
+    real = evaluate._evaluate_block
+    monkeypatch.setattr(evaluate, "_evaluate_block",
+                        lambda block, *a, **k: priced.append(block.index) or real(block, *a, **k))
     resumed = sweep.run(SPEC, path=path, resume=True, max_points=10_000)
+    assert len(priced) == len(list(sweep.grid.blocks(sweep.load_spec(SPEC), 500))) - 5
     xr.testing.assert_identical(sweep.run(SPEC), resumed.load())
     resumed.close()
     assert not partial_path(path).exists()
@@ -132,15 +138,114 @@ def test_resume_returns_a_finished_file(monkeypatch, tmp_path):
     again.close()
 
 
-def test_without_resume_a_partial_file_is_replaced(monkeypatch, tmp_path):
+def test_without_resume_staged_blocks_are_refused_not_replaced(monkeypatch, tmp_path):
     path = tmp_path / "fresh.nc"
     with monkeypatch.context() as mp:
         _interrupt_after(mp, 2)
         with pytest.raises(KeyboardInterrupt):
             sweep.run(SPEC, path=path, max_points=500)
-    fresh = sweep.run(SPEC, path=path)
-    xr.testing.assert_identical(sweep.run(SPEC), fresh.load())
-    fresh.close()
+    with pytest.raises(FileExistsError, match=r"holds an unfinished sweep of spec 'sweep' "
+                                              r"\(2 of \d+ blocks done\): pass resume=True"):
+        sweep.run(SPEC, path=path)
+    with pytest.raises(FileExistsError, match="of another spec or catalog, so delete it"):
+        sweep.run({**SPEC, "dtype": "float64"}, path=path)
+    assert storage.staged_progress(partial_path(path))[0] == 2  # nothing was lost
+    resumed = sweep.run(SPEC, path=path, resume=True)
+    xr.testing.assert_identical(sweep.run(SPEC), resumed.load())
+    resumed.close()
+
+
+def test_incomplete_cubes_are_refused_unless_allowed(monkeypatch, tmp_path):
+    path = tmp_path / "half.nc"
+    with monkeypatch.context() as mp:
+        _interrupt_after(mp, 3)
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run(SPEC, path=path, max_points=500)
+    with pytest.raises(storage.IncompleteCubeError,
+                       match=r"no finished cube at .*half\.nc: only an unfinished sweep staged "
+                             r"at .*half\.nc\.partial \(3 of \d+ blocks done\); resume it .*"
+                             r"or pass allow_partial=True"):
+        sweep.open_cube(path)
+    whole = sweep.run(SPEC)
+    for where in (path, partial_path(path)):
+        part = sweep.open_cube(where, allow_partial=True)
+        assert part.attrs["complete"] == 0 and part.attrs["blocks_done"] == 3
+        assert 0 < int(part["valid"].sum()) < int(whole["valid"].sum())
+        # What is staged is exactly the full run's values; the rest is NaN / False.
+        xr.testing.assert_identical(part["mfu"].where(~np.isnan(part["mfu"])),
+                                    whole["mfu"].where(~np.isnan(part["mfu"])))
+        assert not (part["admissible"] & ~whole["admissible"]).any()
+        for analysis in (lambda c, **k: sweep.top_k(c, **k),
+                         lambda c, **k: sweep.best_along(c, "tp_size", **k),
+                         lambda c, **k: sweep.pareto_front(c, **k)):
+            with pytest.raises(storage.IncompleteCubeError, match="allow_partial=True"):
+                analysis(part)
+            analysis(part, allow_partial=True)
+    # A file without complete = 1 (e.g. a foreign or hand-edited file) is refused too.
+    foreign = tmp_path / "foreign.nc"
+    bare = whole.copy()
+    bare.attrs = {}
+    sweep.save(bare, foreign)
+    with pytest.raises(storage.IncompleteCubeError,
+                       match=r"foreign\.nc is not a finished cube: expected the attribute "
+                             r"complete = 1 .* but got complete = missing"):
+        sweep.open_cube(foreign)
+    opened = sweep.open_cube(foreign, allow_partial=True)
+    assert opened.attrs["complete"] == 0
+    opened.close()
+
+
+def test_kill_during_assembly_repeats_only_the_assembly(monkeypatch, tmp_path):
+    path = tmp_path / "assembled.nc"
+    real_write = storage._write
+    calls = {"n": 0}
+
+    def dying_write(var, index, value):
+        calls["n"] += 1
+        if calls["n"] > 60:
+            raise KeyboardInterrupt("stopped while assembling")
+        real_write(var, index, value)
+    with monkeypatch.context() as mp:
+        mp.setattr(storage, "_write", dying_write)
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run(SPEC, path=path, max_points=500)
+    assert not path.exists() and not list(tmp_path.glob("assembled.nc.tmp-*"))
+    done, total = storage.staged_progress(partial_path(path))
+    assert done == total
+    # A file left by a process killed while assembling is cleaned up.
+    (tmp_path / "assembled.nc.tmp-999999999").write_bytes(b"half a file")
+    with monkeypatch.context() as mp:
+        _interrupt_after(mp, 0)  # nothing is priced again
+        resumed = sweep.run(SPEC, path=path, resume=True)
+    xr.testing.assert_identical(sweep.run(SPEC), resumed.load())
+    resumed.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["assembled.nc"]
+
+
+def test_a_second_writer_is_refused(tmp_path):
+    path = tmp_path / "shared.nc"
+    spec = sweep.load_spec(SPEC)
+    cube_layout = cube_.layout(spec)
+    first = storage.StreamWriter(path, cube_layout, spec=spec, max_points=500)
+    with pytest.raises(FileExistsError, match="being written by another process"):
+        storage.StreamWriter(path, cube_layout, spec=spec, max_points=500, resume=True)
+    first.close()
+    again = storage.StreamWriter(path, cube_layout, spec=spec, max_points=500, resume=True)
+    assert again.done == set()
+    again.close()
+
+
+def test_save_is_atomic(cube, tmp_path, monkeypatch):
+    path = sweep.save(cube, tmp_path / "kept.nc")
+    before = path.read_bytes()
+
+    def broken(*args, **kwargs):
+        raise KeyboardInterrupt("stopped while saving")
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", broken)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.save(cube.isel(tp_size=[0]), path)
+    assert path.read_bytes() == before  # the old file is intact, nothing left aside
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.nc"]
 
 
 def test_open_cube_is_lazy_and_chunks_with_dask(cube, tmp_path):
@@ -157,7 +262,8 @@ def test_open_cube_is_lazy_and_chunks_with_dask(cube, tmp_path):
         sweep.open_cube(tmp_path / "missing.nc")
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(tp=st.sets(st.sampled_from([1, 2, 3, 4, 8]), min_size=1),
        mb=st.sets(st.integers(1, 64), min_size=1, max_size=4),
        dtype=st.sampled_from(["float32", "float64"]),

@@ -122,7 +122,7 @@ def test_workload_and_fleet_lists_become_axes():
     ({"axes": {"tp_size": 8}}, r"axes\.tp_size: expected a list of values or a helper table"),
     ({"dtype": "float16"}, r"dtype: expected float64 or float32, but got 'float16'"),
     ({"constraints": {"max_accelerators": 0}},
-     r"constraints\.max_accelerators: expected a whole number >= 1, but got 0"),
+     r"constraints\.max_accelerators: expected a whole number from 1 to 2\*\*53 - 1, but got 0"),
     # out of range
     ({"axes": {"zero_stage": [0, 4]}}, r"axes\.zero_stage\[1\]: zero_stage must be .* but got zero_stage=4"),
     ({"fixed": {"efficiency": 1.5}}, r"fixed\.efficiency: efficiency must be .* but got efficiency=1\.5"),
@@ -137,6 +137,117 @@ def test_workload_and_fleet_lists_become_axes():
 def test_refusals(change, match):
     with pytest.raises(SpecError, match=match):
         load_spec({**BASE, **change})
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("change, match", [
+    # booleans where numbers are expected, and the reverse
+    ({"fixed": {"batch_size": True}}, r"fixed\.batch_size: expected a whole number, but got True"),
+    ({"axes": {"efficiency": [0.5, False]}},
+     r"axes\.efficiency\[1\]: expected a number, but got False"),
+    ({"fixed": {"is_lora": 1}}, r"fixed\.is_lora: expected true or false, but got 1"),
+    # floats where whole numbers are expected (2.0 is 2; 2.5 is not)
+    ({"fixed": {"tp_size": 2.5}}, r"fixed\.tp_size: expected a whole number, but got 2\.5"),
+    ({"axes": {"pp_size": {"from": 1.5, "to": 8}}},
+     r"axes\.pp_size: expected whole-number from and step for an integer knob"),
+    # negative and zero counts
+    ({"fixed": {"microbatch_count": -4}},
+     r"fixed\.microbatch_count: microbatch_count must be an integer >= 1 .* but got "
+     r"microbatch_count=-4"),
+    ({"axes": {"dp_size": [0, 8]}}, r"axes\.dp_size\[0\]: dp_size must be an integer >= 1"),
+    # NaN, inf and numbers too large to be exact
+    ({"fixed": {"efficiency": NAN}}, r"fixed\.efficiency: expected a finite number, but got nan"),
+    ({"axes": {"congestion_factor": [1.0, INF]}},
+     r"axes\.congestion_factor\[1\]: expected a finite number, but got inf"),
+    ({"axes": {"tp_size": [1, NAN]}}, r"axes\.tp_size\[1\]: expected a whole number, but got nan"),
+    ({"fixed": {"batch_size": 2 ** 63}},
+     r"fixed\.batch_size: expected a whole number below 2\*\*53, but got 9223372036854775808"),
+    ({"fixed": {"congestion_factor": 10 ** 400}}, r"fixed\.congestion_factor: expected a finite number"),
+    ({"axes": {"efficiency": {"from": -INF, "to": 0.9}}},
+     r"axes\.efficiency\.from: expected a finite number, but got -inf"),
+    ({"constraints": {"memory_limit": NAN}}, r"constraints\.memory_limit: expected a size"),
+    ({"constraints": {"memory_limit": "1e400 GB"}},
+     r"constraints\.memory_limit: expected a finite size > 0 such as '72 GB', but got '1e400 GB'"),
+    ({"constraints": {"memory_limit": "-5 GB"}}, r"constraints\.memory_limit: expected a finite size > 0"),
+    ({"constraints": {"max_accelerators": 2 ** 60}},
+     r"constraints\.max_accelerators: expected a whole number from 1 to 2\*\*53 - 1"),
+    # strings where numbers are expected, lists where scalars are, nested tables
+    ({"fixed": {"seq_len": "2048"}}, r"fixed\.seq_len: expected a whole number, but got '2048'"),
+    ({"fixed": {"seq_len": [2048]}}, r"fixed\.seq_len: expected a whole number, but got \[2048\]"),
+    ({"fixed": {"precision": ["bf16"]}}, r"fixed\.precision: expected a precision name"),
+    ({"axes": {"tp_size": [[1, 2]]}}, r"axes\.tp_size\[0\]: expected a whole number, but got \[1, 2\]"),
+    ({"axes": {"tp_size": {"powers_of_two": {"n": 8}}}},
+     r"axes\.tp_size\.powers_of_two: expected a whole number from 1 to 2\*\*53 - 1, but got \{'n': 8\}"),
+    ({"axes": {"tp_size": {"from": 1, "to": {"x": 8}}}},
+     r"axes\.tp_size\.to: expected a number, but got \{'x': 8\}"),
+    ({"axes": {"tp_size": "8"}}, r"axes\.tp_size: expected a list of values or a helper table"),
+    ({"axes": [1, 2]}, r"axes: expected a table of knob = values, but got \[1, 2\]"),
+    ({"outputs": ["mfu", {"a": 1}]}, r"outputs: expected a list of output names \(strings\)"),
+    ({"description": ["x"]}, r"description: expected a string, but got \['x'\]"),
+    ({"catalog": 5}, r"catalog: expected the path of a catalog TOML file \(a string\), but got 5"),
+    # helper tables: one form, bounded
+    ({"axes": {"tp_size": {"powers_of_two": 8, "from": 1, "to": 4}}},
+     r"axes\.tp_size: expected one form: powers_of_two, divisors_of, or from and to"),
+    ({"axes": {"efficiency": {"from": 0.1, "to": 0.9, "step": 0.1, "num": 9}}},
+     r"axes\.efficiency: expected one form: .*not both"),
+    ({"axes": {"microbatch_count": {"from": 1, "to": 10 ** 15}}},
+     r"axes\.microbatch_count: expected at most 1,000,000 values, "
+     r"but got \"1,000,000,000,000,000 values from \{'from': 1, 'to': 1000000000000000\}"),
+    ({"axes": {"efficiency": {"from": 0.1, "to": 0.9, "num": 10 ** 12}}},
+     r"axes\.efficiency\.num: expected a whole number from 1 to 1,000,000"),
+    ({"axes": {"tp_size": {"divisors_of": 2 ** 62}}},
+     r"axes\.tp_size\.divisors_of: expected 'fleet', 'layers' or a whole number from 1 to 10\*\*12"),
+    ({"axes": {"tp_size": {"from": 1, "to": 8, "step": 0}}},
+     r"axes\.tp_size\.step: expected a finite number > 0, but got 0"),
+    # duplicates after normalization, and the categorical axes
+    ({"axes": {"precision": ["bf16", "BF16"]}},
+     r"axes\.precision: expected distinct values, but got \"'bf16' twice"),
+    ({"axes": {"efficiency": [0.5, 0.50]}}, r"axes\.efficiency: expected distinct values"),
+    ({"outputs": ["mfu", "mfu"]}, r"outputs: expected distinct output names, but got 'mfu more than once'"),
+    ({"workload": ["GPT3", "GPT3"]}, r"workload: expected distinct workloads, but got \"'GPT3' twice"),
+    ({"fleet": []}, r"fleet: expected a fleet name or a list of names, but got \[\]"),
+    ({"axes": {"workload": ["GPT3"]}},
+     r"axes\.workload: expected a knob name \(several workloads are listed at the top"),
+])
+def test_refusals_at_the_edges(change, match):
+    with pytest.raises(SpecError, match=match):
+        load_spec({**BASE, **change})
+
+
+def test_toml_values_at_the_edges(tmp_path):
+    # What TOML itself can say: nan, inf, dates, 64-bit integers, nested inline tables.
+    for line, match in [
+        ("tp_size = [1, nan]", r"axes\.tp_size\[1\]: expected a whole number, but got nan"),
+        ("efficiency = [0.5, inf]", r"axes\.efficiency\[1\]: expected a finite number"),
+        ("tp_size = [1979-05-27]", r"axes\.tp_size\[0\]: expected a whole number, but got "
+                                   r"datetime\.date\(1979, 5, 27\)"),
+        ("seq_len = [9223372036854775807]",
+         r"axes\.seq_len\[0\]: expected a whole number below 2\*\*53"),
+        ("tp_size = { from = 1, to = { n = 8 } }", r"axes\.tp_size\.to: expected a number"),
+        ("overlap_comm = [1, 0]", r"axes\.overlap_comm\[0\]: expected true or false, but got 1"),
+    ]:
+        path = tmp_path / "edge.toml"
+        path.write_text(f'workload = "Llama3_70B"\nfleet = "Training_1K"\n[axes]\n{line}\n')
+        with pytest.raises(SpecError, match=rf"^{path}: {match}"):
+            load_spec(path)
+    with pytest.raises(SpecError, match="cannot read the spec file"):
+        load_spec(tmp_path)  # a directory
+    (tmp_path / "latin1.toml").write_bytes(b'workload = "caf\xe9"\n')
+    with pytest.raises(SpecError, match="not valid TOML"):
+        load_spec(tmp_path / "latin1.toml")
+
+
+def test_accepted_edges():
+    # Whole floats are whole numbers; the largest exact counts pass; a huge space has an exact size.
+    spec = load_spec({**BASE, "fixed": {"tp_size": 8.0, "batch_size": 2 ** 53 - 1},
+                      "axes": {"microbatch_count": {"from": 1, "to": 1_000_000}},
+                      "constraints": {"max_accelerators": 2 ** 53 - 1}})
+    assert spec.fixed["tp_size"] == 8 and isinstance(spec.fixed["tp_size"], int)
+    wide = {name: list(range(1, 1001)) for name in ("tp_size", "pp_size", "ep_size", "v_stages",
+                                                     "microbatch_count", "seq_len", "batch_size")}
+    assert load_spec({**BASE, "axes": wide}).size == 1000 ** 7  # past int64: exact, not wrapped
 
 
 def test_refusal_names_the_toml_file(tmp_path):
