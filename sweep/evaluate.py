@@ -157,7 +157,7 @@ def _tasks(blocks: list, task_points: int) -> list:
 
 
 def _progress_bar(spec: Spec, progress, initial: int):
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # a text bar on stderr (tqdm.auto warns in kernels without widgets)
 
     if progress is None:
         show = spec.size >= PROGRESS_MIN_POINTS and sys.stderr.isatty()

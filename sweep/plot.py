@@ -130,6 +130,8 @@ def label(cube: xr.Dataset, name: str) -> str:
 
 def _reduced_title(cube, var, dims, reduce, where, select) -> str:
     others = [d for d in cube.dims if d not in dims and d not in (select or {})]
+    if where is None:  # analysis.mask's default
+        where = "admissible" if "admissible" in cube.data_vars else "valid"
     where_name = where if isinstance(where, str) else "selected"
     if not others:
         text = var
@@ -339,6 +341,8 @@ def pareto(cube: xr.Dataset, x: str = "memory_footprint", y: str = "mfu", *,
     n = len(cloud_x)
     shown = (np.sort(np.random.default_rng(seed).choice(n, size=max_points, replace=False))
              if n > max_points else slice(None))
+    if where is None:  # analysis.mask's default
+        where = "admissible" if "admissible" in cube.data_vars else "valid"
     where_name = where if isinstance(where, str) else "selected"
     sampled = f", {max_points:,} drawn" if n > max_points else ""
     ax.scatter(cloud_x[shown] / sx, cloud_y[shown] / sy, s=5, alpha=0.35, color="0.55",
