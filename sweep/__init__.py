@@ -5,6 +5,7 @@
     >>> sweep.top_k(cube, by="mfu", k=5)                              # best admissible layouts
     >>> sweep.run("configs/sweeps/calculon_gpt3.toml", path="gpt3.nc", n_jobs=2)  # streamed
     >>> cube = sweep.open_cube("gpt3.nc")                             # lazy
+    >>> sweep.search("configs/sweeps/search_llama70b.toml", n_trials=1000, seed=0)  # optuna
 
 A cube's dims are named like ``solver.solve``'s keywords, so any point goes
 straight back to the solver (``sweep.grid.point(spec, coords)``).
@@ -15,7 +16,7 @@ from .evaluate import run
 from .spec import Spec, SpecError, divisors, load_spec, powers_of_two
 from .storage import IncompleteCubeError, open_cube, save
 
-# from .search import search
+from .search import SearchResult, search
 
 __all__ = [
     "load_spec",
@@ -28,6 +29,8 @@ __all__ = [
     "top_k",
     "best_along",
     "pareto_front",
+    "search",
+    "SearchResult",
     "powers_of_two",
     "divisors",
 ]

@@ -638,7 +638,10 @@ def _search_rows(result) -> tuple:
 
 def _cmd_search(args) -> int:
     """``search``: optuna (or exhaustive) search; the summary and the top layouts."""
-    from . import search as search_mod
+    import importlib
+
+    # The module, not sweep.search (the package exports the function under that name).
+    search_mod = importlib.import_module("sweep.search")
 
     if args.objective not in search_mod.DEFAULT_DIRECTIONS:
         choices = sorted(search_mod.DEFAULT_DIRECTIONS)

@@ -1,0 +1,378 @@
+"""The command line (``layout-sweep`` / ``python -m sweep``): each command once, every bad input.
+
+Commands run in-process through ``sweep.cli.main`` (fast); ``--help`` and the
+main job also run as real subprocesses. Everything works on a 64-layout spec.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import solver
+import sweep
+from sweep import cli, grid
+
+MAIN = str(Path(__file__).resolve().parents[1])
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+#: 4 x 4 x 2 x 2 = 64 layouts of Llama3_70B on 1024 H100s.
+TINY = """\
+name = "tiny"
+workload = "Llama3_70B"
+fleet = "Training_1K"
+outputs = ["mfu", "step_latency_total", "memory_footprint", "effective_throughput", "feasible"]
+
+[axes]
+tp_size = [1, 2, 4, 8]
+pp_size = [1, 2, 4, 8]
+microbatch_count = [8, 16]
+zero_stage = [1, 3]
+
+[fixed]
+batch_size = 1024
+
+[constraints]
+memory_limit = "72 GB"
+"""
+
+
+@pytest.fixture(autouse=True)
+def _fixed_date(monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1764460800")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The tiny spec and its cube, made once with ``run``."""
+    root = tmp_path_factory.mktemp("cli")
+    spec = root / "tiny.toml"
+    spec.write_text(TINY)
+    cube = root / "tiny.nc"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SOURCE_DATE_EPOCH", "1764460800")
+        assert cli.main(["run", str(spec), "-o", str(cube), "--no-progress"]) == 0
+    return {"root": root, "spec": spec, "cube": cube}
+
+
+def _call(capsys, argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = MAIN + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+# ----------------------------------------------------------------------------- subprocesses
+
+
+def test_help_runs_as_a_module():
+    done = subprocess.run([sys.executable, "-m", "sweep", "--help"], capture_output=True,
+                          text=True, env=_env(), cwd="/tmp", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m sweep")
+    for command in ("run", "search", "top", "show", "catalog", "plot"):
+        assert command in done.stdout
+
+
+def test_main_job_runs_as_a_module(files, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "sweep", "--spec", str(files["spec"])],
+                          capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "64 layouts priced" in out
+    assert "Best layout of each parallel split" in out
+    assert "Why #1 wins: #2 (" in out
+    saved = tmp_path / cli.DEFAULT_CUBE
+    assert f"wrote {cli.DEFAULT_CUBE}" in out and saved.exists()
+    assert int(sweep.open_cube(saved)["admissible"].sum()) > 0
+
+
+# ----------------------------------------------------------------------------- the main job
+
+
+def test_main_job_in_process_without_saving(files, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _call(capsys, ["--spec", files["spec"], "--no-save", "-k", "3"])
+    assert code == 0, err
+    assert "cube not saved" in out and not (tmp_path / cli.DEFAULT_CUBE).exists()
+    table = out.split("Best layout of each parallel split")[1]
+    assert "(3 shown)" in table
+    # rows 1..3 of the table, best first; MFU column read back and compared with the cube
+    cube = sweep.open_cube(files["cube"])
+    best = float(cube["mfu"].where(cube["admissible"]).max())
+    assert f"{best:.4f}" in table
+
+
+def test_default_spec_is_the_shipped_one():
+    assert cli.DEFAULT_SPEC.exists()
+    assert sweep.load_spec(cli.DEFAULT_SPEC).name == "default"
+
+
+def test_step_components_sum_to_the_step():
+    spec = sweep.load_spec(TINY_DICT)
+    wl, fl, knobs = grid.point(spec, {"tp_size": 8, "pp_size": 4, "microbatch_count": 16,
+                                      "zero_stage": 1})
+    out = solver.solve(wl, fl, **knobs, overlap_comm=True, straggler_factor=1.1)
+    parts = cli.step_components(out, 1.1)
+    assert sum(parts.values()) == pytest.approx(float(out["step_latency_total"]), rel=1e-12)
+    assert parts["pipeline bubble"] > 0 and parts["EP communication"] == 0
+
+
+def test_explain_runner_up_names_the_changes_and_terms():
+    spec = sweep.load_spec(TINY_DICT)
+    winner = {"tp_size": 8, "pp_size": 4, "microbatch_count": 16, "zero_stage": 1}
+    runner = {"tp_size": 8, "pp_size": 8, "microbatch_count": 16, "zero_stage": 1}
+    line = cli.explain_runner_up(spec, winner, runner)
+    assert "pp_size 4->8" in line and "tp_size" not in line.split(")")[0]
+    assert "pipeline bubble" in line and "\n" not in line
+
+
+TINY_DICT = {"workload": "Llama3_70B", "fleet": "Training_1K",
+             "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 8],
+                      "microbatch_count": [8, 16], "zero_stage": [1, 3]},
+             "fixed": {"batch_size": 1024}}
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def test_run_prints_a_summary_and_writes_the_cube(files, tmp_path, capsys):
+    path = tmp_path / "again.nc"
+    code, out, err = _call(capsys, ["run", files["spec"], "-o", path, "--max-points", "7",
+                                    "--no-progress"])
+    assert code == 0, err
+    assert "tiny: 64 layouts (tp_size 4 x pp_size 4 x microbatch_count 2 x zero_stage 2)" in out
+    assert "layouts/s" in out and f"wrote {path}" in out
+    assert path.exists() and not Path(str(path) + ".partial").exists()
+    xr.testing.assert_identical(sweep.open_cube(path).load(),
+                                sweep.open_cube(files["cube"]).load())
+    code, out, _ = _call(capsys, ["run", files["spec"], "-o", path, "--resume"])
+    assert code == 0 and "64 layouts" in out
+
+
+def test_top_lists_the_best_layouts(files, capsys):
+    code, out, err = _call(capsys, ["top", files["cube"], "-k", "4"])
+    assert code == 0, err
+    cube = sweep.open_cube(files["cube"])
+    expected = sweep.top_k(cube, by="mfu", k=4)
+    assert f"top 4 of {int(cube['admissible'].sum())} admissible layouts by mfu" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#"))
+    rows = lines[header + 2:]
+    assert len(rows) == 4
+    for row, mfu in zip(rows, expected["mfu"].values):
+        assert f"{mfu:.4f}" in row
+    assert "memory [GB]" in lines[header] and "accelerators" in lines[header]
+
+
+def test_top_smallest_select_and_constraints(files, capsys):
+    code, out, err = _call(capsys, ["top", files["cube"], "--by", "step_latency_total",
+                                    "--smallest", "-k", "2", "--select", "zero_stage=3",
+                                    "tp_size=8", "--memory-limit", "20 GB",
+                                    "--max-accelerators", "1024"])
+    assert code == 0, err
+    cube = sweep.open_cube(files["cube"]).sel(zero_stage=[3], tp_size=[8])
+    expected = sweep.top_k(cube, by="step_latency_total", k=2, largest=False,
+                           constraints={"memory_limit": 20e9, "max_accelerators": 1024})
+    assert "smallest first" in out and "zero_stage=3" in out and "memory_limit <= 20 GB" in out
+    for value in expected["step_latency_total"].values:
+        assert f"{value:.3f}" in out
+
+
+def test_show_describes_the_cube(files, capsys):
+    code, out, err = _call(capsys, ["show", files["cube"]])
+    assert code == 0, err
+    cube = sweep.open_cube(files["cube"])
+    assert "dims (4; 64 points)" in out
+    assert "tp_size" in out and "1, 2, 4, 8" in out
+    assert "fleet model FLOPs utilization" in out and "training step time" in out
+    assert re.search(rf"^admissible +{int(cube['admissible'].sum())} ", out, re.MULTILINE)
+    assert solver.REFERENCE in out and "package_version: 0.1.0" in out
+    assert '"tp_size": [1, 2, 4, 8]' in out  # the spec, pretty JSON
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("workloads", "Llama3_70B"), ("fleets", "Training_1K"), ("accelerators", "H100"),
+    ("nodes", "DGX_H100"), ("fabrics", "InfiniBand_NDR")])
+def test_catalog_tables(kind, expected, capsys):
+    code, out, err = _call(capsys, ["catalog", kind])
+    assert code == 0, err
+    assert out.startswith(f"{kind} ({len(solver.catalog.names(kind))}):")
+    assert expected in out
+
+
+def test_catalog_all_kinds(capsys):
+    code, out, _ = _call(capsys, ["catalog"])
+    assert code == 0
+    for kind in ("workloads", "fleets", "accelerators", "nodes", "fabrics"):
+        assert f"{kind} (" in out
+    assert "1024" in out  # Training_1K: 128 x 8
+
+
+@pytest.mark.parametrize("args", [
+    ["--kind", "heatmap", "--var", "mfu", "--x", "tp_size", "--y", "pp_size"],
+    ["--kind", "heatmap", "--var", "memory_footprint", "--reduce", "min",
+     "--select", "zero_stage=3"],
+    ["--kind", "line", "--x", "pp_size", "--hue", "tp_size", "--where", "valid"],
+    ["--kind", "pareto", "--x", "memory_footprint", "--y", "mfu"],
+])
+def test_plot_writes_a_png(files, tmp_path, capsys, args):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "plot.png"
+    code, out, err = _call(capsys, ["plot", files["cube"], *args, "-o", path])
+    assert code == 0, err
+    assert f"wrote {path}" in out
+    assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plot_functions_for_notebooks(files):
+    pytest.importorskip("matplotlib")
+    from sweep import plot
+
+    cube = sweep.open_cube(files["cube"])
+    figure = plot.heatmap(cube, "mfu", "tp_size", "pp_size")
+    image = figure.axes[0].images[0].get_array()
+    expected = plot.reduce_to(cube, "mfu", ("pp_size", "tp_size")).values
+    np.testing.assert_allclose(np.ma.filled(image, np.nan), expected, equal_nan=True)
+    np.testing.assert_allclose(np.nanmax(expected),
+                               float(cube["mfu"].where(cube["admissible"]).max()))
+    assert plot.line(cube, "mfu", "tp_size", hue="zero_stage").axes
+    assert plot.pareto(cube, "memory_footprint", "mfu").axes
+    with pytest.raises(ValueError, match="must be a dim of the cube"):
+        plot.heatmap(cube, "mfu", "tp", "pp_size")
+
+
+def test_search_samples(files, capsys):
+    code, out, err = _call(capsys, ["search", files["spec"], "--trials", "12", "--seed", "0",
+                                    "--top", "3", "--no-progress"])
+    assert code == 0, err
+    assert out.startswith("search [tpe] for mfu (max): 12 layouts evaluated")
+    assert "top 3 distinct layouts by mfu" in out
+
+
+def test_search_exact_finds_the_cube_optimum(files, capsys):
+    code, out, err = _call(capsys, ["search", files["spec"], "--exact", "--top", "2",
+                                    "--memory-limit", "72 GB"])
+    assert code == 0, err
+    assert "search [exhaustive]" in out and "64 layouts evaluated" in out
+    cube = sweep.open_cube(files["cube"])
+    best = float(cube["mfu"].where(cube["admissible"]).max())
+    assert f"best: {best:.6g}" in out
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _bad_files(root: Path) -> dict:
+    """Spec files with one mistake each."""
+    texts = {
+        "not_toml.toml": "workload = = Llama\n",
+        "unknown_key.toml": TINY.replace('fleet = "Training_1K"', 'fleets = "Training_1K"'),
+        "unknown_knob.toml": TINY.replace("tp_size = [1, 2, 4, 8]", "tp_sise = [1, 2, 4, 8]"),
+        "wrong_type.toml": TINY.replace("batch_size = 1024", 'batch_size = "big"'),
+        "unknown_workload.toml": TINY.replace('"Llama3_70B"', '"Lama3_70B"'),
+        "unknown_fleet.toml": TINY.replace('"Training_1K"', '"Training_1k"'),
+    }
+    for name, text in texts.items():
+        (root / name).write_text(text)
+    return texts
+
+
+BAD = [
+    # (argv with {root}/{cube} placeholders, substrings of the one error line)
+    (["run", "{root}/missing.toml"], ["missing.toml", "no such spec file"]),
+    (["run", "{root}/not_toml.toml"], ["not_toml.toml", "not valid TOML"]),
+    (["run", "{root}/unknown_key.toml"], ["unknown_key.toml", "fleets", "did you mean 'fleet'"]),
+    (["run", "{root}/unknown_knob.toml"], ["axes.tp_sise", "did you mean 'tp_size'"]),
+    (["run", "{root}/wrong_type.toml"], ["fixed.batch_size", "expected a whole number",
+                                         "but got 'big'"]),
+    (["run", "{root}/unknown_workload.toml"], ["workload", "'Lama3_70B'",
+                                               "did you mean 'Llama3_70B'"]),
+    (["search", "{root}/unknown_fleet.toml"], ["fleet", "'Training_1k'",
+                                               "did you mean 'Training_1K'"]),
+    (["--spec", "{root}/unknown_knob.toml", "--no-save"], ["axes.tp_sise"]),
+    (["top", "{root}/missing.nc"], ["missing.nc", "expected a cube file", "no cube at"]),
+    (["show", "{root}/unknown_key.toml"], ["expected a cube", "cannot be read as netCDF"]),
+    (["show", "{root}/foreign.nc"], ["foreign.nc", "expected a cube written by",
+                                      "has the variables: x"]),
+    (["top", "{cube}", "--by", "mfuu"], ["--by", "expected a numeric variable",
+                                         "but got 'mfuu'", "did you mean 'mfu'"]),
+    (["top", "{cube}", "--by", "admissible"], ["--by", "but got 'admissible'"]),
+    (["top", "{cube}", "--where", "admissable"], ["--where", "did you mean 'admissible'"]),
+    (["top", "{cube}", "--select", "tp=4"], ["--select", "expected a dim of the cube",
+                                             "but got 'tp'", "did you mean 'tp_size'"]),
+    (["top", "{cube}", "--select", "tp_size=3"], ["--select tp_size", "expected one of 1, 2, 4, 8",
+                                                  "but got '3'"]),
+    (["top", "{cube}", "--select", "tp_size"], ["expected dim=value", "but got 'tp_size'"]),
+    (["top", "{cube}", "--select", "tp_size=2", "tp_size=4"], ["twice"]),
+    (["top", "{cube}", "-k", "0"], ["-k", "expected a whole number >= 1", "but got '0'"]),
+    (["top", "{cube}", "--memory-limit", "72 GX"], ["--memory-limit", "but got '72 GX'"]),
+    (["plot", "{cube}", "--var", "mfx"], ["--var", "did you mean 'mfu'"]),
+    (["plot", "{cube}", "--x", "tp"], ["--x", "did you mean 'tp_size'"]),
+    (["plot", "{cube}", "--select", "tp_size=2"], ["--select tp_size", "not plotted"]),
+    (["plot", "{cube}", "--kind", "heat"], ["--kind", "did you mean 'heatmap'"]),
+    (["plot", "{cube}", "--kind", "pareto", "--x", "tp_size"], ["--x", "but got 'tp_size'"]),
+    (["plot", "{cube}", "-o", "{root}/no/such/dir/x.png"], ["-o", "does not exist"]),
+    (["catalog", "fleet"], ["expected a catalog kind", "did you mean 'fleets'"]),
+    (["search", "{root}/tiny.toml", "--objective", "mfuu"], ["--objective", "did you mean 'mfu'"]),
+    (["search", "{root}/tiny.toml", "--sampler", "tpee"], ["--sampler", "did you mean 'tpe'"]),
+    (["search", "{root}/tiny.toml", "--storage", "{root}/study.txt"],
+     ["storage must be", "but got"]),
+    (["run", "{root}/tiny.toml", "--jobs", "0"], ["--jobs", "but got '0'"]),
+    (["top"], ["required", "CUBE"]),
+    (["bogus"], ["invalid choice", "'bogus'"]),
+]
+
+
+@pytest.mark.parametrize("argv, expected", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line_and_exit_2(files, capsys, argv, expected):
+    root = files["root"]
+    _bad_files(root)
+    if not (root / "foreign.nc").exists():
+        xr.Dataset({"x": ("i", np.arange(3))}).to_netcdf(root / "foreign.nc")
+    argv = [a.format(root=root, cube=files["cube"]) for a in argv]
+    code, out, err = _call(capsys, argv)
+    assert code == cli.EXIT_USAGE, (out, err)
+    assert "Traceback" not in err
+    assert err.count("\n") == 1, err  # one line
+    for text in expected:
+        assert text in err, err
+
+
+def test_unfinished_cube_is_refused(files, tmp_path, capsys):
+    from sweep import storage
+
+    if not hasattr(storage, "IncompleteCubeError"):
+        pytest.skip("sweep.storage does not mark finished cubes")
+    cube = sweep.open_cube(files["cube"]).load()
+    cube.attrs.pop("complete", None)
+    cube.to_netcdf(tmp_path / "unfinished.nc")
+    code, _, err = _call(capsys, ["show", tmp_path / "unfinished.nc"])
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1
+    assert "unfinished.nc: expected a finished cube, but" in err
+
+
+def test_bad_input_in_a_subprocess_has_no_traceback(files):
+    done = subprocess.run([sys.executable, "-m", "sweep", "top", str(files["cube"]),
+                           "--by", "mfuu"], capture_output=True, text=True, env=_env(),
+                          cwd="/tmp", timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.startswith("python -m sweep: error: --by:")
+    assert "Traceback" not in done.stderr
+
+
+def test_format_table_aligns_columns():
+    text = cli.format_table(["name", "n"], [["a", "1"], ["bbb", "22"]], left=(0,))
+    assert text.splitlines() == ["name   n", "----  --", "a      1", "bbb   22"]
