@@ -13,7 +13,7 @@
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/bench_search.py           # ~20 minutes on 2 cores
+    PYTHONPATH=. python benchmarks/bench_search.py           # ~25 minutes on 2 cores
     PYTHONPATH=. python benchmarks/bench_search.py --quick   # ~1 minute
 
 Not a test: it prints tables and asserts nothing.

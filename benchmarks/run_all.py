@@ -12,7 +12,8 @@ Runs, each in its own process (so peak memory is that benchmark's own):
 3. a scaling curve: ``sweep.run`` streamed to netCDF from 10^3 to 10^8
    configurations, wall time and peak RSS for each size;
 4. ``bench_search.py``: the search regret table (share of the exhaustive optimum
-   reached after N evaluations, over 5 seeds) and search against sweep wall time.
+   reached after N evaluations, over seeds) and search against sweep wall time;
+   its quick version unless ``--full-search`` (about 25 minutes on 2 cores).
 
 The README's performance table is this script's output.
 """
@@ -33,20 +34,22 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def _child(script, args, timeout):
-    """Run a benchmark script with --json; its figures (or the failure)."""
+def _child(script, args, timeout, figures=True):
+    """Run a benchmark script; its figures (--json), or its printed tables, or the failure."""
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         out = Path(tmp) / "figures.json"
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(HERE / script), *args, "--json", str(out)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        command = [sys.executable, str(HERE / script), *args]
+        command += ["--json", str(out)] if figures else []
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
         sys.stdout.write(proc.stdout)
-        if proc.returncode != 0 or not out.exists():
+        if proc.returncode != 0 or (figures and not out.exists()):
             sys.stdout.write(proc.stderr[-2000:])
             return {"failed": f"{script} exited {proc.returncode}"}
-        figures = json.loads(out.read_text())
-        figures["wall_seconds"] = time.perf_counter() - started
-        return figures
+        result = json.loads(out.read_text()) if figures else {"printed": proc.stdout}
+        result["wall_seconds"] = time.perf_counter() - started
+        return result
 
 
 _SCALING_CHILD = r"""
@@ -133,6 +136,8 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="small versions of everything")
     parser.add_argument("--json", type=Path, help="save every figure here")
     parser.add_argument("--skip-search", action="store_true", help="leave out the regret table")
+    parser.add_argument("--full-search", action="store_true",
+                        help="the full regret benchmark (5 seeds, 2 spaces, ~25 minutes)")
     args = parser.parse_args(argv)
     quick = ["--quick"] if args.quick else []
     results = {"quick": args.quick, "cpus": os.cpu_count(),
@@ -148,7 +153,8 @@ def main(argv=None):
     results["scaling"] = scaling_curve(sizes, timeout=3600)
     if not args.skip_search:
         print("\n== search regret ==")
-        results["search"] = _child("bench_search.py", quick, timeout=3600)
+        results["search"] = _child("bench_search.py", [] if args.full_search else ["--quick"],
+                                   timeout=3600, figures=False)
     print("\n== summary ==")
     summary = table(results)
     print(summary)

@@ -80,7 +80,7 @@ Local moves
 When to search, when to sweep
     The solver prices ~10^7 layouts/s on an open mesh, so a discrete space of
     10^9 is swept exhaustively in minutes (``mode="exact"``; the 2.6e9-layout
-    ``configs/sweeps/search_llama70b.toml`` took 288 s on 2 processes), while
+    ``configs/sweeps/search_llama70b.toml`` took 211 s on 2 processes), while
     optuna's TPE spends ~20 s on its first 1000 trials and ~3 min on 3000
     (its cost per trial grows with the history). The search reached 99.96 %
     of that optimum in 1000 evaluations and the optimum in 3000: search for a
