@@ -22,7 +22,7 @@ import numpy as np
 from . import collectives as coll
 from . import knobs as knobs_
 from . import pipeline
-from .replica import layer_count, replica_step, stored_bytes, weight_bytes, width
+from .replica import layer_count, pick, replica_step, stored_bytes, weight_bytes, width
 from .specs import Fleet, Workload
 
 __all__ = [
@@ -244,8 +244,8 @@ def _solve(workload, fleet, k, shape):
     ranks_per_node = np.maximum(1, node.accelerators_per_node // replica)
     nodes_spanned = -(-dp // ranks_per_node)
     one_node = nodes_spanned == 1
-    ring = coll.ring_allreduce_time(gradients, dp, bandwidth=np.where(one_node, intra_bw, inter_bw),
-                                    latency=np.where(one_node, intra_lat, inter_lat))
+    ring = coll.ring_allreduce_time(gradients, dp, bandwidth=pick(one_node, intra_bw, inter_bw),
+                                    latency=pick(one_node, intra_lat, inter_lat))
     t_dp = np.where(
         one_node | (ranks_per_node == 1),
         ring,
@@ -259,8 +259,8 @@ def _solve(workload, fleet, k, shape):
     in_node = tp <= node.accelerators_per_node
     stage_layers = -(-layer_count(workload) // pp)
     t_tp = coll.ring_allreduce_time(
-        activation_bytes, tp, bandwidth=np.where(in_node, intra_bw, inter_bw),
-        latency=np.where(in_node, intra_lat, inter_lat)) * TP_ALLREDUCES_PER_LAYER * stage_layers
+        activation_bytes, tp, bandwidth=pick(in_node, intra_bw, inter_bw),
+        latency=pick(in_node, intra_lat, inter_lat)) * TP_ALLREDUCES_PER_LAYER * stage_layers
 
     # EP: routed tokens all-to-all over the fabric [2] (ep = 1 costs 0).
     top_k = workload.active_experts_per_token or 1

@@ -224,8 +224,27 @@ class Precisions:
         return np.array([fn(key) for key in self.keys], dtype=np.float64)[self.codes]
 
 
+def _ascii_key(array):
+    """A uint64 per short ASCII string (7 bits a character), or None if they do not fit."""
+    if array.dtype.kind != "U" or array.dtype.itemsize // 4 > 9:
+        return None
+    chars = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape + (-1,))
+    if chars.size and chars.max() >= 128:
+        return None
+    key = np.zeros(array.shape, dtype=np.uint64)
+    for position in range(chars.shape[-1]):  # a few characters, not configurations
+        key = (key << np.uint64(7)) | chars[..., position]
+    return key
+
+
 def _factorize(array):
-    """Distinct values of an array and its codes; one pass per distinct value."""
+    """Distinct values of an array and its codes; one pass per distinct value.
+
+    Short ASCII strings (every precision name) are compared as integers, which
+    is an order of magnitude faster than comparing strings.
+    """
+    key = _ascii_key(array)
+    probe = array if key is None else key
     codes = np.full(array.shape, -1, dtype=np.int64)
     values = []
     while True:
@@ -233,9 +252,8 @@ def _factorize(array):
         first = int(np.argmax(todo))
         if not todo[first]:
             return values, codes
-        value = array.flat[first]
-        codes[array == value] = len(values)
-        values.append(value)
+        codes[probe == probe.flat[first]] = len(values)
+        values.append(array.flat[first])
 
 
 def _as_precision(knob, value):

@@ -40,6 +40,7 @@ __all__ = [
     "layer_count",
     "width",
     "replica_step",
+    "pick",
 ]
 
 #: Framework launch overhead per layer per pass [s] (0.01 ms); training has 3 passes.
@@ -97,6 +98,17 @@ def width(workload: Workload) -> int:
     return workload.hidden_dim or 4096
 
 
+def pick(mask, a, b):
+    """``np.where(mask, a, b)`` for finite ``a`` and ``b``, exactly, as arithmetic.
+
+    One of the two products is exactly 0, so the sum is exactly ``a`` or ``b``;
+    unlike ``np.where`` it costs no branch per element, which matters when the
+    mask is random (a batch of trials).
+    """
+    mask = np.asarray(mask)
+    return mask * a + ~mask * b
+
+
 def _host_link(acc: Accelerator) -> float:
     return acc.host_link_bandwidth or FALLBACK_HOST_LINK_BANDWIDTH
 
@@ -135,7 +147,7 @@ def replica_step(workload: Workload, acc: Accelerator, *, local_batch, replica, 
     tokens = seq_len if workload.is_transformer else 1
     sample_ops = forward_flops(workload) * np.asarray(tokens, dtype=np.float64)
     model_ops = sample_ops * 3 * local_batch
-    hardware_ops = sample_ops * np.where(activation_recomputation, 4.0, 3.0) * local_batch
+    hardware_ops = sample_ops * (3.0 + np.asarray(activation_recomputation)) * local_batch
     effective_flops = peak_flops * efficiency
     # Step compute shared over the replica.
     compute_time = hardware_ops / (effective_flops * replica)
@@ -186,7 +198,7 @@ def replica_step(workload: Workload, acc: Accelerator, *, local_batch, replica, 
         if acc.sram_capacity is not None and acc.sram_bandwidth is not None:
             tier = np.where(weights_total <= acc.sram_capacity, acc.sram_bandwidth, tier)
         resident_bandwidth = np.where(np.asarray(replica) == 1, tier, acc.memory_bandwidth)
-    bandwidth = np.where(feasible, resident_bandwidth, offload_bandwidth)
+    bandwidth = pick(feasible, resident_bandwidth, offload_bandwidth)
     weight_shard = weights_total / replica
     traffic = weight_shard + weight_shard * _ACTIVATION_TRAFFIC_PER_SAMPLE * local_batch
     memory_time = traffic / bandwidth
