@@ -25,13 +25,24 @@ import solver
 
 
 def draw(n, fleet, seed=0):
-    """N random configurations over every knob; splits mostly exact for this fleet."""
+    """N random configurations over every knob, every one a possible split of the fleet.
+
+    Impossible splits are left out: the reference refuses them before pricing
+    anything, so timing them would flatter its rate.
+    """
     rng = np.random.default_rng(seed)
     total = fleet.total_accelerators
     divisors = np.array([d for d in range(1, total + 1) if total % d == 0])
     tp = rng.choice(divisors[divisors <= 64], n)
     pp = rng.choice([1, 2, 4, 8, 16, 32], n)
     ep = rng.choice([1, 1, 1, 2, 4], n)
+    # Shrink PP, then EP, until TP*PP*EP divides the fleet.
+    for degree in (pp, ep):
+        while True:
+            bad = total % (tp * pp * ep) != 0
+            if not bad.any():
+                break
+            degree[bad] = np.maximum(1, degree[bad] // 2)
     return {
         "batch_size": np.exp(rng.uniform(0, np.log(8192), n)).astype(np.int64),
         "precision": rng.choice(["fp32", "bf16", "fp16", "fp8", "int8"], n),

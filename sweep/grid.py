@@ -50,11 +50,11 @@ class Block:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
-def _axis_array(axis, ndim, position, lo, hi):
-    values = np.asarray(axis.values[lo:hi])
+def _axis_array(values, ndim, position, lo, hi):
+    """A view of ``values[lo:hi]``, long on dim ``position`` and length 1 elsewhere."""
     shape = [1] * ndim
-    shape[position] = len(values)
-    return values.reshape(shape)
+    shape[position] = hi - lo
+    return values[lo:hi].reshape(shape)
 
 
 def blocks(spec: Spec, max_points: int = DEFAULT_BLOCK_POINTS) -> Iterator[Block]:
@@ -110,6 +110,9 @@ def blocks(spec: Spec, max_points: int = DEFAULT_BLOCK_POINTS) -> Iterator[Block
         for combo in np.ndindex(*[len(r) for r in ranges]):
             yield {i: ranges[n][c] for n, (i, c) in enumerate(zip(numeric, combo))}
 
+    # One array per axis; every block's knob is a view of it (no copy per block).
+    axis_values = [None if d in _CATEGORICAL else np.asarray(a.values)
+                   for d, a in zip(dims, spec.axes)]
     for w_index, w_label in enumerate(workload_labels):
         for f_index, f_label in enumerate(fleet_labels):
             for slab in numeric_slabs():
@@ -121,7 +124,7 @@ def blocks(spec: Spec, max_points: int = DEFAULT_BLOCK_POINTS) -> Iterator[Block
                         lo, hi = f_index, f_index + 1
                     else:
                         lo, hi = slab[i]
-                        knobs[dim] = _axis_array(spec.axes[i], ndim, i, lo, hi)
+                        knobs[dim] = _axis_array(axis_values[i], ndim, i, lo, hi)
                     index.append(slice(lo, hi))
                     block_shape.append(hi - lo)
                 yield Block(index=tuple(index), shape=tuple(block_shape),
