@@ -47,6 +47,7 @@ __all__ = [
     "names",
     "load_file",
     "catalog_dir",
+    "read_toml",
 ]
 
 #: Catalog sections, in the order they are built (references point backwards).
@@ -284,16 +285,22 @@ def _build_all(sources: dict, fallback: dict | None) -> dict:
     return out
 
 
-def _read_toml(path: Path, display: str) -> dict:
+def read_toml(path, display: str, *, error=None, what: str = "file") -> dict:
+    """A TOML file as a dict; a missing, unreadable or malformed file raises ``error``.
+
+    ``error`` is the exception class (:class:`CatalogError` by default) and
+    ``what`` names the file in the message (``"spec file"``...).
+    """
+    error = error or CatalogError
     try:
         with open(path, "rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError:
-        raise CatalogError(f"{display}: file not found") from None
+        raise error(f"{display}: no such {what}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise CatalogError(f"{display}: not valid TOML: {err}") from None
+        raise error(f"{display}: not valid TOML: {err}") from None
     except OSError as err:
-        raise CatalogError(f"{display}: cannot read the file: {err.strerror or err}") from None
+        raise error(f"{display}: cannot read the {what}: {err.strerror or err}") from None
 
 
 def catalog_dir() -> Path:
@@ -316,7 +323,7 @@ def _builtin() -> dict:
     for kind in KINDS:
         path = directory / f"{kind}.toml"
         display = f"configs/catalog/{kind}.toml" if directory == _DEFAULT_DIR else str(path)
-        sources[kind] = (display, "", _read_toml(path, display))
+        sources[kind] = (display, "", read_toml(path, display))
     return _build_all(sources, fallback=None)
 
 
@@ -436,7 +443,7 @@ def load_file(path) -> dict:
         unknown references; the message names the file, the table and the key.
     """
     display = str(path)
-    data = _read_toml(Path(path), display)
+    data = read_toml(Path(path), display)
     for top, value in data.items():
         if top not in _SINGULAR:
             raise CatalogError(f"{display}: unknown table [{top}] (expected any of "

@@ -39,7 +39,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -441,15 +440,7 @@ def load_spec(spec, *, source: Optional[str] = None) -> Spec:
         return spec
     if isinstance(spec, (str, Path)):
         path = Path(spec)
-        try:
-            with path.open("rb") as fh:
-                raw = tomllib.load(fh)
-        except FileNotFoundError:
-            raise SpecError(f"{path}: no such spec file") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-            raise SpecError(f"{path}: not valid TOML: {err}") from None
-        except OSError as err:
-            raise SpecError(f"{path}: cannot read the spec file: {err.strerror or err}") from None
+        raw = catalog.read_toml(path, str(path), error=SpecError, what="spec file")
         return _parse(raw, source or str(path), base=path.parent)
     if isinstance(spec, Mapping):
         return _parse(dict(spec), source or "<dict>", base=Path.cwd())

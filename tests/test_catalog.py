@@ -300,7 +300,7 @@ def test_load_file_unreadable(tmp_path):
     path.write_bytes(b"[fleets.F]\nname = \"caf\xe9\"\n")
     with pytest.raises(CatalogError, match="not valid TOML"):
         catalog.load_file(path)
-    with pytest.raises(CatalogError, match="file not found"):
+    with pytest.raises(CatalogError, match="no such file"):
         catalog.load_file(tmp_path / "missing.toml")
 
 
