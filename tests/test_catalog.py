@@ -211,6 +211,16 @@ def test_load_file(tmp_path):
         name="My 13B", kind="transformer", parameters=13e9, layers=40, hidden_dim=5120, heads=40)
 
 
+def _assert_refused(tmp_path, table, needle):
+    """load_file refuses the table with a message starting with the file's path."""
+    path = _write(tmp_path, table)
+    with pytest.raises(CatalogError) as err:
+        catalog.load_file(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: "), message
+    assert needle in message, message
+
+
 @pytest.mark.parametrize("table, needle", [
     # unknown key
     ('[fleets.F]\nnode = "DGX_H100"\ncount = 2\nfabric = "InfiniBand_NDR"\nnodes = 3\n',
@@ -237,12 +247,7 @@ def test_load_file(tmp_path):
     ('[workloads.W]\nkind = "rnn"\nparameters = 1e9\n', "kind must be one of"),
 ])
 def test_load_file_errors_name_file_table_and_key(tmp_path, table, needle):
-    path = _write(tmp_path, table)
-    with pytest.raises(CatalogError) as err:
-        catalog.load_file(path)
-    message = str(err.value)
-    assert message.startswith(f"{path}: "), message
-    assert needle in message, message
+    _assert_refused(tmp_path, table, needle)
 
 
 _FLEET = '[fleets.F]\nnode = "DGX_H100"\nfabric = "InfiniBand_NDR"\n'
@@ -285,12 +290,7 @@ _MODEL = '[workloads.W]\nkind = "transformer"\nlayers = 8\n'
      "workloads.W.parameters: expected a number of magnitude 1e-30 to 1e+30"),
 ])
 def test_load_file_refuses_values_at_the_edges(tmp_path, table, needle):
-    path = _write(tmp_path, table)
-    with pytest.raises(CatalogError) as err:
-        catalog.load_file(path)
-    message = str(err.value)
-    assert message.startswith(f"{path}: "), message
-    assert needle in message, message
+    _assert_refused(tmp_path, table, needle)
 
 
 def test_load_file_unreadable(tmp_path):

@@ -103,6 +103,19 @@ def _staged_blocks(path):
         return 0
 
 
+def _sigkill_when(child, ready, what, settle=0.0):
+    """Wait until ``ready()``, then SIGKILL the sweep process and reap it."""
+    try:
+        _wait_for(child, ready, what)
+        time.sleep(settle)
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.communicate()
+
+
 def _resume_counting(monkeypatch, path):
     """Resume the sweep here; return (cube, blocks priced)."""
     priced = []
@@ -117,14 +130,7 @@ def _resume_counting(monkeypatch, path):
 def test_sigkill_mid_sweep_then_resume_is_identical(tmp_path, monkeypatch, uninterrupted):
     path = tmp_path / "killed.nc"
     child = _start(tmp_path, path)
-    try:
-        _wait_for(child, lambda: _staged_blocks(path) >= 20, "20 blocks were staged")
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.communicate()
+    _sigkill_when(child, lambda: _staged_blocks(path) >= 20, "20 blocks were staged")
     assert not path.exists()
     done, total = storage.staged_progress(partial_path(path))
     assert 20 <= done < total
@@ -166,16 +172,8 @@ def test_sigkill_during_assembly_then_resume_only_assembles(tmp_path, monkeypatc
                                                             uninterrupted):
     path = tmp_path / "assembling.nc"
     child = _start(tmp_path, path, delay=0.0, assembly_delay=0.01)
-    try:
-        _wait_for(child, lambda: any(tmp_path.glob("assembling.nc.tmp-*")),
-                  "the assembly began")
-        time.sleep(0.1)
-        os.kill(child.pid, signal.SIGKILL)
-        assert child.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.communicate()
+    _sigkill_when(child, lambda: any(tmp_path.glob("assembling.nc.tmp-*")),
+                  "the assembly began", settle=0.1)
     assert not path.exists()
     done, total = storage.staged_progress(partial_path(path))
     assert done == total
