@@ -18,14 +18,18 @@ Users can describe their own hardware and models in a TOML file with tables
 :func:`load_file`; references (a node's ``accelerator``, a fleet's ``node`` and
 ``fabric``) name an entry of the same file or of the built-in catalog.
 
-The catalog directory is ``configs/catalog`` next to the ``solver`` package,
-or ``$SOLVER_CATALOG_DIR`` if set when the catalog is first used.
+The catalog's files are ``configs/catalog/*.toml`` in the source tree, installed
+with the package as the data package ``layout_sweep_configs.catalog`` and read
+through :mod:`importlib.resources` (editable and non-editable installs alike);
+``$SOLVER_CATALOG_DIR``, if set when the catalog is first used, names another
+directory of the same five files.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib.resources
 import math
 import os
 import tomllib
@@ -48,6 +52,8 @@ __all__ = [
     "load_file",
     "catalog_dir",
     "read_toml",
+    "resource_dir",
+    "RESOURCE_PACKAGE",
 ]
 
 #: Catalog sections, in the order they are built (references point backwards).
@@ -57,7 +63,10 @@ _SINGULAR = {"accelerators": "accelerator", "nodes": "node", "fabrics": "fabric"
              "fleets": "fleet", "workloads": "workload"}
 _SPEC = {"accelerators": specs.Accelerator, "nodes": specs.Node, "fabrics": specs.Fabric,
          "fleets": specs.Fleet, "workloads": specs.Workload}
-_DEFAULT_DIR = Path(__file__).resolve().parent.parent / "configs" / "catalog"
+#: The data package the catalog is installed as (``configs/catalog`` in the source tree).
+RESOURCE_PACKAGE = "layout_sweep_configs.catalog"
+#: The source tree's catalog, for a checkout used without installing (PYTHONPATH).
+_SOURCE_DIR = Path(__file__).resolve().parent.parent / "configs" / "catalog"
 
 
 #: Magnitudes a catalog number or quantity may have, in SI units (or be 0): far
@@ -288,12 +297,13 @@ def _build_all(sources: dict, fallback: dict | None) -> dict:
 def read_toml(path, display: str, *, error=None, what: str = "file") -> dict:
     """A TOML file as a dict; a missing, unreadable or malformed file raises ``error``.
 
-    ``error`` is the exception class (:class:`CatalogError` by default) and
-    ``what`` names the file in the message (``"spec file"``...).
+    ``path`` is a path or an :mod:`importlib.resources` traversable; ``error``
+    is the exception class (:class:`CatalogError` by default) and ``what``
+    names the file in the message (``"spec file"``...).
     """
     error = error or CatalogError
     try:
-        with open(path, "rb") as handle:
+        with path.open("rb") if hasattr(path, "open") else open(path, "rb") as handle:
             return tomllib.load(handle)
     except FileNotFoundError:
         raise error(f"{display}: no such {what}") from None
@@ -303,26 +313,38 @@ def read_toml(path, display: str, *, error=None, what: str = "file") -> dict:
         raise error(f"{display}: cannot read the {what}: {err.strerror or err}") from None
 
 
-def catalog_dir() -> Path:
+def resource_dir(package: str, source_dir: Path):
+    """The installed data package ``package`` as a traversable, else ``source_dir``.
+
+    The fallback serves a source checkout put on ``sys.path`` without installing.
+    """
+    try:
+        return importlib.resources.files(package)
+    except ModuleNotFoundError:
+        return source_dir
+
+
+def catalog_dir():
     """The directory the built-in catalog is read from.
 
     Returns
     -------
-    pathlib.Path
-        ``$SOLVER_CATALOG_DIR`` if set, else ``configs/catalog`` beside the
-        ``solver`` package.
+    pathlib.Path or importlib.resources.abc.Traversable
+        ``$SOLVER_CATALOG_DIR`` if set, else the installed catalog
+        (:data:`RESOURCE_PACKAGE`).
     """
     override = os.environ.get("SOLVER_CATALOG_DIR")
-    return Path(override) if override else _DEFAULT_DIR
+    return Path(override) if override else resource_dir(RESOURCE_PACKAGE, _SOURCE_DIR)
 
 
 @functools.cache
 def _builtin() -> dict:
+    override = os.environ.get("SOLVER_CATALOG_DIR")
     directory = catalog_dir()
     sources = {}
     for kind in KINDS:
         path = directory / f"{kind}.toml"
-        display = f"configs/catalog/{kind}.toml" if directory == _DEFAULT_DIR else str(path)
+        display = str(path) if override else f"configs/catalog/{kind}.toml"
         sources[kind] = (display, "", read_toml(path, display))
     return _build_all(sources, fallback=None)
 

@@ -46,7 +46,7 @@ from solver.units import parse_quantity
 
 from . import analysis, grid
 from .cube import MASKS
-from .spec import SpecError, load_spec
+from .spec import SpecError, builtin_spec, load_spec
 
 __all__ = [
     "main",
@@ -63,7 +63,8 @@ __all__ = [
 ]
 
 #: The main job's sweep.
-DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "configs" / "sweeps" / "default.toml"
+#: The main job's spec: ``configs/sweeps/default.toml`` as installed with the package.
+DEFAULT_SPEC = builtin_spec("default")
 #: Where the main job writes its cube (in the current directory).
 DEFAULT_CUBE = "default_cube.nc"
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
@@ -295,21 +296,25 @@ def _seconds(value: float) -> str:
 # ----------------------------------------------------------------------------- cubes
 
 
-def _open_cube(path):
-    """A finished cube file opened lazily; anything else is a :class:`UsageError`."""
+def _open_cube(path, allow_partial: bool = False):
+    """A finished cube file opened lazily; anything else is a :class:`UsageError`.
+
+    With ``allow_partial`` an unfinished sweep's cube (or its staged blocks) opens too.
+    """
     from . import storage
 
     path = Path(path)
     incomplete = getattr(storage, "IncompleteCubeError", ())
     try:
-        cube = storage.open_cube(path)
+        cube = storage.open_cube(path, allow_partial=allow_partial)
     except FileNotFoundError as err:
         raise UsageError(f"{path}: expected a cube file (written by `{_PROG} run`), "
                          f"but {err}") from None
     except incomplete as err:
         if path.is_file():
             _check_foreign(path)
-        raise UsageError(f"{path}: expected a finished cube, but {_one_line(err)}") from None
+        raise UsageError(f"{path}: expected a finished cube, but {_one_line(err)}; or pass "
+                         f"--allow-partial to look at the points priced so far") from None
     except (OSError, ValueError) as err:
         raise UsageError(_unreadable(path, err)) from None
     _check_masks(path, cube)
@@ -676,7 +681,7 @@ def _cmd_search(args) -> int:
 
 def _cmd_top(args) -> int:
     """``top``: the best layouts of a cube as a table."""
-    cube = _open_cube(args.cube)
+    cube = _open_cube(args.cube, args.allow_partial)
     _check_variable(cube, args.by, "--by")
     where = _check_where(cube, args.where)
     select = _parse_select(cube, args.select)
@@ -685,7 +690,7 @@ def _cmd_top(args) -> int:
     constraints = _constraints(args)
     count = int(analysis.mask(cube, where, constraints).sum())
     points = analysis.top_k(cube, by=args.by, k=args.k, where=where, largest=not args.smallest,
-                            constraints=constraints)
+                            constraints=constraints, allow_partial=args.allow_partial)
     dims = list(cube.dims)
     values = [args.by] + [v for v in _TABLE_VALUES if v != args.by and v in cube.data_vars]
     rows = [_with_dp(r, _fixed(cube)) for r in _rows(points, dims, values)]
@@ -732,7 +737,7 @@ def _show_facts(attrs) -> list:
 
 def _cmd_show(args) -> int:
     """``show``: dims, variables, masks (with counts) and provenance of a cube."""
-    cube = _open_cube(args.cube)
+    cube = _open_cube(args.cube, args.allow_partial)
     attrs = cube.attrs
     path = Path(args.cube)
     size = int(np.prod([cube.sizes[d] for d in cube.dims], dtype=np.int64))
@@ -800,9 +805,12 @@ def _values_text(values, limit: int = 10) -> str:
     return ", ".join(shown)
 
 
-def _catalog_table(kind: str) -> str:
-    get = getattr(catalog, kind[:-1])
-    entries = [(name, get(name)) for name in catalog.names(kind)]
+def _catalog_table(kind: str, entries=None) -> str:
+    """The table of one catalog kind: the built-in entries, or ``entries`` (key -> spec)."""
+    if entries is None:
+        get = getattr(catalog, kind[:-1])
+        entries = {name: get(name) for name in catalog.names(kind)}
+    entries = sorted(entries.items())
     if kind == "workloads":
         headers = ["workload", "kind", "parameters", "layers", "hidden", "heads", "experts"]
         rows = [[k, w.kind, _count(w.parameters),
@@ -849,7 +857,23 @@ def _opt(value) -> str:
 
 
 def _cmd_catalog(args) -> int:
-    """``catalog``: tables of the built-in catalog's entries with their key facts."""
+    """``catalog``: tables of the built-in catalog's entries, or of a user's catalog file."""
+    if args.kind is not None and args.kind not in _CATALOG_KINDS:
+        if not args.kind.endswith(".toml") and not Path(args.kind).is_file():
+            raise UsageError(f"catalog: expected a catalog kind ({', '.join(_CATALOG_KINDS)}) "
+                             f"or a catalog TOML file, but got {args.kind!r}"
+                             f"{_suggest(args.kind, _CATALOG_KINDS)}")
+        loaded = catalog.load_file(args.kind)
+        shown = [kind for kind in _CATALOG_KINDS if loaded.get(kind)]
+        if not shown:
+            raise UsageError(f"{args.kind}: expected [workloads.NAME], [fleets.NAME], ... "
+                             f"tables, but the file has no entries")
+        for n, kind in enumerate(shown):
+            if n:
+                print()
+            print(f"{kind} in {args.kind} ({len(loaded[kind])}):")
+            print(_catalog_table(kind, loaded[kind]))
+        return EXIT_OK
     kinds = _CATALOG_KINDS if args.kind is None else (args.kind,)
     for n, kind in enumerate(kinds):
         if n:
@@ -874,7 +898,7 @@ def _cmd_plot(args) -> int:
                          "'layout-sweep[plot]'), but it is not")
     from . import plot
 
-    cube = _open_cube(args.cube)
+    cube = _open_cube(args.cube, args.allow_partial)
     where = _check_where(cube, args.where)
     select = _parse_select(cube, args.select)
     constraints = _constraints(args)
@@ -929,6 +953,22 @@ def _add_narrowing(parser):
                         help="at most N accelerators")
     parser.add_argument("--select", nargs="+", metavar="DIM=VALUE",
                         help="pin dims to one value each (tp_size=4 zero_stage=1)")
+    _add_allow_partial(parser)
+
+
+def _add_allow_partial(parser):
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="read an unfinished sweep's cube: the points priced so far")
+
+
+def _version() -> str:
+    """The installed distribution's version, from its metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("layout-sweep")
+    except PackageNotFoundError:  # a source checkout on sys.path, not installed
+        return f"{solver.__version__} (not installed)"
 
 
 def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
@@ -936,13 +976,15 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
     parser = _Parser(
         prog=prog, description="Price millions of distributed-training layouts: sweeps into "
         "labeled cubes,\nsearches, tables and plots. With no command, runs the default sweep "
-        f"({DEFAULT_SPEC.name})\nin memory, prints the best layouts and writes the cube.",
+        "(configs/sweeps/default.toml)\nin memory, prints the best layouts and writes the cube.",
         epilog=f"examples:\n  {prog} run configs/sweeps/cluster_size.toml -o cluster.nc\n"
         f"  {prog} top cluster.nc --by mfu -k 5 --select zero_stage=1\n"
         f"  {prog} plot cluster.nc --kind heatmap --x tp_size --y dp_size -o mfu.png\n"
         f"  {prog} search configs/sweeps/search_llama70b.toml --trials 500 --seed 0\n"
         f"  {prog} COMMAND --help",
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print the installed package's version and exit")
     parser.add_argument("--spec", dest="main_spec", default=str(DEFAULT_SPEC), metavar="SPEC",
                         help="main job: a spec other than the built-in default")
     parser.add_argument("-o", "--output", dest="main_output", default=DEFAULT_CUBE, metavar="CUBE",
@@ -1001,12 +1043,13 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="dims, variables, masks and provenance of a cube",
                                description="Dims, variables, masks and provenance of a cube.")
     show.add_argument("cube", metavar="CUBE", help="a cube file (netCDF)")
+    _add_allow_partial(show)
 
     cat = commands.add_parser("catalog", help="workloads, fleets and hardware known by name",
                               description="The built-in catalog, with key facts.")
-    cat.add_argument("kind", nargs="?", metavar="KIND",
-                     type=_one_of(_CATALOG_KINDS, "a catalog kind"),
-                     help=f"one of {', '.join(_CATALOG_KINDS)} (default: all)")
+    cat.add_argument("kind", nargs="?", metavar="KIND|FILE",
+                     help=f"one of {', '.join(_CATALOG_KINDS)} (default: all), or a catalog "
+                          f"TOML file of your own to list its entries")
 
     plt = commands.add_parser("plot", help="heatmap, line or Pareto plot of a cube (PNG)",
                               description="Plot a cube: a heatmap of a variable over two dims "

@@ -17,7 +17,7 @@ import numpy as np
 
 from solver.specs import Fleet, Workload
 
-from .spec import Spec, SpecError
+from .spec import Spec, SpecError, load_spec
 
 __all__ = ["Block", "blocks", "point", "DEFAULT_BLOCK_POINTS"]
 
@@ -133,12 +133,14 @@ def blocks(spec: Spec, max_points: int = DEFAULT_BLOCK_POINTS) -> Iterator[Block
                             knobs=knobs)
 
 
-def point(spec: Spec, coords: dict) -> tuple:
+def point(spec, coords: dict) -> tuple:
     """``(workload, fleet, knobs)`` for one point of the grid given its coordinates.
 
-    ``coords`` maps dims to values (as in a cube's coordinates); fixed knobs are
-    added, so ``solver.solve(workload, fleet, **knobs)`` prices that point.
+    ``spec`` is a :class:`Spec`, a dict or a TOML path (as :func:`load_spec`
+    takes); ``coords`` maps dims to values (as in a cube's coordinates); fixed
+    knobs are added, so ``solver.solve(workload, fleet, **knobs)`` prices that point.
     """
+    spec = load_spec(spec)
     coords = dict(coords)
     workload = spec.workload_spec(coords.pop("workload", None))
     fleet = spec.fleet_spec(coords.pop("fleet", None))

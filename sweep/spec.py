@@ -6,6 +6,8 @@ values), the fixed knob values, constraints and the outputs to keep::
     workload = "Llama3_70B"            # or a list: then "workload" is an axis
     fleet = "Training_1K"              # or a list: then "fleet" is an axis
     outputs = ["mfu", "step_latency_total", "memory_footprint"]   # optional
+    catalog = "my_cluster.toml"        # optional: your own workloads and fleets
+                                       # (solver.catalog.load_file), relative to the spec
 
     [axes]
     tp_size = { powers_of_two = 8 }            # 1, 2, 4, 8
@@ -56,6 +58,8 @@ __all__ = [
     "Spec",
     "SpecError",
     "load_spec",
+    "builtin_specs",
+    "builtin_spec",
     "powers_of_two",
     "divisors",
     "TOP_KEYS",
@@ -70,6 +74,10 @@ _HELPER_KEYS = ("powers_of_two", "divisors_of", "from", "to", "step", "num", "lo
 _DTYPES = ("float64", "float32")
 #: Values one axis may list (a longer range is surely a typo in from/to/step/num).
 MAX_AXIS_VALUES = 1_000_000
+#: The data package the example specs are installed as (``configs/sweeps`` in the source tree).
+SPECS_PACKAGE = "layout_sweep_configs.sweeps"
+_SOURCE_SPECS = Path(__file__).resolve().parent.parent / "configs" / "sweeps"
+
 #: Largest ``divisors_of`` (its divisors are found by trial division up to the square root).
 _MAX_DIVISORS_OF = 10 ** 12
 
@@ -419,7 +427,9 @@ def _resolve_many(reader, key, given, what, extra):
                 try:
                     value = getattr(catalog, what)(item)
                 except catalog.CatalogError as err:
-                    raise SpecError(f"{reader.source}: {where}: {err}") from None
+                    hint = ("" if extra else "; your own entries go in a catalog TOML file "
+                            "named by the spec key catalog = \"my_cluster.toml\"")
+                    raise SpecError(f"{reader.source}: {where}: {err}{hint}") from None
         else:
             reader.fail(where, f"a {what} name (see `python -m sweep catalog`)", item)
         if label in out:
@@ -428,8 +438,53 @@ def _resolve_many(reader, key, given, what, extra):
     return out
 
 
+def _specs_dir():
+    return catalog.resource_dir(SPECS_PACKAGE, _SOURCE_SPECS)
+
+
+def builtin_specs() -> list[str]:
+    """Names of the example specs installed with the package (``"default"``, ...)."""
+    return sorted(entry.name[:-5] for entry in _specs_dir().iterdir()
+                  if entry.name.endswith(".toml"))
+
+
+def builtin_spec(name: str):
+    """The installed example spec ``name`` (``"default"`` or ``"default.toml"``), a traversable.
+
+    Raises
+    ------
+    SpecError
+        If there is no such spec; the close matches are named.
+    """
+    stem = name[:-5] if name.endswith(".toml") else name
+    if stem not in builtin_specs():
+        raise SpecError(f"no built-in spec {name!r} (built-in: {', '.join(builtin_specs())})"
+                        f"{_suggest(stem, builtin_specs())}")
+    return _specs_dir() / f"{stem}.toml"
+
+
+def _builtin_for(path: Path):
+    """The built-in spec a missing relative ``path`` names, if any.
+
+    ``"default"``, ``"default.toml"`` and ``"configs/sweeps/default.toml"`` (the
+    README's spelling, from any folder) name the installed example spec.
+    """
+    if path.is_absolute():
+        return None
+    parts = path.parts
+    if len(parts) == 1 or parts[-3:-1] == ("configs", "sweeps") and len(parts) == 3:
+        stem = path.name[:-5] if path.name.endswith(".toml") else path.name
+        if stem in builtin_specs():
+            return _specs_dir() / f"{stem}.toml"
+    return None
+
+
 def load_spec(spec, *, source: Optional[str] = None) -> Spec:
     """Read and check a spec from a dict, a TOML file path, or a :class:`Spec`.
+
+    A relative path that does not exist but names a built-in example spec
+    (``"default"``, ``"search_llama70b.toml"``, ``"configs/sweeps/default.toml"``)
+    reads the copy installed with the package (see :func:`builtin_specs`).
 
     Raises
     ------
@@ -440,6 +495,11 @@ def load_spec(spec, *, source: Optional[str] = None) -> Spec:
         return spec
     if isinstance(spec, (str, Path)):
         path = Path(spec)
+        builtin = None if path.exists() else _builtin_for(path)
+        if builtin is not None:
+            raw = catalog.read_toml(builtin, f"configs/sweeps/{builtin.name}", error=SpecError,
+                                    what="spec file")
+            return _parse(raw, source or f"configs/sweeps/{builtin.name}", base=Path.cwd())
         raw = catalog.read_toml(path, str(path), error=SpecError, what="spec file")
         return _parse(raw, source or str(path), base=path.parent)
     if isinstance(spec, Mapping):

@@ -1,0 +1,123 @@
+"""The one memory-limit parser: specs, ``search``, analysis and the command line all use it.
+
+A memory limit is one of:
+
+- a size with a unit: ``"80 GB"`` (GB = 1e9 B), ``"80 GiB"`` (2**30 B), ``"80e9 B"``;
+- a fraction in (0, 1] of the accelerator's memory: ``0.9`` (or ``"0.9"``);
+- a number of bytes, accepted as a bare number only when it is at least
+  :data:`MIN_BARE_BYTES` (``7.2e10``): a bare ``80`` is far more likely to mean
+  80 GB than 80 bytes, so it is refused with that suggestion.
+
+Zero, negative and non-finite limits are refused, and so are bare numbers in
+(1, :data:`MIN_BARE_BYTES`).
+
+    >>> parse_memory_limit("72 GB").resolve(80e9)
+    72000000000.0
+    >>> parse_memory_limit(0.9).resolve(80e9)
+    72000000000.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from solver.units import parse_quantity
+
+__all__ = ["MemoryLimit", "MemoryLimitError", "parse_memory_limit", "MIN_BARE_BYTES", "EXPECTED"]
+
+#: The smallest bare number taken as bytes (1 MB); below it a unit is required.
+MIN_BARE_BYTES = 1e6
+
+#: What a memory limit may be, as error messages say it.
+EXPECTED = ("a size with a unit such as '72 GB' or '80 GiB', a fraction of the accelerator's "
+            "memory in (0, 1] such as 0.9, or bytes as a number >= 1e6")
+
+
+class MemoryLimitError(ValueError):
+    """A memory limit that cannot be right: says what was expected, what came, and a likely fix."""
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A parsed memory limit: ``size`` in bytes, or ``fraction`` of the capacity (one is None)."""
+
+    size: Optional[float] = None
+    fraction: Optional[float] = None
+
+    def resolve(self, capacity):
+        """The limit in bytes [B] for an accelerator of ``capacity`` bytes (arrays broadcast)."""
+        if self.size is not None:
+            return self.size
+        return self.fraction * capacity
+
+    def describe(self) -> str:
+        """``"72 GB"`` or ``"90% of the accelerator's memory"``."""
+        if self.size is not None:
+            return f"{self.size / 1e9:g} GB"
+        return f"{self.fraction * 100:g}% of the accelerator's memory"
+
+
+def _suggestion(number: float) -> str:
+    if 1 < number < MIN_BARE_BYTES:
+        hint = f"did you mean '{number:g} GB'"
+        if number <= 100:
+            hint += f" or the fraction {number / 100:g}"
+        return f" ({hint}?)"
+    return ""
+
+
+def _refuse(where: str, value, why: str = "") -> MemoryLimitError:
+    prefix = f"{where}: " if where else ""
+    return MemoryLimitError(f"{prefix}expected {EXPECTED}, but got {value!r}{why}")
+
+
+def parse_memory_limit(value, *, where: str = "memory_limit") -> MemoryLimit:
+    """Parse a memory limit; see the module's docstring for what it may be.
+
+    Parameters
+    ----------
+    value : str, int, float or MemoryLimit
+    where : str
+        Named in error messages (``"spec.toml: constraints.memory_limit"``).
+
+    Returns
+    -------
+    MemoryLimit
+
+    Raises
+    ------
+    MemoryLimitError
+        For zero, negative, non-finite, unitless numbers in (1, 1e6), unknown
+        units and wrong types; the message suggests the likely meaning.
+    """
+    if isinstance(value, MemoryLimit):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            number = float(text)
+        except ValueError:
+            number = None
+        if number is None:
+            try:
+                size = parse_quantity(text, "bytes", where=where)
+            except OverflowError:
+                size = math.inf
+            if not (math.isfinite(size) and size > 0):
+                raise _refuse(where, value, " (a limit is a finite size > 0)")
+            return MemoryLimit(size=float(size))
+        value = number
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise _refuse(where, value)
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise _refuse(where, value, " (a limit is finite and > 0)")
+    if number <= 1:
+        return MemoryLimit(fraction=number)
+    if number < MIN_BARE_BYTES:
+        raise _refuse(where, value, _suggestion(number))
+    return MemoryLimit(size=number)
