@@ -36,13 +36,15 @@ def draw(n, fleet, seed=0):
     tp = rng.choice(divisors[divisors <= 64], n)
     pp = rng.choice([1, 2, 4, 8, 16, 32], n)
     ep = rng.choice([1, 1, 1, 2, 4], n)
-    # Shrink PP, then EP, until TP*PP*EP divides the fleet.
+    # Shrink PP, then EP, until TP*PP*EP divides the fleet: once both are 1 it does, since
+    # TP is a divisor (e.g. Kempner_H100_384 with tp=64, ep=4 needs ep halved to 2).
     for degree in (pp, ep):
         while True:
-            bad = total % (tp * pp * ep) != 0
+            bad = (total % (tp * pp * ep) != 0) & (degree > 1)
             if not bad.any():
                 break
-            degree[bad] = np.maximum(1, degree[bad] // 2)
+            degree[bad] //= 2
+    assert (total % (tp * pp * ep) == 0).all()
     return {
         "batch_size": np.exp(rng.uniform(0, np.log(8192), n)).astype(np.int64),
         "precision": rng.choice(["fp32", "bf16", "fp16", "fp8", "int8"], n),
