@@ -241,6 +241,34 @@ class Workload:
             )
         if self.kind in ("transformer", "moe") and self.layers < 1:
             raise ValueError(f"Workload {self.name!r}: layers must be >= 1, but got {self.layers!r}")
+        self._check_consistent()
+
+    def _check_consistent(self):
+        """Refuse a model no one could build: each message names the key, expected and got."""
+        def refuse(key, expected, got):
+            raise ValueError(f"Workload {self.name!r}: {key} must be {expected}, but got {got!r}")
+
+        if self.kind in ("transformer", "moe", "ssm"):
+            for key in ("hidden_dim", "heads"):
+                if getattr(self, key) == 0:
+                    refuse(key, ">= 1 for a layered model", 0)
+        if self.heads and self.hidden_dim and self.heads > self.hidden_dim:
+            refuse("heads", f"at most hidden_dim ({self.hidden_dim})", self.heads)
+        if self.heads and self.hidden_dim and self.hidden_dim % self.heads:
+            refuse("heads", f"a divisor of hidden_dim ({self.hidden_dim})", self.heads)
+        if (self.active_parameters is not None and self.parameters is not None
+                and self.active_parameters > self.parameters):
+            refuse("active_parameters", f"at most parameters ({self.parameters:g})",
+                   self.active_parameters)
+        if self.active_experts_per_token is not None:
+            if self.experts is None:
+                refuse("active_experts_per_token", "given only with experts",
+                       self.active_experts_per_token)
+            if self.active_experts_per_token > self.experts:
+                refuse("active_experts_per_token", f"at most experts ({self.experts})",
+                       self.active_experts_per_token)
+        if self.kind == "moe" and self.experts < 1:
+            refuse("experts", ">= 1 for a mixture of experts", self.experts)
 
     @property
     def is_transformer(self) -> bool:
