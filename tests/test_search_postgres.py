@@ -20,7 +20,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from tests._postgres import postgres_url  # noqa: F401  (the fixture)
+from _postgres import postgres_url  # noqa: F401  (the fixture)
 
 MAIN = str(Path(__file__).resolve().parents[1])
 
