@@ -10,7 +10,8 @@ import xarray as xr
 
 import solver
 import sweep
-from sweep.analysis import _front_2d, _front_nd, mask
+from sweep.analysis import mask
+from sweep.analysis.ranking import _front_2d, _front_nd
 
 SEEDS = range(6)
 
