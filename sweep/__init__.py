@@ -2,7 +2,7 @@
 
     >>> import sweep
     >>> cube = sweep.run("configs/sweeps/default.toml")              # in memory
-    >>> sweep.top_k(cube, by="mfu", k=5)                              # best admissible layouts
+    >>> sweep.top_k(cube, objective="mfu", k=5)                        # best admissible layouts
     >>> sweep.run("configs/sweeps/calculon_gpt3.toml", path="gpt3.nc", n_jobs=2)  # streamed
     >>> cube = sweep.open_cube("gpt3.nc")                             # lazy
     >>> sweep.search("configs/sweeps/search_llama70b.toml", n_trials=1000, seed=0)  # optuna
@@ -11,7 +11,7 @@ A cube's dims are named like ``solver.solve``'s keywords, so any point goes
 straight back to the solver (``sweep.grid.point(spec, coords)``).
 """
 
-from .analysis import best_along, pareto_front, top_k
+from .analysis import best_along, explain_runner_up, pareto_front, step_components, top_k
 from .evaluate import run
 from .spec import Spec, SpecError, divisors, load_spec, powers_of_two
 from .storage import IncompleteCubeError, open_cube, save
@@ -29,6 +29,8 @@ __all__ = [
     "top_k",
     "best_along",
     "pareto_front",
+    "explain_runner_up",
+    "step_components",
     "search",
     "SearchResult",
     "powers_of_two",

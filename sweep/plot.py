@@ -29,13 +29,12 @@ from typing import Mapping, Optional
 import numpy as np
 import xarray as xr
 
+from solver.outputs import MAXIMIZE, MINIMIZE, better
+
 from . import analysis
 
-__all__ = ["heatmap", "line", "pareto", "reduce_to", "label", "MAXIMIZE", "REDUCTIONS"]
+__all__ = ["heatmap", "line", "pareto", "reduce_to", "label", "REDUCTIONS"]
 
-#: Outputs a layout engineer wants large (the others, small): the Pareto senses.
-MAXIMIZE = ("mfu", "effective_throughput", "scaling_efficiency", "node_mfu", "node_hfu",
-            "node_throughput", "memory_headroom")
 #: Reductions over the dims that are not plotted.
 REDUCTIONS = ("max", "min", "mean")
 #: Cells of a heatmap up to which each cell is annotated with its value.
@@ -285,8 +284,17 @@ def line(cube: xr.Dataset, var: str = "mfu", x: str = "tp_size", *, hue: Optiona
     return figure
 
 
-def _sense(name: str) -> str:
-    return "max" if name in MAXIMIZE else "min"
+def _direction(name: str) -> str:
+    """The registry's direction of better for ``name`` (``"minimize"`` if it has none)."""
+    try:
+        return better(name) or MINIMIZE
+    except KeyError:
+        return MINIMIZE
+
+
+def _word(direction: str) -> str:
+    """``"maximize"`` for ``"maximize"`` and its deprecated spelling ``"max"``."""
+    return {"max": MAXIMIZE, "min": MINIMIZE}.get(direction, direction)
 
 
 def _flat(cube, names, selected) -> list:
@@ -300,9 +308,9 @@ def _flat(cube, names, selected) -> list:
 
 
 def pareto(cube: xr.Dataset, x: str = "memory_footprint", y: str = "mfu", *,
-           senses: Optional[Mapping] = None, where=None, select: Optional[Mapping] = None,
+           directions: Optional[Mapping] = None, where=None, select: Optional[Mapping] = None,
            constraints: Optional[Mapping] = None, max_points: int = 20_000, seed: int = 0,
-           ax=None):
+           ax=None, senses: Optional[Mapping] = None):
     """A scatter of two outputs over the selected layouts, with their Pareto front.
 
     Parameters
@@ -310,9 +318,10 @@ def pareto(cube: xr.Dataset, x: str = "memory_footprint", y: str = "mfu", *,
     cube : xarray.Dataset
     x, y : str
         Data variables on the two axes.
-    senses : mapping of str -> "max" or "min", optional
-        What is better for each; by default ``"max"`` for :data:`MAXIMIZE`
-        (``mfu``, throughputs) and ``"min"`` for the rest.
+    directions : mapping of str -> "maximize" or "minimize", optional
+        What is better for each; by default the output registry's direction
+        of better (:func:`solver.outputs.better`; ``"minimize"`` for a
+        variable without one). ``"max"`` and ``"min"`` are deprecated.
     where, select, constraints
         See :func:`reduce_to`.
     max_points : int
@@ -321,20 +330,27 @@ def pareto(cube: xr.Dataset, x: str = "memory_footprint", y: str = "mfu", *,
     seed : int
         Seeds the sample.
     ax : matplotlib.axes.Axes, optional
+    senses
+        Deprecated spelling of ``directions``.
 
     Returns
     -------
     matplotlib.figure.Figure
     """
+    if senses is not None:
+        if directions is not None:
+            raise TypeError("give directions= only, not also its deprecated spelling senses=")
+        warnings.warn("senses= is deprecated; use directions=", DeprecationWarning, stacklevel=2)
+        directions = senses
     if x == y:
         raise ValueError(f"x and y must be two different variables, but got x = y = {x!r}")
     for name, what in ((x, "x"), (y, "y")):
         _check_var(cube, name, what)
-    senses = {x: _sense(x), y: _sense(y), **dict(senses or {})}
+    directions = {x: _direction(x), y: _direction(y), **dict(directions or {})}
     cube = _select(cube, select)
     selected = analysis.mask(cube, where, constraints)
     cloud_x, cloud_y = _flat(cube, (x, y), selected)
-    front = analysis.pareto_front(cube, {x: senses[x], y: senses[y]}, where=selected,
+    front = analysis.pareto_front(cube, {x: directions[x], y: directions[y]}, where=selected,
                                   constraints=constraints)
     sx, sy = _scale(cube, x), _scale(cube, y)
     figure, ax = _figure(ax, (6.4, 4.8))
@@ -351,8 +367,8 @@ def pareto(cube: xr.Dataset, x: str = "memory_footprint", y: str = "mfu", *,
     order = np.argsort(fx, kind="stable")
     ax.plot(fx[order], fy[order], marker="o", markersize=4, color="tab:red",
             label=f"Pareto front ({len(fx)} layouts)")
-    ax.set_xlabel(f"{label(cube, x)} ({senses[x]}imize)")
-    ax.set_ylabel(f"{label(cube, y)} ({senses[y]}imize)")
+    ax.set_xlabel(f"{label(cube, x)} ({_word(directions[x])})")
+    ax.set_ylabel(f"{label(cube, y)} ({_word(directions[y])})")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     title = f"{y} against {x}"

@@ -10,7 +10,8 @@ import xarray as xr
 
 import solver
 import sweep
-from sweep.analysis import _front_2d, _front_nd, mask
+from sweep.analysis import mask
+from sweep.analysis.ranking import _front_2d, _front_nd
 
 SEEDS = range(6)
 
@@ -58,7 +59,8 @@ def test_top_k_matches_brute_force(seed, largest):
     # Stable sort: ties keep C order, as top_k promises.
     points.sort(key=lambda p: -p[1]["mfu"] if largest else p[1]["mfu"])
     for k, slab in ((1, 7), (5, 30), (1000, 1 << 20)):
-        got = sweep.top_k(cube, by="mfu", k=k, largest=largest, slab_points=slab)
+        got = sweep.top_k(cube, objective="mfu", k=k, block_points=slab,
+                          direction="maximize" if largest else "minimize")
         want = points[:k]
         assert got.sizes["rank"] == len(want)
         assert got["rank"].values.tolist() == list(range(1, len(want) + 1))
@@ -82,7 +84,10 @@ def test_top_k_constraints_and_where():
     assert float(got["mfu"][0]) == float(best)
     with pytest.raises(KeyError, match="constraints: expected memory_limit, max_accelerators"):
         sweep.top_k(cube, constraints={"memory_limt": 1})
-    with pytest.raises(KeyError, match="by must be a data variable"):
+    with pytest.raises(KeyError, match="objective must be a data variable"):
+        sweep.top_k(cube, objective="mfuu")
+    with pytest.raises(KeyError, match="by must be a data variable"), \
+            pytest.warns(DeprecationWarning, match="use objective="):
         sweep.top_k(cube, by="mfuu")
     with pytest.raises(ValueError, match="k must be a whole number >= 1, but got 0"):
         sweep.top_k(cube, k=0)
@@ -92,7 +97,7 @@ def test_top_k_constraints_and_where():
 @pytest.mark.parametrize("dims", [("pp_size",), ("tp_size", "zero_stage"), ("microbatch_count",)])
 def test_best_along_matches_brute_force(seed, dims):
     cube = _random_cube(seed, ties=seed % 2 == 1)
-    got = sweep.best_along(cube, dims, by="mfu", slab_points=11)
+    got = sweep.best_along(cube, dims, objective="mfu", block_points=11)
     assert tuple(got["mfu"].dims) == dims
     order = tuple(cube["mfu"].dims)
     others = [d for d in order if d not in dims]
@@ -138,36 +143,60 @@ def test_front_kernels_match_brute_force(seed, m):
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("objectives", [
-    {"mfu": "max", "memory_footprint": "min"},
-    {"mfu": "max", "n_accelerators": "min", "memory_footprint": "min"},
-    {"mfu": "max", "step_latency_total": "max", "memory_footprint": "min"},
+    {"mfu": "maximize", "memory_footprint": "minimize"},
+    {"mfu": "maximize", "n_accelerators": "minimize", "memory_footprint": "minimize"},
+    {"mfu": "maximize", "step_latency_total": "maximize", "memory_footprint": "minimize"},
 ])
 def test_pareto_front_matches_brute_force(seed, objectives):
     cube = _random_cube(seed, ties=seed % 2 == 1)
     points = _brute_points(cube, cube["admissible"])
     names = list(objectives)
-    rows = np.array([[p[1][n] * (-1 if objectives[n] == "max" else 1) for n in names]
+    rows = np.array([[p[1][n] * (-1 if objectives[n] == "maximize" else 1) for n in names]
                      for p in points]).reshape(-1, len(names))
     finite = ~np.isnan(rows).any(axis=1)
     rows, points = rows[finite], [p for p, f in zip(points, finite) if f]
     on_front = ~_dominated_brute(rows)
     expected = {tuple(p[0][d] for d in cube["mfu"].dims) for p, f in zip(points, on_front) if f}
-    got = sweep.pareto_front(cube, objectives, slab_points=13)
+    got = sweep.pareto_front(cube, objectives, block_points=13)
     positions = {tuple(int(np.flatnonzero(cube[d].values == v)[0]) for d, v in
                        ((d, got[d].values[i]) for d in cube["mfu"].dims))
                  for i in range(got.sizes["point"])}
     assert positions == expected
     assert got.sizes["point"] == len(expected)
     first = names[0]
-    sign = -1 if objectives[first] == "max" else 1
+    sign = -1 if objectives[first] == "maximize" else 1
     assert np.all(np.diff(sign * got[first].values) >= 0)  # sorted, best first
 
 
 def test_pareto_front_needs_two_objectives():
     with pytest.raises(ValueError, match="at least 2"):
-        sweep.pareto_front(_random_cube(0), {"mfu": "max"})
-    with pytest.raises(ValueError, match="must be 'max' or 'min', but got 'up'"):
+        sweep.pareto_front(_random_cube(0), {"mfu": "maximize"})
+    with pytest.raises(ValueError, match="must be 'maximize' or 'minimize', but got 'up'"):
+        sweep.pareto_front(_random_cube(0), {"mfu": "up", "memory_footprint": "minimize"})
+    with pytest.raises(ValueError, match="must be 'max' or 'min', but got 'up'"):  # old words
         sweep.pareto_front(_random_cube(0), {"mfu": "up", "memory_footprint": "min"})
+
+
+def test_deprecated_spellings_give_the_same_answers():
+    cube = _random_cube(3)
+    with pytest.warns(DeprecationWarning, match="by= is deprecated; use objective="):
+        old = sweep.top_k(cube, by="step_latency_total", k=4, largest=False, slab_points=7)
+    new = sweep.top_k(cube, objective="step_latency_total", k=4, direction="minimize",
+                      block_points=7)
+    xr.testing.assert_identical(old, new)
+    # The registry's direction by default: step time is minimized, MFU maximized.
+    xr.testing.assert_identical(new, sweep.top_k(cube, objective="step_latency_total", k=4))
+    with pytest.warns(DeprecationWarning, match="largest= is deprecated"):
+        old = sweep.best_along(cube, "pp_size", by="mfu", largest=True)
+    xr.testing.assert_identical(old, sweep.best_along(cube, "pp_size", objective="mfu"))
+    with pytest.warns(DeprecationWarning, match="'max' is deprecated; use 'maximize'"):
+        old = sweep.pareto_front(cube, {"mfu": "max", "memory_footprint": "min"})
+    xr.testing.assert_identical(old, sweep.pareto_front(cube, {"mfu": "maximize",
+                                                              "memory_footprint": "minimize"}))
+    with pytest.raises(TypeError, match="not also its deprecated spelling by="):
+        sweep.top_k(cube, objective="step_latency_total", by="mfu")
+    with pytest.warns(DeprecationWarning, match="SLAB_POINTS is deprecated"):
+        assert sweep.analysis.SLAB_POINTS == sweep.analysis.BLOCK_POINTS
 
 
 @pytest.fixture(scope="module")
@@ -196,9 +225,9 @@ def test_analysis_of_a_real_cube_and_its_file(real_cube, tmp_path):
     # The same answers from the file opened lazily, scanned in small slabs.
     lazy = sweep.open_cube(sweep.save(real_cube, tmp_path / "real.nc"))
     xr.testing.assert_identical(best, sweep.top_k(lazy, k=5, constraints={"max_accelerators": 256},
-                                                  slab_points=1000))
-    xr.testing.assert_identical(front, sweep.pareto_front(lazy, slab_points=1000))
-    xr.testing.assert_identical(per_seq, sweep.best_along(lazy, "seq_len", slab_points=1000))
+                                                  block_points=1000))
+    xr.testing.assert_identical(front, sweep.pareto_front(lazy, block_points=1000))
+    xr.testing.assert_identical(per_seq, sweep.best_along(lazy, "seq_len", block_points=1000))
     lazy.close()
 
 

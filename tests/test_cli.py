@@ -150,7 +150,7 @@ TINY_DICT = {"workload": "Llama3_70B", "fleet": "Training_1K",
 
 def test_run_prints_a_summary_and_writes_the_cube(files, tmp_path, capsys):
     path = tmp_path / "again.nc"
-    code, out, err = _call(capsys, ["run", files["spec"], "-o", path, "--max-points", "7",
+    code, out, err = _call(capsys, ["run", files["spec"], "-o", path, "--block-points", "7",
                                     "--no-progress"])
     assert code == 0, err
     assert "tiny: 64 layouts (tp_size 4 x pp_size 4 x microbatch_count 2 x zero_stage 2)" in out
@@ -160,13 +160,17 @@ def test_run_prints_a_summary_and_writes_the_cube(files, tmp_path, capsys):
                                 sweep.open_cube(files["cube"]).load())
     code, out, _ = _call(capsys, ["run", files["spec"], "-o", path, "--resume"])
     assert code == 0 and "64 layouts" in out
+    with pytest.warns(DeprecationWarning, match="--max-points is deprecated"):
+        code, out, _ = _call(capsys, ["run", files["spec"], "-o", path, "--resume",
+                                      "--max-points", "7"])
+    assert code == 0 and "already holds this finished sweep" in out
 
 
 def test_top_lists_the_best_layouts(files, capsys):
     code, out, err = _call(capsys, ["top", files["cube"], "-k", "4"])
     assert code == 0, err
     cube = sweep.open_cube(files["cube"])
-    expected = sweep.top_k(cube, by="mfu", k=4)
+    expected = sweep.top_k(cube, objective="mfu", k=4)
     assert f"top 4 of {int(cube['admissible'].sum())} admissible layouts by mfu" in out
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#"))
@@ -177,14 +181,35 @@ def test_top_lists_the_best_layouts(files, capsys):
     assert "memory [GB]" in lines[header] and "accelerators" in lines[header]
 
 
-def test_top_smallest_select_and_constraints(files, capsys):
-    code, out, err = _call(capsys, ["top", files["cube"], "--by", "step_latency_total",
-                                    "--smallest", "-k", "2", "--select", "zero_stage=3",
-                                    "tp_size=8", "--memory-limit", "20 GB",
-                                    "--max-accelerators", "1024"])
+NARROWED = ["-k", "2", "--select", "zero_stage=3", "tp_size=8", "--memory-limit", "20 GB",
+            "--max-accelerators", "1024"]
+
+
+def test_top_minimize_select_and_constraints(files, capsys):
+    code, out, err = _call(capsys, ["top", files["cube"], "--objective", "step_latency_total",
+                                    "--minimize", *NARROWED])
     assert code == 0, err
     cube = sweep.open_cube(files["cube"]).sel(zero_stage=[3], tp_size=[8])
-    expected = sweep.top_k(cube, by="step_latency_total", k=2, largest=False,
+    expected = sweep.top_k(cube, objective="step_latency_total", k=2, direction="minimize",
+                           constraints={"memory_limit": "20 GB", "max_accelerators": 1024})
+    assert "smallest first" in out and "zero_stage=3" in out and "memory_limit <= 20 GB" in out
+    for value in expected["step_latency_total"].values:
+        assert f"{value:.3f}" in out
+    # The registry's direction by default (step time: smallest first), the same table.
+    code, default, _ = _call(capsys, ["top", files["cube"], "--objective",
+                                      "step_latency_total", *NARROWED])
+    assert code == 0 and default == out
+
+
+def test_top_smallest_select_and_constraints(files, capsys):
+    with pytest.warns(DeprecationWarning, match="--smallest is deprecated; use --minimize"):
+        code, out, err = _call(capsys, ["top", files["cube"], "--by", "step_latency_total",
+                                        "--smallest", "-k", "2", "--select", "zero_stage=3",
+                                        "tp_size=8", "--memory-limit", "20 GB",
+                                        "--max-accelerators", "1024"])
+    assert code == 0, err
+    cube = sweep.open_cube(files["cube"]).sel(zero_stage=[3], tp_size=[8])
+    expected = sweep.top_k(cube, objective="step_latency_total", k=2, direction="minimize",
                            constraints={"memory_limit": 20e9, "max_accelerators": 1024})
     assert "smallest first" in out and "zero_stage=3" in out and "memory_limit <= 20 GB" in out
     for value in expected["step_latency_total"].values:
@@ -263,7 +288,7 @@ def test_search_samples(files, capsys):
 
 
 def test_search_exact_finds_the_cube_optimum(files, capsys):
-    code, out, err = _call(capsys, ["search", files["spec"], "--exact", "--top", "2",
+    code, out, err = _call(capsys, ["search", files["spec"], "--exact", "-k", "2",
                                     "--memory-limit", "72 GB"])
     assert code == 0, err
     assert "search [exhaustive]" in out and "64 layouts evaluated" in out
@@ -310,6 +335,10 @@ BAD = [
     (["top", "{cube}", "--by", "mfuu"], ["--by", "expected a numeric variable",
                                          "but got 'mfuu'", "did you mean 'mfu'"]),
     (["top", "{cube}", "--by", "admissible"], ["--by", "but got 'admissible'"]),
+    (["top", "{cube}", "--objective", "mfuu"], ["--objective", "expected a numeric variable",
+                                                "did you mean 'mfu'"]),
+    (["top", "{cube}", "--minimize", "--maximize"], ["not allowed with argument"]),
+    (["top", "{cube}", "--memory-limit", "80"], ["--memory-limit", "did you mean '80 GB'"]),
     (["top", "{cube}", "--where", "admissable"], ["--where", "did you mean 'admissible'"]),
     (["top", "{cube}", "--select", "tp=4"], ["--select", "expected a dim of the cube",
                                              "but got 'tp'", "did you mean 'tp_size'"]),

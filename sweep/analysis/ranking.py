@@ -1,140 +1,28 @@
-"""Questions to a cube: the best layouts, the best per value of a dim, the Pareto front.
+"""Ranking a cube's points: the best ``k``, the best per value of a dim, the Pareto front.
 
-Every function works on the points a mask selects: by default ``admissible``
-(valid, within the memory limit and ``max_accelerators``; see :mod:`sweep.cube`),
-or the boolean variable or DataArray given as ``where``, further narrowed by
-``constraints``:
-
-``memory_limit``
-    ``"72 GB"``, bytes, or a fraction of the accelerator's memory (<= 1), on
-    ``memory_footprint``.
-``max_accelerators``
-    On ``n_accelerators``.
-``<variable>``
-    ``(low, high)`` bounds on any data variable (``None`` for an open side),
-    e.g. ``{"step_latency_total": (None, 2.0)}``.
-
-The cube is scanned in slabs along its first dim, so a cube opened lazily
-from disk (:func:`sweep.open_cube`) is never loaded whole. Results are small
-:class:`xarray.Dataset` s: the point's coordinates as variables (named like the
-dims, i.e. like the ``solver.solve`` keywords) and every data variable's value.
-
-A cube that says it is not finished (``complete = 0``: an interrupted sweep
-opened with ``sweep.open_cube(..., allow_partial=True)``, whose unpriced points
-are NaN and never admissible) is refused unless ``allow_partial=True``: an
-answer from part of the space is then asked for, not stumbled upon.
+The cube is scanned in blocks of ``block_points`` points along its first dim
+(:data:`solver.blocks.BLOCK_POINTS` by default), so a cube opened lazily from
+disk is never loaded whole. See :mod:`sweep.analysis` for what the results hold.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Mapping, Optional
 
 import numpy as np
 import xarray as xr
 
-from solver.units import parse_quantity
+from solver.blocks import BLOCK_POINTS
+from solver.outputs import MAXIMIZE, better
 
-from .cube import COMPLETE
-from .storage import IncompleteCubeError
+from ._aliases import OLD_DIRECTIONS, checked_direction, direction_of, renamed
+from .masks import _check_complete, _require, mask
 
-__all__ = ["top_k", "best_along", "pareto_front", "mask", "SLAB_POINTS",
-           "DEFAULT_OBJECTIVES"]
+__all__ = ["top_k", "best_along", "pareto_front", "DEFAULT_OBJECTIVES", "BLOCK_POINTS"]
 
-#: Points loaded at a time when scanning a cube.
-SLAB_POINTS = 1 << 24
-#: Objectives of :func:`pareto_front` by default.
-DEFAULT_OBJECTIVES = {"mfu": "max", "n_accelerators": "min", "memory_footprint": "min"}
-_SENSES = ("max", "min")
-
-
-def _check_complete(cube, allow_partial: bool) -> None:
-    """Refuse a cube marked unfinished (``complete = 0``) unless ``allow_partial``."""
-    if allow_partial or COMPLETE not in cube.attrs:
-        return
-    flag = cube.attrs[COMPLETE]
-    try:
-        finished = int(flag) == 1
-    except (TypeError, ValueError):
-        finished = False
-    if not finished:
-        raise IncompleteCubeError(
-            f"expected a finished cube ({COMPLETE} = 1), but got {COMPLETE} = {flag!r}: an "
-            f"unfinished sweep whose unpriced points are left out; finish it "
-            f"(sweep.run(spec, path=..., resume=True)) or pass allow_partial=True to ask about "
-            f"the points priced so far")
-
-
-def _require(cube, name, what):
-    if name not in cube.data_vars:
-        raise KeyError(f"{what} must be a data variable of the cube "
-                       f"({', '.join(cube.data_vars)}), but got {name!r}")
-    return cube[name]
-
-
-def _capacities(cube):
-    """Accelerator memory [B] per fleet, from the cube's ``fleets`` attribute."""
-    try:
-        fleets = json.loads(cube.attrs["fleets"])
-    except (KeyError, ValueError):
-        raise ValueError("memory_limit as a fraction needs the cube's 'fleets' attribute "
-                         "(a cube made by sweep.run); give it in bytes or as '72 GB'") from None
-    capacity = {k: v["node"]["accelerator"]["memory_capacity"] for k, v in fleets.items()}
-    if "fleet" in cube.dims:
-        return xr.DataArray([capacity[str(f)] for f in cube["fleet"].values], dims="fleet",
-                            coords={"fleet": cube["fleet"].values})
-    return next(iter(capacity.values()))
-
-
-def _memory_limit(cube, value):
-    if isinstance(value, str):
-        return parse_quantity(value, "bytes", where="constraints.memory_limit")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"constraints.memory_limit must be a size such as '72 GB', bytes, "
-                         f"or a fraction of capacity in (0, 1], but got {value!r}")
-    return value * _capacities(cube) if value <= 1 else float(value)
-
-
-def mask(cube: xr.Dataset, where=None, constraints: Optional[Mapping] = None) -> xr.DataArray:
-    """The boolean mask of the points an analysis considers.
-
-    Parameters
-    ----------
-    cube : xarray.Dataset
-    where : str or xarray.DataArray, optional
-        A boolean variable's name or a boolean DataArray; ``admissible`` (or
-        ``valid``) by default.
-    constraints : mapping, optional
-        See the module docstring.
-    """
-    if where is None:
-        where = "admissible" if "admissible" in cube.data_vars else "valid"
-    if isinstance(where, str):
-        where = _require(cube, where, "where")
-    if not isinstance(where, xr.DataArray) or where.dtype != bool:
-        raise TypeError(f"where must name a boolean variable or be a boolean DataArray, "
-                        f"but got {getattr(where, 'dtype', type(where).__name__)}")
-    selected = where
-    for key, value in (constraints or {}).items():
-        if key == "memory_limit":
-            var = _require(cube, "memory_footprint", "memory_limit's variable")
-            selected = selected & (var <= _memory_limit(cube, value))
-        elif key == "max_accelerators":
-            var = _require(cube, "n_accelerators", "max_accelerators's variable")
-            selected = selected & (var <= value)
-        elif key in cube.data_vars:
-            if not (isinstance(value, (tuple, list)) and len(value) == 2):
-                raise ValueError(f"constraints.{key} must be (low, high) bounds (None for an "
-                                 f"open side), but got {value!r}")
-            low, high = value
-            if low is not None:
-                selected = selected & (cube[key] >= low)
-            if high is not None:
-                selected = selected & (cube[key] <= high)
-        else:
-            raise KeyError(f"constraints: expected memory_limit, max_accelerators or a data "
-                           f"variable ({', '.join(cube.data_vars)}), but got {key!r}")
-    return selected
+#: Objectives of :func:`pareto_front` by default, with the registry's directions.
+DEFAULT_OBJECTIVES = {name: better(name) for name in ("mfu", "n_accelerators",
+                                                        "memory_footprint")}
 
 
 def _cube_dims(cube) -> tuple:
@@ -223,28 +111,49 @@ def _points(cube, flat, point_dim):
     return _take(cube, dims, dict(zip(dims, positions)), (point_dim,))
 
 
-def _sign(largest):
-    return -1.0 if largest else 1.0
+def _sign(direction):
+    return -1.0 if direction == MAXIMIZE else 1.0
 
 
-def top_k(cube: xr.Dataset, by: str = "mfu", k: int = 10, where=None, largest: bool = True,
-          constraints: Optional[Mapping] = None, *, slab_points: int = SLAB_POINTS,
-          allow_partial: bool = False) -> xr.Dataset:
+def _block_points(block_points, slab_points) -> int:
+    """``block_points``, or its deprecated spelling ``slab_points`` (warned)."""
+    return renamed("block_points", block_points, "slab_points", slab_points, BLOCK_POINTS,
+                   stacklevel=4)
+
+
+def _objective(objective, by) -> tuple:
+    """``(name, keyword)``: the ranked variable and the keyword that named it."""
+    name = renamed("objective", objective, "by", by, "mfu", stacklevel=4)
+    return name, ("objective" if by is None else "by")
+
+
+def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
+          direction: Optional[str] = None, constraints: Optional[Mapping] = None, *,
+          block_points: int = BLOCK_POINTS, allow_partial: bool = False,
+          by: Optional[str] = None, largest: Optional[bool] = None,
+          slab_points: Optional[int] = None) -> xr.Dataset:
     """The ``k`` best points of ``cube`` by one variable.
 
     Parameters
     ----------
     cube : xarray.Dataset
-    by : str
+    objective : str
         The data variable to rank by.
     k : int
         How many points (fewer if fewer are selected).
     where, constraints
         Which points count (see :func:`mask`); ``admissible`` by default.
-    largest : bool
-        Rank the largest values first (False: the smallest).
+    direction : {"maximize", "minimize"}, optional
+        Best first: the largest values (``"maximize"``) or the smallest. By
+        default the objective's direction of better in the output registry
+        (:func:`solver.outputs.better`), ``"maximize"`` for other variables.
+    block_points : int
+        Points scanned at a time.
     allow_partial : bool
         Accept a cube that is not finished (``complete = 0``).
+    by, largest, slab_points
+        Deprecated spellings of ``objective``, ``direction`` (True:
+        ``"maximize"``) and ``block_points``.
 
     Returns
     -------
@@ -255,10 +164,13 @@ def top_k(cube: xr.Dataset, by: str = "mfu", k: int = 10, where=None, largest: b
     _check_complete(cube, allow_partial)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a whole number >= 1, but got {k!r}")
-    _require(cube, by, "by")
+    objective, keyword = _objective(objective, by)
+    direction = direction_of(objective, direction, largest)
+    block_points = _block_points(block_points, slab_points)
+    _require(cube, objective, keyword)
     best_values, best_flat = np.empty(0), np.empty(0, dtype=np.int64)
-    for values, flat in _candidates(cube, [by], [_sign(largest)], where, constraints,
-                                    slab_points):
+    for values, flat in _candidates(cube, [objective], [_sign(direction)], where, constraints,
+                                    block_points):
         values = np.concatenate([best_values, values[:, 0]])
         flat = np.concatenate([best_flat, flat])
         if len(values) > k:
@@ -272,9 +184,11 @@ def top_k(cube: xr.Dataset, by: str = "mfu", k: int = 10, where=None, largest: b
     return result.assign_coords(rank=np.arange(1, len(best_flat) + 1))
 
 
-def best_along(cube: xr.Dataset, dims, by: str = "mfu", where=None, largest: bool = True,
-               constraints: Optional[Mapping] = None, *,
-               slab_points: int = SLAB_POINTS, allow_partial: bool = False) -> xr.Dataset:
+def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
+               direction: Optional[str] = None, constraints: Optional[Mapping] = None, *,
+               block_points: int = BLOCK_POINTS, allow_partial: bool = False,
+               by: Optional[str] = None, largest: Optional[bool] = None,
+               slab_points: Optional[int] = None) -> xr.Dataset:
     """The best point for each value of ``dims``, the other dims reduced by argmax.
 
     Parameters
@@ -282,12 +196,18 @@ def best_along(cube: xr.Dataset, dims, by: str = "mfu", where=None, largest: boo
     cube : xarray.Dataset
     dims : str or sequence of str
         The dims to keep (e.g. ``"seq_len"``).
-    by : str
-        The data variable to maximize (``largest=False``: minimize).
+    objective : str
+        The data variable to optimize.
     where, constraints
         Which points count (see :func:`mask`); ``admissible`` by default.
+    direction : {"maximize", "minimize"}, optional
+        By default the objective's direction of better (see :func:`top_k`).
+    block_points : int
+        Points scanned at a time.
     allow_partial : bool
         Accept a cube that is not finished (``complete = 0``).
+    by, largest, slab_points
+        Deprecated spellings of ``objective``, ``direction`` and ``block_points``.
 
     Returns
     -------
@@ -297,13 +217,16 @@ def best_along(cube: xr.Dataset, dims, by: str = "mfu", where=None, largest: boo
         that slice is selected; the other variables are then masked: NaN).
     """
     _check_complete(cube, allow_partial)
+    objective, keyword = _objective(objective, by)
+    direction = direction_of(objective, direction, largest)
+    block_points = _block_points(block_points, slab_points)
     dims = (dims,) if isinstance(dims, str) else tuple(dims)
     all_dims = _cube_dims(cube)
     for d in dims:
         if d not in all_dims:
             raise KeyError(f"dims must be dims of the cube ({', '.join(all_dims)}), "
                            f"but got {d!r}")
-    _require(cube, by, "by")
+    _require(cube, objective, keyword)
     others = tuple(d for d in all_dims if d not in dims)
     order = dims + others
     group_shape = tuple(cube.sizes[d] for d in dims)
@@ -311,12 +234,12 @@ def best_along(cube: xr.Dataset, dims, by: str = "mfu", where=None, largest: boo
     best = np.full(groups, np.inf)
     best_at = np.zeros((groups, len(others)), dtype=np.int64)
     found = np.zeros(groups, dtype=bool)
-    sign = _sign(largest)
+    sign = _sign(direction)
 
     if others:
         d0 = others[0]
         inner = int(np.prod([cube.sizes[d] for d in others[1:]], dtype=np.int64)) * groups
-        step = max(1, slab_points // max(1, inner))
+        step = max(1, block_points // max(1, inner))
         ranges = [(lo, min(lo + step, cube.sizes[d0])) for lo in range(0, cube.sizes[d0], step)]
     else:
         ranges = [(0, 0)]
@@ -326,7 +249,7 @@ def best_along(cube: xr.Dataset, dims, by: str = "mfu", where=None, largest: boo
                      if others and isinstance(where, xr.DataArray) and others[0] in where.dims
                      else where)
         selected = _full(mask(sub, sub_where, constraints), sub.sizes, order).reshape(groups, -1)
-        score = sign * _full(sub[by], sub.sizes, order).reshape(groups, -1).astype(np.float64)
+        score = sign * _full(sub[objective], sub.sizes, order).reshape(groups, -1).astype(np.float64)
         score = np.where(selected & ~np.isnan(score), score, np.inf)
         at = np.argmin(score, axis=1)
         slab_best = score[np.arange(groups), at]
@@ -397,25 +320,44 @@ def _front_nd(values, batch=1024):
     return np.sort(order[on_front[group]])
 
 
+def _objectives(objectives) -> dict:
+    """``objectives`` (default :data:`DEFAULT_OBJECTIVES`) with optuna's direction words."""
+    objectives = dict(DEFAULT_OBJECTIVES if objectives is None else objectives)
+    if len(objectives) < 2:
+        raise ValueError(f"objectives must name at least 2 variables, but got {objectives!r}")
+    old_words = any(isinstance(v, str) and v in OLD_DIRECTIONS for v in objectives.values())
+    checked = {}
+    for name, value in objectives.items():
+        checked[name] = checked_direction(value, f"objectives[{name!r}]", old_words=old_words,
+                                          stacklevel=4)
+    return checked
+
+
 def _front(values):
     return _front_2d(values) if values.shape[1] == 2 else _front_nd(values)
 
 
 def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=None,
                  constraints: Optional[Mapping] = None, *,
-                 slab_points: int = SLAB_POINTS, allow_partial: bool = False) -> xr.Dataset:
+                 block_points: int = BLOCK_POINTS, allow_partial: bool = False,
+                 slab_points: Optional[int] = None) -> xr.Dataset:
     """The Pareto-optimal points of ``cube`` over 2 or 3 (or more) objectives.
 
     Parameters
     ----------
     cube : xarray.Dataset
-    objectives : mapping of str -> "max" or "min"
-        Data variables and their senses; by default :data:`DEFAULT_OBJECTIVES`
-        (``mfu`` up, ``n_accelerators`` and ``memory_footprint`` down).
+    objectives : mapping of str -> "maximize" or "minimize"
+        Data variables and their directions; by default :data:`DEFAULT_OBJECTIVES`
+        (``mfu`` maximized, ``n_accelerators`` and ``memory_footprint``
+        minimized). ``"max"`` and ``"min"`` are deprecated spellings.
     where, constraints
         Which points count (see :func:`mask`); ``admissible`` by default.
+    block_points : int
+        Points scanned at a time.
     allow_partial : bool
         Accept a cube that is not finished (``complete = 0``).
+    slab_points
+        Deprecated spelling of ``block_points``.
 
     Returns
     -------
@@ -432,14 +374,10 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
     slab's own front is found first, so only its members meet the others.
     """
     _check_complete(cube, allow_partial)
-    objectives = dict(DEFAULT_OBJECTIVES if objectives is None else objectives)
-    if len(objectives) < 2:
-        raise ValueError(f"objectives must name at least 2 variables, but got {objectives!r}")
-    for name, sense in objectives.items():
-        if sense not in _SENSES:
-            raise ValueError(f"objectives[{name!r}] must be 'max' or 'min', but got {sense!r}")
+    slab_points = _block_points(block_points, slab_points)
+    objectives = _objectives(objectives)
     names = list(objectives)
-    signs = [-1.0 if objectives[n] == "max" else 1.0 for n in names]
+    signs = [_sign(objectives[n]) for n in names]
     all_values, all_flat = [], []
     for values, flat in _candidates(cube, names, signs, where, constraints, slab_points):
         keep = _front(values)

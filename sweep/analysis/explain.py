@@ -1,0 +1,120 @@
+"""Why #1 wins: where a layout's step time goes, and how the runner-up loses, term by term.
+
+    >>> from sweep.analysis import explain_runner_up
+    >>> explain_runner_up(spec, winner, runner_up)   # doctest: +SKIP
+    'Why #1 wins: #2 (pp_size 4->8) has 3.1% lower MFU; its step is 3.2% longer (+41 ms): ...'
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+import solver
+from solver.outputs import exposed_dp_time, n_accelerators
+
+from .. import grid
+
+__all__ = ["step_components", "explain_runner_up"]
+
+
+def _plain(value):
+    """A numpy scalar (or 0-d array) as a plain Python value."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _fmt(value) -> str:
+    """A coordinate value as text: ``true``, ``0.5``, ``Llama3_70B``."""
+    value = _plain(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _seconds(value: float) -> str:
+    """A duration [s] with its sign: ``+12 ms``, ``-1.23 s``."""
+    sign = "+" if value >= 0 else "-"
+    value = abs(value)
+    if value >= 1:
+        return f"{sign}{value:.2f} s"
+    if value >= 1e-3:
+        return f"{sign}{value * 1e3:.3g} ms"
+    return f"{sign}{value * 1e6:.3g} us"
+
+
+def step_components(out: Mapping, straggler_factor: float = 1.0) -> dict:
+    """Where one layout's step time goes [s]: the terms that sum to ``step_latency_total``.
+
+    Parameters
+    ----------
+    out : mapping
+        ``solver.solve`` outputs for one layout (scalars).
+    straggler_factor : float
+        The layout's knob (the reference scales the whole step by it when > 1).
+
+    Returns
+    -------
+    dict
+        ``replica compute`` (the replica's roofline step), ``exposed DP
+        communication`` (the share overlap does not hide:
+        :func:`solver.outputs.exposed_dp_time`), ``TP communication``,
+        ``EP communication`` and ``pipeline bubble``, each scaled by the
+        straggler factor, so that they sum to the step time.
+    """
+    scale = max(float(straggler_factor), 1.0)
+    terms = {"replica compute": out["node_latency"],
+             "exposed DP communication": exposed_dp_time(out, straggler_factor),
+             "TP communication": out["tp_communication_latency"],
+             "EP communication": out["ep_communication_latency"],
+             "pipeline bubble": out["pipeline_bubble_latency"]}
+    return {name: float(value) * scale for name, value in terms.items()}
+
+
+def _price(spec, coords: Mapping) -> dict:
+    """One layout priced again (float64): its numeric outputs, components and accelerators."""
+    workload, fleet, knobs = grid.point(spec, coords)
+    out = solver.solve(workload, fleet, **knobs)
+    values = {name: float(np.asarray(v)) for name, v in out.items() if np.asarray(v).dtype != bool}
+    values["components"] = step_components(out, knobs.get("straggler_factor", 1.0))
+    values["n_accelerators"] = round(float(n_accelerators(out, knobs)))
+    return values
+
+
+def explain_runner_up(spec, winner: Mapping, runner_up: Mapping) -> str:
+    """One line: why ``runner_up`` has a lower MFU than ``winner``, term by term.
+
+    Both layouts (dim -> value, as in the cube) are priced again with
+    ``solver.solve`` (float64) and their step-time components compared
+    (see :func:`step_components`).
+
+    Parameters
+    ----------
+    spec : Spec
+        The sweep the layouts come from (for the fixed knobs).
+    winner, runner_up : mapping
+        Coordinates of the two layouts (every dim of ``spec``).
+
+    Returns
+    -------
+    str
+    """
+    first = _price(spec, {d: winner[d] for d in spec.dims})
+    second = _price(spec, {d: runner_up[d] for d in spec.dims})
+    changed = [f"{d} {_fmt(winner[d])}->{_fmt(runner_up[d])}" for d in spec.dims
+               if _fmt(winner[d]) != _fmt(runner_up[d])]
+    loss = (first["mfu"] - second["mfu"]) / first["mfu"] * 100
+    step = second["step_latency_total"] - first["step_latency_total"]
+    diffs = {k: second["components"][k] - first["components"][k] for k in first["components"]}
+    biggest = max((abs(v) for v in diffs.values()), default=0.0)
+    shown = sorted((kv for kv in diffs.items()
+                    if abs(kv[1]) > max(1e-7, 0.02 * biggest)), key=lambda kv: -abs(kv[1]))[:4]
+    terms = ", ".join(f"{_seconds(v)} {k}" for k, v in shown) or "no step-time term differs"
+    relative = step / first["step_latency_total"] * 100
+    what = "longer" if step >= 0 else "shorter"
+    count = (f" on {second['n_accelerators']} accelerators instead of {first['n_accelerators']}"
+             if second["n_accelerators"] != first["n_accelerators"] else "")
+    return (f"Why #1 wins: #2 ({', '.join(changed) or 'same layout'}) has {loss:.1f}% lower "
+            f"MFU{count}; its step is {abs(relative):.1f}% {what} ({_seconds(step)}): {terms}.")

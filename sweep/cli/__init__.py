@@ -1,0 +1,114 @@
+"""The command line: ``layout-sweep`` (or ``python -m sweep``).
+
+With no command it runs the main job: the built-in default sweep
+(``configs/sweeps/default.toml``: Llama-3.1-70B on 1024 H100s, ~1.3 million
+layouts) in memory, prints the best layout of each parallel split with one
+line on why the runner-up loses, and writes the cube to ``default_cube.nc``.
+
+Commands::
+
+    layout-sweep run SPEC [-o cube.nc] [--jobs N] [--resume] [--block-points N]
+    layout-sweep search SPEC [--trials N] [--seed S] [--memory-limit "72 GB"|0.9]
+                             [--objective mfu] [--minimize|--maximize]
+                             [--sampler tpe|nsga2|random|grid]
+                             [--storage URL|file.log] [--study-name NAME] [--exact] [-k K]
+    layout-sweep top CUBE [--objective mfu] [-k 10] [--minimize|--maximize] [--where admissible]
+                          [--memory-limit ...] [--max-accelerators N] [--select dim=value ...]
+    layout-sweep show CUBE
+    layout-sweep catalog [workloads|fleets|accelerators|nodes|fabrics]
+    layout-sweep plot CUBE --kind heatmap|line|pareto [--var mfu] [--x DIM] [--y DIM]
+                           [--hue DIM] [--reduce max|min|mean] [--select dim=value ...]
+                           [--where admissible] [-o file.png]
+
+Errors in what the user gave (a missing file, a spec key, a catalog name, a
+variable, a ``--select``) print one line to stderr, naming where, what was
+expected and what came, with close matches, and exit with status 2. Success
+exits 0; an interrupt exits 130.
+
+One module per command (``main_job``, ``run``, ``search``, ``top``, ``show``,
+``catalog``, ``plot``), each with ``command(args) -> exit status``; the parser
+in :mod:`~sweep.cli.parser`, text in :mod:`~sweep.cli.format`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional, Sequence
+
+from solver.catalog import CatalogError
+
+from ..analysis import explain_runner_up, step_components
+from ..limits import MemoryLimitError
+from ..spec import SpecError
+from . import catalog, main_job, plot, run, search, show, top
+from ._common import (_PROG, DEFAULT_CUBE, DEFAULT_SPEC, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
+                      UsageError, _one_line)
+from .format import format_table
+from .parser import build_parser
+
+__all__ = [
+    "main",
+    "build_parser",
+    "UsageError",
+    "DEFAULT_SPEC",
+    "DEFAULT_CUBE",
+    "format_table",
+    "explain_runner_up",
+    "step_components",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "EXIT_INTERRUPTED",
+]
+
+
+_COMMANDS = {"run": run.command, "search": search.command, "top": top.command,
+             "show": show.command, "catalog": catalog.command, "plot": plot.command}
+
+
+def _dispatch(args) -> int:
+    if args.command is None:
+        args.output, args.top, args.jobs = args.main_output, args.main_top, args.main_jobs
+        args.no_progress, args.spec = args.main_no_progress, args.main_spec
+        return main_job.command(args)
+    return _COMMANDS[args.command](args)
+
+
+def main(argv: Optional[Sequence[str]] = None, *, prog: str = _PROG) -> int:
+    """Run the command line; return the exit status.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Arguments (default: ``sys.argv[1:]``).
+    prog : str
+        The program's name in messages.
+
+    Returns
+    -------
+    int
+        0 on success, 2 for a user error (one line on stderr), 130 when interrupted.
+    """
+    parser = build_parser(prog)
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as done:  # --help, --version
+            return int(done.code or 0)
+        args.prog = prog
+        return _dispatch(args)
+    except (UsageError, SpecError, CatalogError, MemoryLimitError) as err:
+        message = _one_line(err)
+        if not message.startswith(prog):
+            message = f"{prog}: error: {message}"
+        print(message, file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `layout-sweep catalog | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+

@@ -1,0 +1,81 @@
+"""What every command shares: exit statuses, the one-line usage error, default files."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import sys
+from pathlib import Path
+
+from ..spec import builtin_spec
+
+__all__ = ["UsageError", "DEFAULT_SPEC", "DEFAULT_CUBE", "EXIT_OK", "EXIT_USAGE",
+           "EXIT_INTERRUPTED"]
+
+
+#: The main job's sweep.
+#: The main job's spec: ``configs/sweeps/default.toml`` as installed with the package.
+DEFAULT_SPEC = builtin_spec("default")
+
+
+#: Where the main job writes its cube (in the current directory).
+DEFAULT_CUBE = "default_cube.nc"
+
+EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
+
+
+_PROG = "layout-sweep"
+
+
+_GB = 1e9
+
+
+_SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "dp_size")
+
+
+_CATALOG_KINDS = ("workloads", "fleets", "accelerators", "nodes", "fabrics")
+
+
+_PLOT_KINDS = ("heatmap", "line", "pareto")
+
+
+_SAMPLERS = ("tpe", "nsga2", "random", "grid")
+
+
+class UsageError(Exception):
+    """A mistake in what the user gave: reported in one line, exit status 2."""
+
+
+def _suggest(name, choices) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``choices`` (or one it begins), else ``""``."""
+    choices = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(name), choices, n=1, cutoff=0.5)
+    close = close or [c for c in choices if name and c.startswith(str(name))][:1]
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_output(path, flag) -> Path:
+    """``path`` as a Path, if its directory exists (else a :class:`UsageError`)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise UsageError(f"{flag}: expected a file in an existing directory, but got {str(path)!r} "
+                         f"({path.parent} does not exist)")
+    return path
+
+
+def _progress(args) -> bool:
+    return not args.no_progress and sys.stderr.isatty()
+
+
+def _one_line(message: str) -> str:
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def _keyword(func, new: str, old: str) -> str:
+    """``new`` if ``func`` takes a keyword of that name, else its old spelling ``old``.
+
+    For the renames that land in other modules on their own schedule (``sweep.run``'s
+    ``block_points=``, ``sweep.search``'s ``k=``): the command line works with both.
+    """
+    # TODO(merge): call with the new keyword directly once run and search take it.
+    return new if new in inspect.signature(func).parameters else old

@@ -1,0 +1,46 @@
+"""``run``: a spec's sweep streamed into a cube file."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ..spec import load_spec
+from ._common import EXIT_INTERRUPTED, EXIT_OK, UsageError, _check_output, _keyword, _progress
+from .format import _human_bytes
+
+__all__ = ["command"]
+
+
+def command(args) -> int:
+    """``run``: stream a spec's sweep into a cube file and summarize it."""
+    import sweep
+
+    spec = load_spec(args.spec)
+    path = _check_output(args.output or f"{spec.name}.nc", "-o")
+    before = path.stat().st_mtime_ns if path.exists() else None
+    started = time.perf_counter()
+    try:
+        blocks = ({_keyword(sweep.run, "block_points", "max_points"): args.block_points}
+                  if args.block_points else {})
+        cube = sweep.run(spec, n_jobs=args.jobs, path=path, progress=_progress(args),
+                         resume=args.resume, **blocks)
+    except KeyboardInterrupt:
+        print(f"{args.prog}: interrupted; the sweep so far is in {path}.partial: continue it "
+              f"with `{args.prog} run {args.spec} -o {path} --resume`", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except FileExistsError as err:  # staged blocks of an earlier run, and no --resume
+        raise UsageError(f"{err} (on the command line: add --resume)") from None
+    elapsed = time.perf_counter() - started
+    shape = " x ".join(f"{d} {n}" for d, n in zip(spec.dims, spec.shape))
+    admissible = int(cube["admissible"].sum())
+    print(f"{spec.name}: {spec.size:,} layouts ({shape})")
+    if args.resume and before is not None and path.stat().st_mtime_ns == before:
+        print(f"{path} already holds this finished sweep; {admissible:,} admissible")
+        cube.close()
+        return EXIT_OK
+    print(f"priced in {elapsed:.2f} s ({spec.size / max(elapsed, 1e-9):,.0f} layouts/s); "
+          f"{admissible:,} admissible")
+    print(f"wrote {path} ({_human_bytes(path.stat().st_size)})")
+    cube.close()
+    return EXIT_OK

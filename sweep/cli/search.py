@@ -1,0 +1,85 @@
+"""``search``: optuna (or exhaustive) search of a spec; the summary and the top layouts."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+from solver.outputs import DERIVED, OUTPUTS, objective_names
+
+from ..spec import SpecError, load_spec
+from ._common import EXIT_OK, UsageError, _keyword, _progress, _suggest
+from .format import _TABLE_VALUES, _layout_table
+
+__all__ = ["command"]
+
+
+def _search_rows(result) -> tuple:
+    """``(rows, names)`` of a :class:`SearchResult`'s top layouts, for :func:`_layout_table`."""
+    rows = []
+    for entry in result.top:
+        params = {k: v for k, v in entry["params"].items() if v is not None}
+        rows.append({**params, **entry["values"]})
+    dims = []
+    for entry in result.top:
+        dims += [k for k, v in entry["params"].items() if v is not None and k not in dims]
+    return rows, dims
+
+
+def _units(name) -> str:
+    entry = OUTPUTS.get(name) or DERIVED.get(name)
+    return entry.units if entry else ""
+
+
+def _memory_limit(limit):
+    """A parsed ``--memory-limit`` as ``search`` takes it: a fraction, or a size in bytes."""
+    if limit is None or limit.fraction is not None:
+        return None if limit is None else limit.fraction
+    return f"{limit.size!r} B"
+
+
+def _search_options(search, args) -> dict:
+    """The keywords of ``search(spec, ...)`` from the command line's arguments."""
+    options = dict(n_trials=args.trials, seed=args.seed, memory_limit=_memory_limit(
+        args.memory_limit), objective=args.objective, sampler=args.sampler,
+        storage=args.storage, study_name=args.study_name, progress=_progress(args),
+        n_jobs=args.jobs)
+    options[_keyword(search, "k", "top_k")] = args.k
+    if args.exact:
+        options["mode"] = "exact"  # the default mode samples (its name changes: not passed)
+    if args.direction is not None:
+        options["direction"] = args.direction
+    if args.batch_size:
+        options["batch_size"] = args.batch_size
+    return options
+
+
+def command(args) -> int:
+    """``search``: optuna (or exhaustive) search; the summary and the top layouts."""
+    # The module, not sweep.search (the package exports the function under that name).
+    search_mod = importlib.import_module("sweep.search")
+
+    if args.objective not in objective_names():
+        choices = sorted(objective_names())
+        raise UsageError(f"--objective: expected an output of solver.solve or a derived "
+                         f"quantity ({', '.join(choices)}), but got {args.objective!r}"
+                         f"{_suggest(args.objective, choices)}")
+    spec = load_spec(args.spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "no feasible layout": the summary says
+        try:
+            result = search_mod.search(spec, **_search_options(search_mod.search, args))
+        except ValueError as err:  # documented: bad sampler, storage, or a stored study's space
+            if isinstance(err, SpecError):
+                raise
+            raise UsageError(f"search: {err}") from None
+    print(result.summary())
+    if result.top:
+        rows, dims = _search_rows(result)
+        values = [args.objective] + [v for v in _TABLE_VALUES if v != args.objective]
+        values = [v for v in values if v in rows[0]]
+        units = {v: _units(v) for v in values}
+        print()
+        print(f"top {len(rows)} distinct layouts by {args.objective}:")
+        print(_layout_table(rows, dims, values, units))
+    return EXIT_OK

@@ -1,0 +1,82 @@
+"""``show``: dims, variables, masks (with counts) and provenance of a cube."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..cube import MASKS
+from ._common import _GB, EXIT_OK
+from .cubes import _open_cube
+from .format import _count, _human_bytes, _pretty_json, _values_text, format_table
+
+__all__ = ["command"]
+
+
+def _show_facts(attrs) -> list:
+    lines = []
+    try:
+        workloads = json.loads(attrs.get("workloads", "{}"))
+        fleets = json.loads(attrs.get("fleets", "{}"))
+    except ValueError:
+        return lines
+    for key, w in workloads.items():
+        params = w.get("parameters")
+        lines.append(f"  workload {key}: {w.get('kind')}"
+                     + (f", {_count(params)} parameters" if params else "")
+                     + (f", {w['layers']} layers" if w.get("layers") else ""))
+    for key, f in fleets.items():
+        node = f["node"]
+        lines.append(f"  fleet {key}: {f['count']} x {node['accelerators_per_node']} "
+                     f"{node['accelerator']['name']} "
+                     f"({node['accelerator']['memory_capacity'] / _GB:.0f} GB) on "
+                     f"{f['fabric']['name']} ({f['fabric']['bandwidth'] / _GB:.0f} GB/s)")
+    return lines
+
+
+def command(args) -> int:
+    """``show``: dims, variables, masks (with counts) and provenance of a cube."""
+    cube = _open_cube(args.cube, args.allow_partial)
+    attrs = cube.attrs
+    path = Path(args.cube)
+    size = int(np.prod([cube.sizes[d] for d in cube.dims], dtype=np.int64))
+    print(f"{path} ({_human_bytes(path.stat().st_size)}): {attrs.get('title', 'a cube')}")
+    if attrs.get("description"):
+        print(f"  {attrs['description']}")
+    print(*_show_facts(attrs), sep="\n")
+    print(f"\ndims ({len(cube.dims)}; {size:,} points):")
+    print(format_table(["dim", "size", "values"],
+                       [[d, str(cube.sizes[d]), _values_text(cube[d].values)] for d in cube.dims],
+                       left=(0, 2)))
+    print("\nvariables:")
+    every = set(cube.dims)
+    rows = [[n, v.attrs.get("units", ""),
+             "all" if set(v.dims) == every else ", ".join(v.dims) or "-",
+             v.attrs.get("long_name", "")]
+            for n, v in cube.data_vars.items() if n not in MASKS]
+    print(format_table(["name", "units", "dims", "long name"], rows, left=(0, 1, 2, 3)))
+    print("\nmasks:")
+    rows = []
+    for name in MASKS:
+        count = int(cube[name].sum())
+        rows.append([name, f"{count:,}", f"{100 * count / max(size, 1):.1f}%",
+                     cube[name].attrs.get("long_name", "")])
+    print(format_table(["mask", "points", "share", "meaning"], rows, left=(0, 3)))
+    print("\nprovenance:")
+    for key in ("reference", "package", "package_version", "spec_name", "spec_source",
+                "date_created", "history", "memory_limit", "max_accelerators"):
+        if key in attrs:
+            print(f"  {key}: {attrs[key]}")
+    if "fixed" in attrs:
+        print(f"  fixed: {attrs['fixed']}")
+    if "spec" in attrs:
+        print("  spec:")
+        try:
+            text = _pretty_json(json.loads(attrs["spec"]))
+        except ValueError:
+            text = str(attrs["spec"])
+        print("\n".join("    " + line for line in text.splitlines()))
+    cube.close()
+    return EXIT_OK

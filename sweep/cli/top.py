@@ -1,0 +1,53 @@
+"""``top``: the best layouts of a cube as a table."""
+
+from __future__ import annotations
+
+from solver.outputs import MAXIMIZE
+
+from .. import analysis
+from ..analysis._aliases import direction_of
+from ._common import _GB, EXIT_OK
+from .cubes import (_check_variable, _check_where, _constraints, _fixed, _open_cube,
+                    _parse_select, _rows, _split_first, _with_dp)
+from .format import _TABLE_VALUES, _fmt, _layout_table
+
+__all__ = ["command"]
+
+
+def command(args) -> int:
+    """``top``: the best layouts of a cube as a table."""
+    cube = _open_cube(args.cube, args.allow_partial)
+    objective = _check_variable(cube, args.objective,
+                                getattr(args, "objective_flag", "--objective"))
+    direction = direction_of(objective, args.direction)
+    where = _check_where(cube, args.where)
+    select = _parse_select(cube, args.select)
+    if select:
+        cube = cube.sel({d: [v] for d, v in select.items()})
+    constraints = _constraints(args)
+    count = int(analysis.mask(cube, where, constraints).sum())
+    points = analysis.top_k(cube, objective, k=args.k, where=where, direction=direction,
+                            constraints=constraints, allow_partial=args.allow_partial)
+    dims = list(cube.dims)
+    values = [objective] + [v for v in _TABLE_VALUES if v != objective and v in cube.data_vars]
+    rows = [_with_dp(r, _fixed(cube)) for r in _rows(points, dims, values)]
+    if rows:
+        dims = _split_first(dims, rows[0])
+    narrowed = [f"{d}={_fmt(v)}" for d, v in select.items()] + \
+        [f"{k} <= {_constraint_text(k, v)}" for k, v in constraints.items()]
+    print(f"top {len(rows)} of {count:,} {where} layouts by {objective} "
+          f"({'largest' if direction == MAXIMIZE else 'smallest'} first)"
+          + (f", {', '.join(narrowed)}" if narrowed else "") + f": {args.cube}")
+    if rows:
+        units = {v: cube[v].attrs.get("units") for v in values}
+        print(_layout_table(rows, dims, values, units))
+    cube.close()
+    return EXIT_OK
+
+
+def _constraint_text(key, value) -> str:
+    if key == "memory_limit":
+        if value.fraction is not None:
+            return f"{value.fraction:g} of capacity"
+        return f"{value.size / _GB:g} GB"
+    return _fmt(value)
