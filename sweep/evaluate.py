@@ -37,17 +37,13 @@ import numpy as np
 import xarray as xr
 
 import solver
+from solver.blocks import BLOCK_POINTS
 
 from . import cube as cube_
 from . import grid, storage
 from .spec import Spec, load_spec
 
-__all__ = ["run", "DEFAULT_MAX_POINTS", "PROGRESS_MIN_POINTS", "TASK_BYTES"]
-
-#: Points per block: small enough that a block's temporaries stay near the CPU
-#: caches, large enough that numpy's per-call overhead is negligible. 2**16 to
-#: 2**18 measured fastest on the shipped specs.
-DEFAULT_MAX_POINTS = 1 << 17
+__all__ = ["run", "BLOCK_POINTS", "PROGRESS_MIN_POINTS", "TASK_BYTES"]
 #: With ``progress=None``, a bar is shown on a terminal for sweeps this large.
 PROGRESS_MIN_POINTS = 5_000_000
 #: Bytes of results a parallel task returns at most (bounds memory in flight).
@@ -197,17 +193,17 @@ def _parallel(tasks: list, plan: _Plan, n_jobs: int, backend: Optional[str], fil
         yield from parallel(calls)
 
 
-def _task_points(spec: Spec, cube_layout, max_points: int, n_jobs: int, backend) -> int:
+def _task_points(spec: Spec, cube_layout, block_points: int, n_jobs: int, backend) -> int:
     with joblib.parallel_config(backend=backend or "loky"):
         workers = max(1, joblib.effective_n_jobs(n_jobs if n_jobs != 1 or backend != "dask" else -1))
     by_bytes = TASK_BYTES // max(1, cube_layout.bytes_per_point())
     balanced = math.ceil(spec.size / (4 * workers))
-    return max(max_points, min(by_bytes, balanced))
+    return max(block_points, min(by_bytes, balanced))
 
 
 def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
-        max_points: int = DEFAULT_MAX_POINTS, path=None, progress: Optional[bool] = None,
-        resume: bool = False) -> xr.Dataset:
+        block_points: Optional[int] = None, path=None, progress: Optional[bool] = None,
+        resume: bool = False, max_points: Optional[int] = None) -> xr.Dataset:
     """Price every point of a declared space into a labeled cube.
 
     Parameters
@@ -220,8 +216,10 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         joblib backend: ``"loky"`` (default), ``"threading"``, ``"multiprocessing"``,
         or ``"dask"`` to use the ``dask.distributed`` client you created (see the
         module docstring).
-    max_points : int
-        Points per block: bounds the memory of one ``solver.solve`` call.
+    block_points : int, optional
+        Points per block: bounds the memory of one ``solver.solve`` call
+        (:data:`solver.blocks.BLOCK_POINTS` by default). ``max_points`` is a
+        deprecated alias.
     path : str or pathlib.Path, optional
         Stream the cube into this netCDF file instead of memory: finished
         blocks are staged in the directory ``<path>.partial`` (they survive any
@@ -253,8 +251,7 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         process is writing them.
     """
     spec = load_spec(spec)
-    if max_points < 1:
-        raise ValueError(f"max_points must be a whole number >= 1, but got {max_points!r}")
+    block_points = grid.points_per_block(block_points, max_points)
     if resume and path is None:
         raise ValueError("resume=True continues a sweep streamed to a file, so it needs path=, "
                          "but got path=None")
@@ -263,7 +260,7 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         if finished is not None:
             storage.discard_staged(path, spec)
             return finished
-    blocks = list(grid.blocks(spec, max_points))  # raises for continuous axes
+    blocks = list(grid.blocks(spec, block_points))  # raises for continuous axes
     cube_.check_some_valid(spec)
     cube_layout = cube_.layout(spec)
     plan = _make_plan(spec, cube_layout)
@@ -280,10 +277,10 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         arrays = cube_.allocate(cube_layout)
     else:
         writer = storage.StreamWriter(
-            path, cube_layout, spec=spec, max_points=max_points, resume=resume,
+            path, cube_layout, spec=spec, block_points=block_points, resume=resume,
             small={"n_accelerators": cube_.accelerator_counts(spec)})
-        if writer.max_points != max_points:  # resuming: keep the partition already begun
-            blocks = list(grid.blocks(spec, writer.max_points))
+        if writer.block_points != block_points:  # resuming: keep the partition already begun
+            blocks = list(grid.blocks(spec, writer.block_points))
     done = writer.done if writer is not None else set()
     todo = [(n, block) for n, block in enumerate(blocks) if n not in done]
     done_points = sum(b.size for n, b in enumerate(blocks) if n in done)
@@ -299,7 +296,7 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
                     writer.add(n, block.index, _evaluate_block(block, plan))
                 bar.update(block.size)
         else:
-            task_points = _task_points(spec, cube_layout, max_points, n_jobs, backend)
+            task_points = _task_points(spec, cube_layout, block_points, n_jobs, backend)
             tasks = _tasks([block for _, block in todo], task_points)
             numbers = iter([n for n, _ in todo])  # results come back in order
             files = shared.files if shared is not None else None
@@ -327,3 +324,10 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         return cube_.to_dataset(cube_layout, arrays)
     final = writer.finalize()
     return storage.open_cube(final)
+
+
+def __getattr__(name):
+    if name == "DEFAULT_MAX_POINTS":  # the former default here (2**17); now the one default
+        grid.warn_renamed("sweep.evaluate.DEFAULT_MAX_POINTS", "solver.blocks.BLOCK_POINTS")
+        return BLOCK_POINTS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
