@@ -201,6 +201,48 @@ def _task_points(spec: Spec, cube_layout, block_points: int, n_jobs: int, backen
     return max(block_points, min(by_bytes, balanced))
 
 
+def _price_here(todo: list, plan: _Plan, writer, arrays, bar) -> None:
+    """Price ``[(number, block), ...]`` in this process, into ``arrays`` or the ``writer``."""
+    for n, block in todo:
+        if writer is None:
+            _evaluate_block(block, plan, {k: a[block.index] for k, a in arrays.items()})
+        else:
+            writer.add(n, block.index, _evaluate_block(block, plan))
+        bar.update(block.size)
+
+
+def _price_in_parallel(todo: list, plan: _Plan, writer, arrays, bar, results) -> None:
+    """Write the ``results`` of the workers' tasks (in order) into ``arrays`` or the ``writer``.
+
+    Workers that wrote in place (shared arrays) return None for the values.
+    """
+    numbers = iter([n for n, _ in todo])  # results come back in order
+    for task in results:
+        for index, values in task:
+            n = next(numbers)
+            if writer is not None:
+                writer.add(n, index, values)
+            elif values is not None:
+                for name, value in values.items():
+                    arrays[name][index] = value
+            bar.update(math.prod(s.stop - s.start for s in index))
+
+
+def _destination(spec: Spec, cube_layout, *, path, serial: bool, backend, block_points: int,
+                 resume: bool) -> tuple:
+    """``(writer, arrays, shared)``: where the blocks go (a file, arrays, or shared arrays)."""
+    if path is not None:
+        writer = storage.StreamWriter(
+            path, cube_layout, spec=spec, block_points=block_points, resume=resume,
+            small={"n_accelerators": cube_.accelerator_counts(spec)})
+        return writer, None, None
+    if not serial and (backend or "loky") in _SHARED_BACKENDS:
+        full = {n: v.dtype for n, v in cube_layout.variables.items() if v.dims == cube_layout.dims}
+        shared = _SharedArrays(full, cube_layout.shape)
+        return None, shared.arrays, shared
+    return None, cube_.allocate(cube_layout), None
+
+
 def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         block_points: Optional[int] = None, path=None, progress: Optional[bool] = None,
         resume: bool = False, max_points: Optional[int] = None) -> xr.Dataset:
@@ -268,19 +310,12 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     if not serial:
         _check_backend(backend)
 
-    writer, arrays, shared = None, None, None
-    if path is None and not serial and (backend or "loky") in _SHARED_BACKENDS:
-        full = {n: v.dtype for n, v in cube_layout.variables.items() if v.dims == cube_layout.dims}
-        shared = _SharedArrays(full, cube_layout.shape)
-        arrays = shared.arrays
-    elif path is None:
-        arrays = cube_.allocate(cube_layout)
-    else:
-        writer = storage.StreamWriter(
-            path, cube_layout, spec=spec, block_points=block_points, resume=resume,
-            small={"n_accelerators": cube_.accelerator_counts(spec)})
-        if writer.block_points != block_points:  # resuming: keep the partition already begun
-            blocks = list(grid.blocks(spec, writer.block_points))
+    writer, arrays, shared = _destination(spec, cube_layout, path=path, serial=serial,
+                                          backend=backend, block_points=block_points,
+                                          resume=resume)
+    if writer is not None and writer.block_points != block_points:
+        block_points = writer.block_points  # resuming: keep the partition already begun
+        blocks = list(grid.blocks(spec, block_points))
     done = writer.done if writer is not None else set()
     todo = [(n, block) for n, block in enumerate(blocks) if n not in done]
     done_points = sum(b.size for n, b in enumerate(blocks) if n in done)
@@ -289,26 +324,13 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     try:
         bar = _progress_bar(spec, progress, done_points)
         if serial:
-            for n, block in todo:
-                if writer is None:
-                    _evaluate_block(block, plan, {k: a[block.index] for k, a in arrays.items()})
-                else:
-                    writer.add(n, block.index, _evaluate_block(block, plan))
-                bar.update(block.size)
+            _price_here(todo, plan, writer, arrays, bar)
         else:
             task_points = _task_points(spec, cube_layout, block_points, n_jobs, backend)
-            tasks = _tasks([block for _, block in todo], task_points)
-            numbers = iter([n for n, _ in todo])  # results come back in order
             files = shared.files if shared is not None else None
-            for results in _parallel(tasks, plan, n_jobs, backend, files):
-                for index, values in results:
-                    n = next(numbers)
-                    if writer is not None:
-                        writer.add(n, index, values)
-                    elif values is not None:
-                        for name, value in values.items():
-                            arrays[name][index] = value
-                    bar.update(math.prod(s.stop - s.start for s in index))
+            _price_in_parallel(todo, plan, writer, arrays, bar,
+                               _parallel(_tasks([b for _, b in todo], task_points), plan, n_jobs,
+                                         backend, files))
     except BaseException:
         if writer is not None:
             writer.close()  # stages the blocks finished so far

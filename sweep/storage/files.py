@@ -1,4 +1,4 @@
-"""Whole cubes as files: :func:`save` (atomic), :func:`open_cube` (lazy; refuses unfinished ones)."""
+"""Whole cubes as files: :func:`save` (atomic) and :func:`open_cube` (lazy, refuses unfinished)."""
 
 from __future__ import annotations
 

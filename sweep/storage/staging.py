@@ -1,4 +1,4 @@
-"""The staging directory of a streamed sweep: its lock, its manifest, its block files, the resume check.
+"""The staging directory of a streamed sweep: lock, manifest, block files and the resume check.
 
 ``<path>.partial/`` holds
 
@@ -254,7 +254,7 @@ def discard_staged(path, spec: Spec) -> bool:
 # ------------------------------------------------------------------ a staging directory held
 
 class Staging:
-    """A staging directory held (locked) by this process; make one with :meth:`create` or :meth:`open`.
+    """A staging directory held (locked) by this process: from :meth:`create` or :meth:`open`.
 
     Attributes
     ----------

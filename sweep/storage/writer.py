@@ -1,4 +1,4 @@
-"""A streamed sweep's writer: the coordinator of the staging directory, the buffer and the assembly."""
+"""A streamed sweep's writer: coordinates the staging directory, the buffer and the assembly."""
 
 from __future__ import annotations
 
