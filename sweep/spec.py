@@ -22,10 +22,10 @@ values), the fixed knob values, constraints and the outputs to keep::
     overlap_comm = true
 
     [constraints]
-    memory_limit = "72 GB"        # bytes, or a fraction of the accelerator's memory (0.9)
+    memory_limit = "72 GB"        # a size, or a fraction of the accelerator's memory (0.9)
     max_accelerators = 512
 
-Axis values: a list, or a helper table: ``powers_of_two = N`` (1..N),
+Axis values (read by :mod:`sweep.axes`): a list, or a helper table: ``powers_of_two = N`` (1..N),
 ``divisors_of = "fleet" | "layers" | N``, ``from``/``to`` with ``step`` (default 1
 for whole numbers) or ``num`` (evenly spaced; ``log = true`` for geometric); one
 form per axis, at most :data:`MAX_AXIS_VALUES` values. A ``from``/``to`` range of
@@ -33,7 +33,9 @@ floats with neither ``step`` nor ``num`` is continuous: a search samples it, a
 sweep refuses it. Numbers must be finite; whole-number knobs take whole numbers
 below 2**53 (``2.0`` is 2, ``2.5`` is refused); booleans are not numbers. Every
 name is a ``solver.solve`` keyword, plus ``dp_size`` (the cluster is then sized by
-the layout) and ``workload``/``fleet``.
+the layout) and ``workload``/``fleet``. The memory limit is read by the one
+parser, :func:`sweep.limits.parse_memory_limit`: a bare number in (1, 1e6) is
+refused (``80`` surely means ``"80 GB"`` or the fraction 0.8, not 80 bytes).
 """
 
 from __future__ import annotations

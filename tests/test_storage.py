@@ -278,3 +278,19 @@ def test_round_trip_property(tmp_path, tp, mb, dtype, recompute):
     streamed = sweep.run(spec, path=path, block_points=5)
     xr.testing.assert_identical(cube, streamed.load())
     streamed.close()
+
+
+def test_block_buffer_stages_consecutive_blocks_together(monkeypatch):
+    from sweep.storage.buffer import BlockBuffer
+
+    monkeypatch.setattr(storage.buffer, "STAGE_SECONDS", 3600.0)
+    written = []
+    buffer = BlockBuffer(["mfu"], lambda first, stop, arrays: written.append(
+        (first, stop, sorted(arrays))))
+    for n in (0, 1, 2, 5):  # a gap after 2: blocks 0-2 are staged before 5 is gathered
+        buffer.add(n, (slice(n, n + 1),), {"mfu": np.full(1, n), "unused": np.zeros(1)})
+    assert written == [(0, 3, ["b0.index", "b0.mfu", "b1.index", "b1.mfu", "b2.index",
+                               "b2.mfu"])]
+    buffer.flush()
+    buffer.flush()  # nothing gathered: nothing written
+    assert written[1:] == [(5, 6, ["b5.index", "b5.mfu"])]
