@@ -3,7 +3,8 @@
 A cube is an :class:`xarray.Dataset` whose dims are the spec's axes, named
 exactly like the ``solver.solve`` keywords (plus ``dp_size``, ``workload`` and
 ``fleet``), whose coordinates are the axis values, and whose data variables
-are the spec's outputs (``units`` and ``long_name`` from ``solver.OUTPUTS``)
+are the spec's outputs (``units``, ``long_name`` and dtype from the output
+registry, :data:`solver.outputs.OUTPUTS`)
 plus these masks and counts:
 
 ``valid``
@@ -46,13 +47,14 @@ import os
 import platform
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 import xarray as xr
 
 import solver
 from solver.knobs import KNOBS
+from solver.outputs import OUTPUTS
 
 from .spec import Spec, SpecError
 
@@ -74,12 +76,13 @@ COMPLETE = "complete"
 
 #: Boolean masks every cube carries, with their long names.
 MASKS = {
-    "valid": solver.OUTPUTS["valid"][1],
-    "feasible": solver.OUTPUTS["feasible"][1],
+    "valid": OUTPUTS["valid"].long_name,
+    "feasible": OUTPUTS["feasible"].long_name,
     "within_memory_limit": "memory footprint at most the spec's memory limit",
     "admissible": "valid, within the memory limit and within max_accelerators",
 }
 _SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "dp_size")
+_BOOL_OUTPUTS = frozenset(name for name, output in OUTPUTS.items() if output.is_boolean)
 
 
 @dataclass(frozen=True)
@@ -111,19 +114,13 @@ class CubeLayout:
         return sum(v.dtype.itemsize for v in self.variables.values() if v.dims == self.dims)
 
 
-_BOOL_OUTPUTS: list = []
-
-
-def bool_outputs(spec: Spec) -> frozenset:
+def bool_outputs(spec: Optional[Spec] = None) -> frozenset:
     """Names of the solver outputs that are boolean (``valid``, ``feasible``, ...).
 
-    Read once from the dtypes of one ``solver.solve`` call (they do not depend
-    on the workload or fleet).
+    Read from the output registry (:data:`solver.outputs.OUTPUTS`); they do not
+    depend on the spec (the argument is kept for the callers that pass it).
     """
-    if not _BOOL_OUTPUTS:
-        out = solver.solve(next(iter(spec.workloads.values())), next(iter(spec.fleets.values())))
-        _BOOL_OUTPUTS.append(frozenset(n for n, v in out.items() if v.dtype == bool))
-    return _BOOL_OUTPUTS[0]
+    return _BOOL_OUTPUTS
 
 
 def _facts(value):
@@ -201,15 +198,15 @@ def layout(spec: Spec) -> CubeLayout:
     """The dims, coordinates, variables and attributes of ``spec``'s cube."""
     dims, shape = spec.dims, spec.shape
     coords = {axis.name: _coordinate(axis) for axis in spec.axes}
-    booleans = bool_outputs(spec)
     float_dtype = np.dtype(spec.dtype)
     variables = {}
     for name in spec.outputs:
         if name in dims:  # the dp_size output when dp_size is an axis: the coordinate says it
             continue
-        units, long_name = solver.OUTPUTS[name]
-        dtype = np.dtype(bool) if name in booleans else float_dtype
-        variables[name] = Variable(dims, dtype, {"units": units, "long_name": long_name})
+        output = OUTPUTS[name]
+        dtype = np.dtype(bool) if output.is_boolean else float_dtype
+        variables[name] = Variable(dims, dtype, {"units": output.units,
+                                                 "long_name": output.long_name})
     for name, long_name in MASKS.items():
         variables[name] = Variable(dims, np.dtype(bool), {"long_name": long_name})
     variables["n_accelerators"] = Variable(

@@ -37,17 +37,13 @@ import numpy as np
 import xarray as xr
 
 import solver
+from solver.blocks import BLOCK_POINTS
 
 from . import cube as cube_
 from . import grid, storage
 from .spec import Spec, load_spec
 
-__all__ = ["run", "DEFAULT_MAX_POINTS", "PROGRESS_MIN_POINTS", "TASK_BYTES"]
-
-#: Points per block: small enough that a block's temporaries stay near the CPU
-#: caches, large enough that numpy's per-call overhead is negligible. 2**16 to
-#: 2**18 measured fastest on the shipped specs.
-DEFAULT_MAX_POINTS = 1 << 17
+__all__ = ["run", "BLOCK_POINTS", "PROGRESS_MIN_POINTS", "TASK_BYTES"]
 #: With ``progress=None``, a bar is shown on a terminal for sweeps this large.
 PROGRESS_MIN_POINTS = 5_000_000
 #: Bytes of results a parallel task returns at most (bounds memory in flight).
@@ -197,17 +193,59 @@ def _parallel(tasks: list, plan: _Plan, n_jobs: int, backend: Optional[str], fil
         yield from parallel(calls)
 
 
-def _task_points(spec: Spec, cube_layout, max_points: int, n_jobs: int, backend) -> int:
+def _task_points(spec: Spec, cube_layout, block_points: int, n_jobs: int, backend) -> int:
     with joblib.parallel_config(backend=backend or "loky"):
         workers = max(1, joblib.effective_n_jobs(n_jobs if n_jobs != 1 or backend != "dask" else -1))
     by_bytes = TASK_BYTES // max(1, cube_layout.bytes_per_point())
     balanced = math.ceil(spec.size / (4 * workers))
-    return max(max_points, min(by_bytes, balanced))
+    return max(block_points, min(by_bytes, balanced))
+
+
+def _price_here(todo: list, plan: _Plan, writer, arrays, bar) -> None:
+    """Price ``[(number, block), ...]`` in this process, into ``arrays`` or the ``writer``."""
+    for n, block in todo:
+        if writer is None:
+            _evaluate_block(block, plan, {k: a[block.index] for k, a in arrays.items()})
+        else:
+            writer.add(n, block.index, _evaluate_block(block, plan))
+        bar.update(block.size)
+
+
+def _price_in_parallel(todo: list, plan: _Plan, writer, arrays, bar, results) -> None:
+    """Write the ``results`` of the workers' tasks (in order) into ``arrays`` or the ``writer``.
+
+    Workers that wrote in place (shared arrays) return None for the values.
+    """
+    numbers = iter([n for n, _ in todo])  # results come back in order
+    for task in results:
+        for index, values in task:
+            n = next(numbers)
+            if writer is not None:
+                writer.add(n, index, values)
+            elif values is not None:
+                for name, value in values.items():
+                    arrays[name][index] = value
+            bar.update(math.prod(s.stop - s.start for s in index))
+
+
+def _destination(spec: Spec, cube_layout, *, path, serial: bool, backend, block_points: int,
+                 resume: bool) -> tuple:
+    """``(writer, arrays, shared)``: where the blocks go (a file, arrays, or shared arrays)."""
+    if path is not None:
+        writer = storage.StreamWriter(
+            path, cube_layout, spec=spec, block_points=block_points, resume=resume,
+            small={"n_accelerators": cube_.accelerator_counts(spec)})
+        return writer, None, None
+    if not serial and (backend or "loky") in _SHARED_BACKENDS:
+        full = {n: v.dtype for n, v in cube_layout.variables.items() if v.dims == cube_layout.dims}
+        shared = _SharedArrays(full, cube_layout.shape)
+        return None, shared.arrays, shared
+    return None, cube_.allocate(cube_layout), None
 
 
 def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
-        max_points: int = DEFAULT_MAX_POINTS, path=None, progress: Optional[bool] = None,
-        resume: bool = False) -> xr.Dataset:
+        block_points: Optional[int] = None, path=None, progress: Optional[bool] = None,
+        resume: bool = False, max_points: Optional[int] = None) -> xr.Dataset:
     """Price every point of a declared space into a labeled cube.
 
     Parameters
@@ -220,8 +258,10 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         joblib backend: ``"loky"`` (default), ``"threading"``, ``"multiprocessing"``,
         or ``"dask"`` to use the ``dask.distributed`` client you created (see the
         module docstring).
-    max_points : int
-        Points per block: bounds the memory of one ``solver.solve`` call.
+    block_points : int, optional
+        Points per block: bounds the memory of one ``solver.solve`` call
+        (:data:`solver.blocks.BLOCK_POINTS` by default). ``max_points`` is a
+        deprecated alias.
     path : str or pathlib.Path, optional
         Stream the cube into this netCDF file instead of memory: finished
         blocks are staged in the directory ``<path>.partial`` (they survive any
@@ -253,8 +293,7 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         process is writing them.
     """
     spec = load_spec(spec)
-    if max_points < 1:
-        raise ValueError(f"max_points must be a whole number >= 1, but got {max_points!r}")
+    block_points = grid.points_per_block(block_points, max_points)
     if resume and path is None:
         raise ValueError("resume=True continues a sweep streamed to a file, so it needs path=, "
                          "but got path=None")
@@ -263,7 +302,7 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         if finished is not None:
             storage.discard_staged(path, spec)
             return finished
-    blocks = list(grid.blocks(spec, max_points))  # raises for continuous axes
+    blocks = list(grid.blocks(spec, block_points))  # raises for continuous axes
     cube_.check_some_valid(spec)
     cube_layout = cube_.layout(spec)
     plan = _make_plan(spec, cube_layout)
@@ -271,19 +310,12 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     if not serial:
         _check_backend(backend)
 
-    writer, arrays, shared = None, None, None
-    if path is None and not serial and (backend or "loky") in _SHARED_BACKENDS:
-        full = {n: v.dtype for n, v in cube_layout.variables.items() if v.dims == cube_layout.dims}
-        shared = _SharedArrays(full, cube_layout.shape)
-        arrays = shared.arrays
-    elif path is None:
-        arrays = cube_.allocate(cube_layout)
-    else:
-        writer = storage.StreamWriter(
-            path, cube_layout, spec=spec, max_points=max_points, resume=resume,
-            small={"n_accelerators": cube_.accelerator_counts(spec)})
-        if writer.max_points != max_points:  # resuming: keep the partition already begun
-            blocks = list(grid.blocks(spec, writer.max_points))
+    writer, arrays, shared = _destination(spec, cube_layout, path=path, serial=serial,
+                                          backend=backend, block_points=block_points,
+                                          resume=resume)
+    if writer is not None and writer.block_points != block_points:
+        block_points = writer.block_points  # resuming: keep the partition already begun
+        blocks = list(grid.blocks(spec, block_points))
     done = writer.done if writer is not None else set()
     todo = [(n, block) for n, block in enumerate(blocks) if n not in done]
     done_points = sum(b.size for n, b in enumerate(blocks) if n in done)
@@ -292,26 +324,13 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     try:
         bar = _progress_bar(spec, progress, done_points)
         if serial:
-            for n, block in todo:
-                if writer is None:
-                    _evaluate_block(block, plan, {k: a[block.index] for k, a in arrays.items()})
-                else:
-                    writer.add(n, block.index, _evaluate_block(block, plan))
-                bar.update(block.size)
+            _price_here(todo, plan, writer, arrays, bar)
         else:
-            task_points = _task_points(spec, cube_layout, max_points, n_jobs, backend)
-            tasks = _tasks([block for _, block in todo], task_points)
-            numbers = iter([n for n, _ in todo])  # results come back in order
+            task_points = _task_points(spec, cube_layout, block_points, n_jobs, backend)
             files = shared.files if shared is not None else None
-            for results in _parallel(tasks, plan, n_jobs, backend, files):
-                for index, values in results:
-                    n = next(numbers)
-                    if writer is not None:
-                        writer.add(n, index, values)
-                    elif values is not None:
-                        for name, value in values.items():
-                            arrays[name][index] = value
-                    bar.update(math.prod(s.stop - s.start for s in index))
+            _price_in_parallel(todo, plan, writer, arrays, bar,
+                               _parallel(_tasks([b for _, b in todo], task_points), plan, n_jobs,
+                                         backend, files))
     except BaseException:
         if writer is not None:
             writer.close()  # stages the blocks finished so far
@@ -327,3 +346,10 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         return cube_.to_dataset(cube_layout, arrays)
     final = writer.finalize()
     return storage.open_cube(final)
+
+
+def __getattr__(name):
+    if name == "DEFAULT_MAX_POINTS":  # the former default here (2**17); now the one default
+        grid.warn_renamed("sweep.evaluate.DEFAULT_MAX_POINTS", "solver.blocks.BLOCK_POINTS")
+        return BLOCK_POINTS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,9 @@
 """Cut a spec's grid into blocks of open-mesh knob arrays for ``solver.solve``.
 
 A block is one (workload, fleet) pair and a C-ordered slab of the remaining
-axes, at most ``max_points`` points. Its knobs form an open mesh over *all*
+axes, at most ``block_points`` points (:data:`solver.blocks.BLOCK_POINTS` by
+default, the one default of the solver's chunks, grid blocks, ``sweep.run`` and
+the analysis slabs). Its knobs form an open mesh over *all*
 the spec's dims (the categorical ``workload`` and ``fleet`` dims have length 1),
 so ``solver.solve(block.workload, block.fleet, **block.knobs)`` returns arrays of
 exactly ``block.shape``, ready to be written at ``block.index`` of the cube.
@@ -10,20 +12,22 @@ Each term inside the solver is then computed on the axes it depends on.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 
+from solver.blocks import BLOCK_POINTS
 from solver.specs import Fleet, Workload
 
 from .spec import Spec, SpecError, load_spec
 
-__all__ = ["Block", "blocks", "point", "DEFAULT_BLOCK_POINTS"]
+__all__ = ["Block", "blocks", "point", "points_per_block", "warn_renamed", "BLOCK_POINTS",
+           "DEFAULT_BLOCK_POINTS"]
 
-#: Points per block by default: bounded memory per worker, big enough that
-#: numpy's per-call overhead is negligible.
-DEFAULT_BLOCK_POINTS = 1 << 18
+#: Former name of :data:`solver.blocks.BLOCK_POINTS` here (the same value).
+DEFAULT_BLOCK_POINTS = BLOCK_POINTS
 
 _CATEGORICAL = ("workload", "fleet")
 
@@ -57,16 +61,59 @@ def _axis_array(values, ndim, position, lo, hi):
     return values[lo:hi].reshape(shape)
 
 
-def blocks(spec: Spec, max_points: int = DEFAULT_BLOCK_POINTS) -> Iterator[Block]:
-    """Blocks covering the spec's grid once, in C order.
+def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
+    """Warn (:class:`DeprecationWarning`) that ``old`` is now spelled ``new``."""
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=stacklevel)
+
+
+def points_per_block(block_points: Optional[int] = None, max_points: Optional[int] = None, *,
+                     stacklevel: int = 4) -> int:
+    """The points per block asked for: ``block_points``, or the deprecated ``max_points``.
+
+    Parameters
+    ----------
+    block_points : int, optional
+        Points per block; :data:`solver.blocks.BLOCK_POINTS` when None.
+    max_points : int, optional
+        The former name of ``block_points`` (warns :class:`DeprecationWarning`).
+
+    Raises
+    ------
+    TypeError
+        If both are given.
+    ValueError
+        If the number is not a whole number >= 1 (named as it was spelled).
+    """
+    name = "block_points"
+    if max_points is not None:
+        if block_points is not None:
+            raise TypeError("got both block_points= and its deprecated alias max_points=; "
+                            "pass block_points= only")
+        warn_renamed("max_points=", "block_points=", stacklevel)
+        block_points, name = max_points, "max_points"
+    if block_points is None:
+        return BLOCK_POINTS
+    if isinstance(block_points, bool) or not isinstance(block_points, (int, np.integer)) \
+            or block_points < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, but got {block_points!r}")
+    return int(block_points)
+
+
+def blocks(spec: Spec, block_points: int = BLOCK_POINTS, *,
+           max_points: Optional[int] = None) -> Iterator[Block]:
+    """Blocks covering the spec's grid once, in C order, of at most ``block_points`` points.
+
+    ``max_points`` is a deprecated alias of ``block_points``.
 
     Raises
     ------
     SpecError
         If an axis is a continuous range (only a search can use it).
+    ValueError
+        If ``block_points`` is not a whole number >= 1.
     """
-    if max_points < 1:
-        raise ValueError(f"max_points must be >= 1, but got {max_points}")
+    block_points = points_per_block(None if max_points is not None else block_points,
+                                    max_points)
     for axis in spec.axes:
         if axis.is_continuous:
             raise SpecError(f"{spec.source}: axes.{axis.name}: a sweep needs listed values "
@@ -89,8 +136,8 @@ def blocks(spec: Spec, max_points: int = DEFAULT_BLOCK_POINTS) -> Iterator[Block
         inner *= shape[i]
     run_dim, run_length = None, None
     for i in numeric:
-        if inner_sizes[i] <= max_points:
-            run_dim, run_length = i, max(1, max_points // inner_sizes[i])
+        if inner_sizes[i] <= block_points:
+            run_dim, run_length = i, max(1, block_points // inner_sizes[i])
             break
     single = [i for i in numeric if run_dim is None or i < run_dim]
 

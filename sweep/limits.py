@@ -107,8 +107,12 @@ def parse_memory_limit(value, *, where: str = "memory_limit") -> MemoryLimit:
                 size = parse_quantity(text, "bytes", where=where)
             except OverflowError:
                 size = math.inf
+            except ValueError as err:  # an unknown unit, or no number
+                raise MemoryLimitError(str(err)) from None
             if not (math.isfinite(size) and size > 0):
-                raise _refuse(where, value, " (a limit is a finite size > 0)")
+                prefix = f"{where}: " if where else ""
+                raise MemoryLimitError(f"{prefix}expected a finite size > 0 such as '72 GB', "
+                                       f"but got {value!r}")
             return MemoryLimit(size=float(size))
         value = number
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):

@@ -33,7 +33,7 @@ SPEC = {"workload": ["Llama3_70B", "Mixtral_8x7B"], "fleet": "Training_1K", "dty
                  "activation_recomputation": [False, True], "precision": ["bf16", "fp8"]},
         "fixed": {"batch_size": 1024},
         "constraints": {"memory_limit": "72 GB", "max_accelerators": 512}}
-MAX_POINTS = 40  # 256 blocks of 32 points
+BLOCK_POINTS = 40  # 256 blocks of 32 points
 
 CHILD = """
 import json, sys, time
@@ -42,8 +42,8 @@ from sweep import evaluate, storage
 
 spec, path = json.loads(sys.argv[1]), sys.argv[2]
 delay, assembly_delay = float(sys.argv[3]), float(sys.argv[4])
-storage.STAGE_SECONDS = 0.0  # stage each block as soon as it is priced
-real_block, real_write = evaluate._evaluate_block, storage._write
+storage.buffer.STAGE_SECONDS = 0.0  # stage each block as soon as it is priced
+real_block, real_write = evaluate._evaluate_block, storage.assemble._write
 
 def slow_block(*args, **kwargs):
     time.sleep(delay)
@@ -54,9 +54,9 @@ def slow_write(*args, **kwargs):
     return real_write(*args, **kwargs)
 
 evaluate._evaluate_block = slow_block
-storage._write = slow_write
+storage.assemble._write = slow_write
 print("started", flush=True)
-sweep.run(spec, path=path, max_points={max_points})
+sweep.run(spec, path=path, block_points={block_points})
 """
 
 
@@ -74,7 +74,7 @@ def uninterrupted():
 
 def _start(tmp_path, path, delay=0.01, assembly_delay=0.0):
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(max_points=MAX_POINTS))
+    script.write_text(CHILD.format(block_points=BLOCK_POINTS))
     env = {**os.environ, "SOURCE_DATE_EPOCH": EPOCH,
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, str(script), json.dumps(SPEC), str(path),

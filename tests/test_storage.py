@@ -64,7 +64,7 @@ def test_save_compresses(cube, tmp_path):
 def test_streamed_equals_in_memory(spec, n_jobs, tmp_path):
     in_memory = sweep.run(spec)
     path = tmp_path / "streamed.nc"
-    streamed = sweep.run(spec, path=path, max_points=300, n_jobs=n_jobs)
+    streamed = sweep.run(spec, path=path, block_points=300, n_jobs=n_jobs)
     assert not streamed["mfu"].variable._in_memory  # opened lazily
     xr.testing.assert_identical(in_memory, streamed.load())
     assert not partial_path(path).exists()
@@ -90,7 +90,7 @@ def test_streaming_never_allocates_the_cube(monkeypatch, tmp_path):
     def refuse(*args, **kwargs):
         raise AssertionError("a streamed sweep allocated the whole cube")
     monkeypatch.setattr(cube_, "allocate", refuse)
-    sweep.run(SPEC, path=tmp_path / "s.nc", max_points=1000).close()
+    sweep.run(SPEC, path=tmp_path / "s.nc", block_points=1000).close()
 
 
 def _interrupt_after(monkeypatch, calls):
@@ -110,19 +110,19 @@ def test_interrupted_sweep_resumes(monkeypatch, tmp_path):
     with monkeypatch.context() as mp:
         _interrupt_after(mp, 5)
         with pytest.raises(KeyboardInterrupt):
-            sweep.run(SPEC, path=path, max_points=500)
+            sweep.run(SPEC, path=path, block_points=500)
     assert not path.exists() and partial_path(path).is_dir()  # atomic: no half file at path
     assert storage.staged_progress(partial_path(path))[0] == 5  # what was priced is staged
     with pytest.raises(sweep.SpecError, match=r"cannot resume .*\(differs in variables idle_ranks, "
                        r"memory_footprint, step_latency_total; attributes spec\)"):
         sweep.run({**SPEC, "outputs": ["mfu"]}, path=path, resume=True)
-    # The block size of the staged sweep is kept, whatever max_points says now; only the
+    # The block size of the staged sweep is kept, whatever block_points says now; only the
     # missing blocks are priced.
     priced = []
     real = evaluate._evaluate_block
     monkeypatch.setattr(evaluate, "_evaluate_block",
                         lambda block, *a, **k: priced.append(block.index) or real(block, *a, **k))
-    resumed = sweep.run(SPEC, path=path, resume=True, max_points=10_000)
+    resumed = sweep.run(SPEC, path=path, resume=True, block_points=10_000)
     assert len(priced) == len(list(sweep.grid.blocks(sweep.load_spec(SPEC), 500))) - 5
     xr.testing.assert_identical(sweep.run(SPEC), resumed.load())
     resumed.close()
@@ -143,7 +143,7 @@ def test_without_resume_staged_blocks_are_refused_not_replaced(monkeypatch, tmp_
     with monkeypatch.context() as mp:
         _interrupt_after(mp, 2)
         with pytest.raises(KeyboardInterrupt):
-            sweep.run(SPEC, path=path, max_points=500)
+            sweep.run(SPEC, path=path, block_points=500)
     with pytest.raises(FileExistsError, match=r"holds an unfinished sweep of spec 'sweep' "
                                               r"\(2 of \d+ blocks done\): pass resume=True"):
         sweep.run(SPEC, path=path)
@@ -160,7 +160,7 @@ def test_incomplete_cubes_are_refused_unless_allowed(monkeypatch, tmp_path):
     with monkeypatch.context() as mp:
         _interrupt_after(mp, 3)
         with pytest.raises(KeyboardInterrupt):
-            sweep.run(SPEC, path=path, max_points=500)
+            sweep.run(SPEC, path=path, block_points=500)
     with pytest.raises(storage.IncompleteCubeError,
                        match=r"no finished cube at .*half\.nc: only an unfinished sweep staged "
                              r"at .*half\.nc\.partial \(3 of \d+ blocks done\); resume it .*"
@@ -197,7 +197,7 @@ def test_incomplete_cubes_are_refused_unless_allowed(monkeypatch, tmp_path):
 
 def test_kill_during_assembly_repeats_only_the_assembly(monkeypatch, tmp_path):
     path = tmp_path / "assembled.nc"
-    real_write = storage._write
+    real_write = storage.assemble._write
     calls = {"n": 0}
 
     def dying_write(var, index, value):
@@ -206,9 +206,9 @@ def test_kill_during_assembly_repeats_only_the_assembly(monkeypatch, tmp_path):
             raise KeyboardInterrupt("stopped while assembling")
         real_write(var, index, value)
     with monkeypatch.context() as mp:
-        mp.setattr(storage, "_write", dying_write)
+        mp.setattr(storage.assemble, "_write", dying_write)
         with pytest.raises(KeyboardInterrupt):
-            sweep.run(SPEC, path=path, max_points=500)
+            sweep.run(SPEC, path=path, block_points=500)
     assert not path.exists() and not list(tmp_path.glob("assembled.nc.tmp-*"))
     done, total = storage.staged_progress(partial_path(path))
     assert done == total
@@ -226,11 +226,11 @@ def test_a_second_writer_is_refused(tmp_path):
     path = tmp_path / "shared.nc"
     spec = sweep.load_spec(SPEC)
     cube_layout = cube_.layout(spec)
-    first = storage.StreamWriter(path, cube_layout, spec=spec, max_points=500)
+    first = storage.StreamWriter(path, cube_layout, spec=spec, block_points=500)
     with pytest.raises(FileExistsError, match="being written by another process"):
-        storage.StreamWriter(path, cube_layout, spec=spec, max_points=500, resume=True)
+        storage.StreamWriter(path, cube_layout, spec=spec, block_points=500, resume=True)
     first.close()
-    again = storage.StreamWriter(path, cube_layout, spec=spec, max_points=500, resume=True)
+    again = storage.StreamWriter(path, cube_layout, spec=spec, block_points=500, resume=True)
     assert again.done == set()
     again.close()
 
@@ -275,6 +275,22 @@ def test_round_trip_property(tmp_path, tp, mb, dtype, recompute):
     cube = sweep.run(spec)
     path = tmp_path / f"p-{dtype}.nc"
     xr.testing.assert_identical(cube, xr.load_dataset(sweep.save(cube, path)))
-    streamed = sweep.run(spec, path=path, max_points=5)
+    streamed = sweep.run(spec, path=path, block_points=5)
     xr.testing.assert_identical(cube, streamed.load())
     streamed.close()
+
+
+def test_block_buffer_stages_consecutive_blocks_together(monkeypatch):
+    from sweep.storage.buffer import BlockBuffer
+
+    monkeypatch.setattr(storage.buffer, "STAGE_SECONDS", 3600.0)
+    written = []
+    buffer = BlockBuffer(["mfu"], lambda first, stop, arrays: written.append(
+        (first, stop, sorted(arrays))))
+    for n in (0, 1, 2, 5):  # a gap after 2: blocks 0-2 are staged before 5 is gathered
+        buffer.add(n, (slice(n, n + 1),), {"mfu": np.full(1, n), "unused": np.zeros(1)})
+    assert written == [(0, 3, ["b0.index", "b0.mfu", "b1.index", "b1.mfu", "b2.index",
+                               "b2.mfu"])]
+    buffer.flush()
+    buffer.flush()  # nothing gathered: nothing written
+    assert written[1:] == [(5, 6, ["b5.index", "b5.mfu"])]

@@ -55,7 +55,7 @@ def _assert_point(cube, spec, coords):
 def test_random_points_solve_back_the_same():
     rng = np.random.default_rng(SEED)
     spec = sweep.load_spec(_random_spec(rng))
-    cube = sweep.run(spec, max_points=500)  # many blocks
+    cube = sweep.run(spec, block_points=500)  # many blocks
     assert cube.sizes == dict(zip(spec.dims, spec.shape))
     assert cube["valid"].any() and not cube["valid"].all()
     for _ in range(40):
@@ -146,8 +146,8 @@ def test_block_size_does_not_change_the_cube():
                      "microbatch_count": list(range(1, 17)), "zero_stage": [0, 1, 2, 3]},
             "fixed": {"batch_size": 1536}}
     whole = sweep.run(spec)
-    xr.testing.assert_identical(whole, sweep.run(spec, max_points=7))
-    xr.testing.assert_identical(whole, sweep.run(spec, max_points=100))
+    xr.testing.assert_identical(whole, sweep.run(spec, block_points=7))
+    xr.testing.assert_identical(whole, sweep.run(spec, block_points=100))
 
 
 SMALL = {"workload": "Llama3_70B", "fleet": ["Training_1K", "Research_256"], "dtype": "float32",
@@ -160,16 +160,16 @@ SMALL = {"workload": "Llama3_70B", "fleet": ["Training_1K", "Research_256"], "dt
 
 def test_loky_workers_give_the_same_cube():
     serial = sweep.run(SMALL)
-    xr.testing.assert_identical(serial, sweep.run(SMALL, n_jobs=2, max_points=1000))
+    xr.testing.assert_identical(serial, sweep.run(SMALL, n_jobs=2, block_points=1000))
 
 
 def test_dask_backend_gives_the_same_cube():
     distributed = pytest.importorskip("distributed")
-    loky = sweep.run(SMALL, n_jobs=2, max_points=1000)
+    loky = sweep.run(SMALL, n_jobs=2, block_points=1000)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster):
-        on_dask = sweep.run(SMALL, backend="dask", max_points=1000)
+        on_dask = sweep.run(SMALL, backend="dask", block_points=1000)
     xr.testing.assert_identical(loky, on_dask)
 
 
@@ -180,7 +180,7 @@ def test_dask_backend_needs_a_client():
 
 
 def test_progress_bar(capsys):
-    sweep.run(SMALL, progress=True, max_points=1000)
+    sweep.run(SMALL, progress=True, block_points=1000)
     assert "config" in capsys.readouterr().err
     sweep.run(SMALL, progress=False)
     sweep.run(SMALL)  # auto: stderr is not a terminal under pytest
@@ -188,7 +188,39 @@ def test_progress_bar(capsys):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="max_points must be a whole number >= 1, but got 0"):
-        sweep.run(SMALL, max_points=0)
+    with pytest.raises(ValueError, match="block_points must be a whole number >= 1, but got 0"):
+        sweep.run(SMALL, block_points=0)
+    with pytest.deprecated_call(), \
+            pytest.raises(ValueError, match="max_points must be a whole number >= 1, but got 0"):
+        sweep.run(SMALL, max_points=0)  # the deprecated alias is named as it was spelled
     with pytest.raises(ValueError, match="resume=True .* needs path="):
         sweep.run(SMALL, resume=True)
+
+
+def test_max_points_is_a_deprecated_alias_of_block_points():
+    with pytest.warns(DeprecationWarning, match="use block_points="):
+        old = sweep.run(SMALL, max_points=1000)
+    xr.testing.assert_identical(sweep.run(SMALL, block_points=1000), old)
+    with pytest.warns(DeprecationWarning, match="use block_points="):
+        assert len(list(grid.blocks(sweep.load_spec(SMALL), max_points=1000))) == \
+            len(list(grid.blocks(sweep.load_spec(SMALL), 1000)))
+    with pytest.raises(TypeError, match="got both block_points= and"):
+        sweep.run(SMALL, block_points=1000, max_points=1000)
+    with pytest.warns(DeprecationWarning, match="solver.blocks.BLOCK_POINTS"):
+        assert sweep.evaluate.DEFAULT_MAX_POINTS == solver.blocks.BLOCK_POINTS
+    assert grid.DEFAULT_BLOCK_POINTS == solver.blocks.BLOCK_POINTS
+
+
+def test_cube_dtypes_come_from_the_registry(monkeypatch):
+    from solver.outputs import OUTPUTS
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the cube's layout ran the solver")
+    monkeypatch.setattr(solver, "solve", refuse)
+    layout = sweep.cube.layout(sweep.load_spec({**SMALL, "outputs": list(OUTPUTS)}))
+    for name, output in OUTPUTS.items():
+        var = layout.variables[name]
+        assert (var.dtype == bool) == output.is_boolean, name
+        if name not in MASKS:  # valid and feasible are masks of every cube
+            assert var.attrs == {"units": output.units, "long_name": output.long_name}
+    assert sweep.cube.bool_outputs() == {"valid", "feasible", "idle_ranks"}

@@ -274,3 +274,24 @@ def test_space_without_a_valid_split_is_refused():
         sweep.run({**BASE, "axes": {"tp_size": [3, 5], "pp_size": [3]}})
     with pytest.raises(SpecError, match=r"whole nodes of 8 \(Training_1K\)"):
         sweep.run({**BASE, "axes": {"tp_size": [3, 5], "dp_size": [1, 3]}})
+
+
+def test_memory_limit_goes_through_the_one_parser():
+    from sweep.limits import MemoryLimit
+
+    base = {"workload": "GPT3", "fleet": "Training_1K", "axes": {"tp_size": [1, 2]}}
+    fleet = load_spec(base).fleet_spec()
+    capacity = fleet.node.accelerator.memory_capacity
+    for given, limit, bytes_ in (("72 GB", MemoryLimit(size=72e9), 72e9),
+                                 ("64 GiB", MemoryLimit(size=64 * 2.0 ** 30), 64 * 2.0 ** 30),
+                                 (0.5, MemoryLimit(fraction=0.5), 0.5 * capacity),
+                                 (7.2e10, MemoryLimit(size=7.2e10), 7.2e10),
+                                 (None, None, capacity)):
+        spec = load_spec({**base, "constraints": {} if given is None else {"memory_limit": given}})
+        assert spec.limit == limit and spec.memory_limit_for(fleet) == bytes_
+    # A bare number in (1, 1e6) is far more likely to mean GB than bytes: refused, with a hint.
+    with pytest.raises(SpecError, match=r"<dict>: constraints\.memory_limit: expected .* but got "
+                                        r"80 \(did you mean '80 GB' or the fraction 0\.8\?\)"):
+        load_spec({**base, "constraints": {"memory_limit": 80}})
+    with pytest.raises(SpecError, match=r"constraints\.memory_limit: expected a bytes quantity"):
+        load_spec({**base, "constraints": {"memory_limit": "72 parsecs"}})
