@@ -37,7 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sweep import grid  # noqa: E402
-from sweep.search import _Setup, _reduce_block, resolve_memory_limit, search  # noqa: E402
+from sweep.search import resolve_memory_limit, search  # noqa: E402
+from sweep.search.exhaustive import _reduce_block  # noqa: E402
+from sweep.search.pricing import _Setup  # noqa: E402
 from sweep.spec import load_spec  # noqa: E402
 
 CHECKPOINTS = (100, 300, 1000, 3000)
@@ -93,7 +95,7 @@ def regret(spec, seeds, n_max, methods, n_jobs):
     exact = search(spec, mode="exact", n_jobs=n_jobs)
     t_exact = time.perf_counter() - started
     size = load_spec(spec).size
-    print(f"\n## {spec['name']}: {size:.3g} layouts, {exact.n_feasible:.3g} feasible; "
+    print(f"\n## {spec['name']}: {size:.3g} layouts, {exact.n_admissible:.3g} feasible; "
           f"exhaustive optimum mfu = {exact.best_value:.6f} in {t_exact:.1f} s "
           f"({size / t_exact / 1e6:.2f} M layouts/s, {n_jobs} processes)")
     tasks = [(label, sampler, refine, seed, n)
@@ -154,10 +156,10 @@ def wall_time(quick, n_jobs):
                   f"(sweep not run: --quick)")
         return
     started = time.perf_counter()
-    exact = search(spec, mode="exact", n_jobs=n_jobs, max_points=1 << 20)
+    exact = search(spec, mode="exact", n_jobs=n_jobs, block_points=1 << 20)
     t_exact = time.perf_counter() - started
     print(f"exhaustive sweep RUN: {t_exact:.0f} s on {n_jobs} processes "
-          f"({spec.size / t_exact / 1e6:.2f} M layouts/s), {exact.n_feasible:.3g} feasible, "
+          f"({spec.size / t_exact / 1e6:.2f} M layouts/s), {exact.n_admissible:.3g} feasible, "
           f"optimum mfu {exact.best_value:.6f}")
     print("search / optimum after N evaluations [seconds to reach N; sweep time / that]")
     print("| seed | " + " | ".join(f"N={c}" for c in CHECKPOINTS) + " |")

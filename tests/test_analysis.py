@@ -11,7 +11,6 @@ import xarray as xr
 import solver
 import sweep
 from sweep.analysis import mask
-from sweep.analysis.ranking import _front_2d, _front_nd
 
 SEEDS = range(6)
 
@@ -127,18 +126,6 @@ def _dominated_brute(values):
     n = len(values)
     return np.array([any(np.all(values[j] <= values[i]) and np.any(values[j] < values[i])
                          for j in range(n)) for i in range(n)], dtype=bool)
-
-
-@pytest.mark.parametrize("seed", range(10))
-@pytest.mark.parametrize("m", [2, 3, 4])
-def test_front_kernels_match_brute_force(seed, m):
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 400))
-    values = rng.integers(0, 8, size=(n, m)).astype(float) if seed % 2 else rng.random((n, m))
-    expected = np.flatnonzero(~_dominated_brute(values))
-    np.testing.assert_array_equal(_front_nd(values, batch=int(rng.integers(1, 64))), expected)
-    if m == 2:
-        np.testing.assert_array_equal(_front_2d(values), expected)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import math
 import os
 import signal
 import subprocess
@@ -17,18 +16,16 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 import solver
-from sweep._space import build_space
 from sweep.spec import SpecError, load_spec
 from sweep.search import (PENALTY, open_storage, reference_optimizer_space,
                           reproduce_reference_optimizer, resolve_memory_limit, search)
 
 MAIN = str(Path(__file__).resolve().parents[1])
-# The module, even once sweep/__init__.py rebinds the name ``search`` to the function.
-search_mod = importlib.import_module("sweep.search")
+# The pricing module (``sweep.search`` the name is the function once sweep/__init__.py runs).
+pricing_mod = importlib.import_module("sweep.search.pricing")
 
 #: 4 x 5 x 6 x 4 x 2 x 2 x 6 = 11520 layouts; the cluster sized by dp_size.
 SMALL = {
@@ -54,35 +51,7 @@ def _study_trials(study, *states):
     return study.get_trials(deepcopy=False, states=states or None)
 
 
-# --------------------------------------------------------------------------- space
-
-
-def test_axes_map_to_optuna_distributions():
-    spec = load_spec({
-        "workload": "Llama3_70B", "fleet": "Training_1K",
-        "axes": {"tp_size": {"powers_of_two": 8}, "zero_stage": [0, 1, 2, 3],
-                 "microbatch_count": {"from": 2, "to": 10, "step": 2},
-                 "efficiency": {"from": 0.1, "to": 0.6, "log": True},
-                 "overlap_efficiency": {"from": 0.5, "to": 0.9},
-                 "precision": ["bf16", "fp8"], "overlap_comm": [True, False],
-                 "ep_size": [1]},
-    })
-    space = build_space(spec)
-    d = space.distributions
-    assert d["tp_size_index"] == IntDistribution(0, 3)         # ordered choice
-    assert d["zero_stage"] == IntDistribution(0, 3)
-    assert d["microbatch_count"] == IntDistribution(2, 10, step=2)
-    assert d["efficiency"] == FloatDistribution(0.1, 0.6, log=True)
-    assert d["overlap_efficiency"] == FloatDistribution(0.5, 0.9)
-    assert d["precision"] == CategoricalDistribution(("bf16", "fp8"))
-    assert d["overlap_comm"] == CategoricalDistribution((True, False))
-    assert "ep_size" not in d and space.constants == {"ep_size": 1}
-    layout = space.decode({"tp_size_index": 2, "zero_stage": 3, "microbatch_count": 6,
-                           "efficiency": 0.2, "overlap_efficiency": 0.7, "precision": "fp8",
-                           "overlap_comm": False})
-    assert layout["tp_size"] == 4 and layout["ep_size"] == 1 and layout["workload"] == "Llama3_70B"
-    assert space.encode(layout)["tp_size_index"] == 2
-    assert math.isinf(space.size)
+# --------------------------------------------------------------------------- arguments
 
 
 def test_memory_limit_forms():
@@ -97,7 +66,7 @@ def test_memory_limit_forms():
     assert resolve_memory_limit(None, with_constraint, fleet) == 0.8 * capacity
     assert resolve_memory_limit("50 GB", with_constraint, fleet) == 50e9
     for bad in (0, -1.0, True, float("nan"), [1]):
-        with pytest.raises(ValueError, match="memory_limit must be .* but got"):
+        with pytest.raises(ValueError, match="memory_limit: expected .* but got"):
             resolve_memory_limit(bad, spec, fleet)
     with pytest.raises(ValueError):
         resolve_memory_limit("72 parsecs", spec, fleet)
@@ -184,13 +153,13 @@ def test_grid_sampler_visits_each_point_once():
 
 def test_one_solve_per_workload_per_batch(monkeypatch):
     calls = []
-    real = search_mod._price
+    real = pricing_mod._price
 
     def spy(setup, w, f, knobs):
         calls.append((w, f, max((np.size(v) for v in knobs.values()), default=1)))
         return real(setup, w, f, knobs)
 
-    monkeypatch.setattr(search_mod, "_price", spy)
+    monkeypatch.setattr(pricing_mod, "_price", spy)
     spec = {**SMALL, "workload": ["Llama3_70B", "Mixtral_8x7B"]}
     search(spec, n_trials=64, seed=2, sampler="random", batch_size=64, memory_limit=LIMIT)
     first = calls[:2]
@@ -238,8 +207,8 @@ def test_exact_equals_brute_force_argmax():
     knobs, out, _, feasible = _brute_force(SMALL, 60e9, 256)
     mfu = np.where(feasible, out["mfu"], -np.inf)
     order = np.lexsort((np.arange(mfu.size), -mfu))[:10]
-    result = search(SMALL, mode="exact", memory_limit=LIMIT, top_k=10, max_points=1000)
-    assert result.n_evaluated == mfu.size and result.n_feasible == int(feasible.sum())
+    result = search(SMALL, mode="exact", memory_limit=LIMIT, k=10, block_points=1000)
+    assert result.n_evaluated == mfu.size and result.n_admissible == int(feasible.sum())
     assert result.best_value == mfu[order[0]]
     for entry, i in zip(result.top, order):
         assert entry["values"]["mfu"] == mfu[i]
@@ -248,7 +217,7 @@ def test_exact_equals_brute_force_argmax():
     # Minimizing: the same walk, the other end.
     step = np.where(feasible, out["step_latency_total"], np.inf)
     fastest = search(SMALL, mode="exact", objective="step_latency_total", memory_limit=LIMIT,
-                     max_points=4096, n_jobs=2)
+                     block_points=4096, n_jobs=2)
     assert fastest.best_value == step.min()
     assert fastest.best_params["tp_size"] == knobs["tp_size"][np.argmin(step)]
 
@@ -262,7 +231,7 @@ def test_multi_objective_returns_a_nondominated_set():
     objectives = {"effective_throughput": "maximize", "n_accelerators": "minimize"}
     signs = np.array([1.0, -1.0])
     exact = search(SMALL, objectives=objectives, mode="exact", memory_limit=LIMIT,
-                   max_points=2000)
+                   block_points=2000)
     _, out, n_acc, feasible = _brute_force(SMALL, 60e9, 256)
     everyone = np.stack([out["effective_throughput"][feasible], n_acc[feasible]], axis=1) * signs
     front = np.array([[e["values"]["effective_throughput"], e["values"]["n_accelerators"]]
@@ -308,7 +277,7 @@ def test_resume_after_an_interruption_in_process(tmp_path, monkeypatch):
     study = optuna.load_study(study_name="resume", storage=open_storage(journal))
     done = {t.number: t.values for t in _study_trials(study, TrialState.COMPLETE)}
     running = {t.number: t.params for t in _study_trials(study, TrialState.RUNNING)}
-    # Two batches told; the third asked (12 sampled + 4 local moves, not yet recorded).
+    # Two batches told; the third asked (12 sampled + 4 local moves), never told.
     assert len(done) == 32 and 0 < len(running) <= 16
 
     result = search(SMALL, n_trials=80, seed=0, batch_size=16, storage=journal,
@@ -526,14 +495,47 @@ def test_journal_forms_open_the_same_file(tmp_path):
 def test_nothing_feasible_is_reported_not_raised():
     with pytest.warns(RuntimeWarning, match="no feasible layout"):
         result = search(SMALL, n_trials=16, seed=0, memory_limit="1 GB")
-    assert result.best_params is None and result.top == [] and result.n_feasible == 0
+    assert result.best_params is None and result.top == [] and result.n_admissible == 0
     assert "no feasible layout" in result.summary()
 
 
 def test_multi_objective_summary_and_exact_top():
     result = search(SMALL, objectives={"effective_throughput": "maximize",
                                        "n_accelerators": "minimize"},
-                    mode="exact", memory_limit=LIMIT, top_k=3)
+                    mode="exact", memory_limit=LIMIT, k=3)
     assert len(result.top) == min(3, len(result.best_trials))
     assert isinstance(result.best_value, tuple) and len(result.best_value) == 2
     assert "Pareto" in result.summary()
+
+
+def test_deprecated_spellings_warn_and_still_work():
+    with pytest.warns(DeprecationWarning, match="use k="):
+        old = search(SMALL, mode="exact", memory_limit=LIMIT, top_k=3, block_points=4096)
+    with pytest.warns(DeprecationWarning, match="use block_points="):
+        new = search(SMALL, mode="exact", memory_limit=LIMIT, k=3, max_points=4096)
+    assert old.top == new.top and len(new.top) == 3
+    with pytest.warns(DeprecationWarning, match="n_admissible"):
+        assert new.n_feasible == new.n_admissible > 0
+    with pytest.warns(DeprecationWarning, match="is deprecated: use 'm"):
+        multi = search(SMALL, objectives={"mfu": "max", "n_accelerators": "min"}, mode="exact",
+                       memory_limit=LIMIT, k=2)
+    assert multi.objectives == (("mfu", "maximize"), ("n_accelerators", "minimize"))
+    assert multi.pareto == multi.best_trials and multi.best_values == multi.best_value
+    assert search(SMALL, mode="sampled", n_trials=16, seed=0, memory_limit=LIMIT).mode == "sample"
+
+
+def test_local_moves_sampler_wraps_the_inner_sampler():
+    """The local trials take the batch's last places; the inner sampler proposes the others."""
+    result = search(SMALL, n_trials=64, seed=3, memory_limit=LIMIT, batch_size=16)
+    assert isinstance(result.study.sampler, search_mod_attr("LocalMovesSampler"))
+    trials = result.study.trials
+    for start in range(16, 64, 16):
+        origins = [t.user_attrs.get("search:origin") for t in trials[start:start + 16]]
+        assert origins == [None] * 12 + ["local"] * 4
+    seen = [tuple(sorted(t.params.items())) for t in trials if
+            t.user_attrs.get("search:origin") == "local"]
+    assert len(seen) == len(set(seen))  # untried layouts, each once
+
+
+def search_mod_attr(name):
+    return getattr(importlib.import_module("sweep.search"), name)

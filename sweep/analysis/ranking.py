@@ -15,6 +15,7 @@ import xarray as xr
 from solver.blocks import BLOCK_POINTS
 from solver.outputs import MAXIMIZE, better
 
+from ..pareto import nondominated
 from ._aliases import OLD_DIRECTIONS, checked_direction, direction_of, renamed
 from .masks import _check_complete, _require, mask
 
@@ -271,55 +272,6 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
     return result
 
 
-def _front_2d(values):
-    """Indices of the non-dominated rows of an (n, 2) array (minimize), O(n log n)."""
-    n = len(values)
-    if n == 0:
-        return np.empty(0, dtype=np.int64)
-    order = np.lexsort((values[:, 1], values[:, 0]))
-    s = values[order]
-    new = np.ones(n, dtype=bool)
-    new[1:] = (s[1:] != s[:-1]).any(axis=1)
-    start = np.maximum.accumulate(np.where(new, np.arange(n), 0))
-    # A row is dominated iff an earlier, different row (in this order) has f1 <= its f1.
-    before = np.concatenate([[np.inf], np.minimum.accumulate(s[:, 1])[:-1]])[start]
-    return np.sort(order[s[:, 1] < before])
-
-
-def _front_nd(values, batch=1024):
-    """Indices of the non-dominated rows of an (n, m) array (minimize).
-
-    Rows are visited in lexicographic order, where no row is dominated by a
-    later one, so each batch is checked against the front so far, and its
-    survivors against each other: O(n * front) comparisons, vectorized by batch.
-    """
-    n = len(values)
-    if n == 0:
-        return np.empty(0, dtype=np.int64)
-    order = np.lexsort(values.T[::-1])
-    s = values[order]
-    new = np.ones(n, dtype=bool)
-    new[1:] = (s[1:] != s[:-1]).any(axis=1)
-    unique, group = s[new], np.cumsum(new) - 1
-    on_front = np.zeros(len(unique), dtype=bool)
-    front = np.empty((0, values.shape[1]))
-    for lo in range(0, len(unique), batch):
-        rows = unique[lo:lo + batch]
-        keep = np.ones(len(rows), dtype=bool)
-        for f_lo in range(0, len(front), 2048):
-            part = front[f_lo:f_lo + 2048]
-            keep &= ~(part[None, :, :] <= rows[:, None, :]).all(axis=2).any(axis=1)
-        index = np.flatnonzero(keep)
-        survivors = rows[index]
-        if len(survivors) > 1:  # distinct rows: j <= i everywhere means j dominates i
-            within = (survivors[None, :, :] <= survivors[:, None, :]).all(axis=2)
-            np.fill_diagonal(within, False)
-            index = index[~within.any(axis=1)]
-        on_front[lo + index] = True
-        front = np.concatenate([front, rows[index]])
-    return np.sort(order[on_front[group]])
-
-
 def _objectives(objectives) -> dict:
     """``objectives`` (default :data:`DEFAULT_OBJECTIVES`) with optuna's direction words."""
     objectives = dict(DEFAULT_OBJECTIVES if objectives is None else objectives)
@@ -334,7 +286,8 @@ def _objectives(objectives) -> dict:
 
 
 def _front(values):
-    return _front_2d(values) if values.shape[1] == 2 else _front_nd(values)
+    """Indices of the non-dominated rows of ``values`` (minimize), by :mod:`sweep.pareto`."""
+    return np.flatnonzero(nondominated(values))
 
 
 def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=None,

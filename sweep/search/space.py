@@ -31,7 +31,7 @@ from typing import Any, Mapping, Optional
 from optuna.distributions import (BaseDistribution, CategoricalDistribution,
                                   FloatDistribution, IntDistribution)
 
-from .spec import Axis, Spec
+from ..spec import Axis, Spec
 
 __all__ = ["Param", "SearchSpace", "build_space", "INDEX_SUFFIX", "FLOAT_MOVE"]
 
