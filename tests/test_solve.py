@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import solver
 from solver import catalog
-from solver.distributed import CHUNK_SIZE
+from solver.blocks import BLOCK_POINTS
 from solver.specs import Accelerator, Fabric, Fleet, Node, Workload
 
 RTOL = 1e-12
@@ -573,19 +573,20 @@ def _random_points(n, seed):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Shrink CHUNK_SIZE so the blocked path runs on small inputs; count the blocks solved."""
-    import solver.distributed as dist
+    """Shrink BLOCK_POINTS so the blocked path runs on small inputs; count the blocks solved."""
+    import solver.blocks
+    import solver.physics.mlsysim as model
     calls = []
-    inner = dist._solve
+    inner = model.price
 
     def counting(*args, **kwargs):
         calls.append(args[-1])  # the block's shape
         return inner(*args, **kwargs)
 
-    monkeypatch.setattr(dist, "_solve", counting)
+    monkeypatch.setattr(model, "price", counting)
 
     def set_size(size):
-        monkeypatch.setattr(dist, "CHUNK_SIZE", size)
+        monkeypatch.setattr(solver.blocks, "BLOCK_POINTS", size)
         calls.clear()
         return calls
     return set_size
@@ -646,15 +647,15 @@ def test_blocks_along_a_middle_axis(small_chunks):
 
 
 def test_real_chunk_size_input_equals_slices():
-    # Over 2 * CHUNK_SIZE points at the real block size (two varying knobs keep it cheap).
+    # Over 2 * BLOCK_POINTS points at the real block size (two varying knobs keep it cheap).
     wl, fl = _wl("Llama3_8B"), _fl("Training_1K")
-    n = 2 * CHUNK_SIZE + 77
+    n = 2 * BLOCK_POINTS + 77
     rng = np.random.default_rng(3)
     tp = rng.choice(np.array([1, 2, 3, 8]), size=n)
     batch = rng.integers(1, 5000, size=n)
     big = solver.solve(wl, fl, tp_size=tp, batch_size=batch)
     assert big["step_latency_total"].shape == (n,)
-    for lo in (0, CHUNK_SIZE - 50, n - 500):
+    for lo in (0, BLOCK_POINTS - 50, n - 500):
         part = solver.solve(wl, fl, tp_size=tp[lo:lo + 500], batch_size=batch[lo:lo + 500])
         assert_outputs_equal({k: v[lo:lo + 500] for k, v in big.items()}, part)
 
