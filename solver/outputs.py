@@ -17,6 +17,7 @@ for ratios and counts.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional
@@ -80,7 +81,6 @@ class Output:
         """
         if index not in (0, 1):
             raise IndexError(f"Output index out of range (0 or 1), got {index!r}")
-        import warnings
         warnings.warn("indexing an Output (OUTPUTS[name][0] / [1]) is deprecated: use "
                       "OUTPUTS[name].units / .long_name", DeprecationWarning, stacklevel=2)
         return self.units if index == 0 else self.long_name

@@ -459,6 +459,52 @@ def test_invalid_points_in_an_array_are_nan_only_there():
             assert_outputs_equal({n: out[n][i, j] for n in out}, alone)
 
 
+
+def test_masking_leaves_the_input_arrays_alone():
+    # The invalid mask is applied in place to the priced outputs: never to the knobs.
+    wl, fl = _wl("Mixtral_8x7B"), _fl("Training_1K")
+    rng = np.random.default_rng(5)
+    knobs = dict(tp_size=rng.choice([1, 2, 3, 8], 500), ep_size=rng.choice([1, 5, 8], 500),
+                 efficiency=rng.uniform(0.2, 1.0, 500), overlap_efficiency=rng.uniform(0, 1, 500),
+                 congestion_factor=rng.uniform(1, 2, 500), batch_size=rng.integers(1, 4096, 500))
+    before = {k: v.copy() for k, v in knobs.items()}
+    out = solver.solve(wl, fl, **knobs)
+    assert out["valid"].any() and not out["valid"].all()
+    for name, value in knobs.items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
+# ------------------------------------------------------------------ physics dispatch
+
+
+def test_physics_default_is_mlsysim():
+    wl, fl = _wl("Llama3_70B"), _fl("Training_1K")
+    knobs = dict(batch_size=1024, tp_size=np.array([1, 3, 8]), pp_size=4, microbatch_count=8)
+    assert_outputs_equal(solver.solve(wl, fl, **knobs),
+                         solver.solve(wl, fl, physics="mlsysim", **knobs))
+    assert_outputs_equal(solver.solve(wl, fl, **knobs), solver.physics.mlsysim.solve(wl, fl, **knobs))
+    assert solver.physics.model("mlsysim") is solver.physics.mlsysim
+    assert set(solver.physics.mlsysim.OUTPUTS) == set(solver.OUTPUTS)
+
+
+@pytest.mark.parametrize("name, closest", [("mlsysm", "mlsysim"), ("MLSYSIM", "mlsysim"),
+                                           ("", "mlsysim"), (None, "mlsysim")])
+def test_unknown_physics_is_value_error_naming_choices_and_closest(name, closest):
+    with pytest.raises(ValueError, match=rf"physics must be one of 'mlsysim'.*closest is '{closest}'"):
+        solver.solve(_wl("Llama3_70B"), _fl("Training_1K"), physics=name)
+
+
+def test_output_tuple_view_is_deprecated():
+    entry = solver.OUTPUTS["mfu"]
+    with pytest.warns(DeprecationWarning, match="units"):
+        units, long_name = entry
+    assert (units, long_name) == (entry.units, entry.long_name)
+    with pytest.warns(DeprecationWarning):
+        assert solver.OUTPUTS["valid"][1] == solver.OUTPUTS["valid"].long_name
+    with pytest.raises(IndexError):
+        entry[2]
+
+
 # ------------------------------------------------------------------ broadcasting
 
 

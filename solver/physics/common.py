@@ -52,16 +52,37 @@ def mask_invalid(outputs: Mapping, valid, shape: tuple, names: Iterable[str]) ->
         Read-only views of ``shape``: where ``valid`` is False, every float
         output is NaN and every boolean False. When every point is valid the
         outputs are returned as priced (no pass over them).
+
+    Notes
+    -----
+    A float output that already spans every axis of ``valid`` and owns its
+    memory is masked in place (a fresh full-size array per output costs more
+    in page faults than the add itself), so ``outputs`` must hold arrays the
+    model computed, never its input arrays; two outputs may share one array
+    (adding 0 or NaN twice changes nothing).
     """
     valid = np.asarray(valid)
-    all_valid = bool(np.all(valid))
+    # x + 0.0 is x and x + NaN is NaN: one vectorized add per output, about five
+    # times cheaper than np.where's masked select on a random mask.
+    nan_if_invalid = None if np.all(valid) else np.where(valid, 0.0, np.nan)
     result = {}
     for name in names:
         if name == "valid":
             result[name] = np.broadcast_to(valid, shape)
             continue
         value = np.asarray(outputs[name])
-        if not all_valid:
-            value = value & valid if value.dtype == bool else np.where(valid, value, np.nan)
+        if nan_if_invalid is None:
+            pass
+        elif value.dtype == bool:
+            value = value & valid
+        elif _owned(value) and np.broadcast_shapes(value.shape, nan_if_invalid.shape) == value.shape:
+            np.add(value, nan_if_invalid, out=value)  # no new block of memory to fault in
+        else:
+            value = value + nan_if_invalid
         result[name] = np.broadcast_to(value, shape)
     return result
+
+
+def _owned(value: np.ndarray) -> bool:
+    """Whether ``value`` is a writable array of its own (not a view, not read-only)."""
+    return value.base is None and value.flags.writeable and value.ndim > 0
