@@ -1,4 +1,8 @@
-"""mlsysim 0.3.0's DistributedModel in broadcasting numpy.
+"""Distributed-training step physics in broadcasting numpy: mlsysim 0.3.0's DistributedModel, exactly.
+
+``solve(workload, fleet, *, physics="mlsysim", **knobs)`` dispatches to a
+physics model of :mod:`solver.physics`; ``OUTPUTS`` is the output registry of
+:mod:`solver.outputs`.
 
     >>> import solver
     >>> wl, fl = solver.catalog.workload("Llama3_70B"), solver.catalog.fleet("Training_1K")
@@ -9,7 +13,9 @@
 
 from . import catalog
 from .adapters import from_mlsysim
-from .distributed import OUTPUTS, solve
+from . import physics
+from .outputs import OUTPUTS
+from .physics import PHYSICS, solve
 from . import knobs
 from .knobs import KNOBS, PRECISION_BYTES
 from .specs import Accelerator, Fabric, Fleet, Node, Workload
@@ -19,6 +25,7 @@ REFERENCE = "mlsysim 0.3.0 DistributedModel.solve"
 
 __all__ = [
     "solve",
+    "PHYSICS",
     "OUTPUTS",
     "KNOBS",
     "PRECISION_BYTES",

@@ -17,6 +17,7 @@ for ratios and counts.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional
@@ -69,6 +70,20 @@ class Output:
     @property
     def is_boolean(self) -> bool:
         return self.dtype == "bool"
+
+    def __getitem__(self, index):
+        """Deprecated: ``OUTPUTS[name][0]`` / ``[1]`` (and ``units, long_name = OUTPUTS[name]``).
+
+        ``solver.OUTPUTS`` used to map a name to a ``(units, long_name)`` tuple;
+        read ``.units`` and ``.long_name`` instead. Index 0 and 1 still work,
+        with a ``DeprecationWarning``; any other index raises ``IndexError``
+        (so tuple unpacking into two names keeps working).
+        """
+        if index not in (0, 1):
+            raise IndexError(f"Output index out of range (0 or 1), got {index!r}")
+        warnings.warn("indexing an Output (OUTPUTS[name][0] / [1]) is deprecated: use "
+                      "OUTPUTS[name].units / .long_name", DeprecationWarning, stacklevel=2)
+        return self.units if index == 0 else self.long_name
 
 
 def _o(name, units, long_name, better=None, dtype="float64", derived=False):

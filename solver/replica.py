@@ -1,4 +1,4 @@
-"""One model-parallel replica's training step: roofline, taxes, memory, energy.
+"""Formulas of one model-parallel replica's training step: FLOPs, roofline, taxes, memory, energy.
 
 A replica is the TP x PP x EP group of accelerators that holds one copy of the
 model and processes ``local_batch`` samples per step. Two paths, as in the
@@ -39,8 +39,16 @@ __all__ = [
     "stored_bytes",
     "layer_count",
     "width",
-    "replica_step",
     "pick",
+    "step_flops",
+    "compute_time",
+    "sharded_memory",
+    "single_accelerator_memory",
+    "memory_time",
+    "overhead_time",
+    "roofline_latency",
+    "utilization",
+    "step_energy",
 ]
 
 #: Framework launch overhead per layer per pass [s] (0.01 ms); training has 3 passes.
@@ -113,85 +121,146 @@ def _host_link(acc: Accelerator) -> float:
     return acc.host_link_bandwidth or FALLBACK_HOST_LINK_BANDWIDTH
 
 
-def replica_step(workload: Workload, acc: Accelerator, *, local_batch, replica, dp_size,
-                 tp_size, pp_size, seq_len, precision_bytes, peak_flops, weights_total,
-                 efficiency, zero_stage, is_lora, activation_recomputation,
-                 microbatch_count, gradient_accumulation_steps):
-    """Latency, utilization, memory and energy of one replica's step.
+def step_flops(workload: Workload, *, seq_len, local_batch, activation_recomputation):
+    """Model and hardware FLOPs of one replica's training step.
 
     Parameters
     ----------
     workload : Workload
-    acc : Accelerator
+    seq_len : array_like of int [1]
+        Tokens per sample (transformers; other workloads count samples).
     local_batch : array_like of int [1]
         Samples per replica per step.
-    replica : array_like of int [1]
-        Accelerators in the replica (TP * PP * EP).
-    dp_size, tp_size, pp_size, seq_len, microbatch_count, gradient_accumulation_steps : array_like of int
-    precision_bytes : array_like [B]
-    peak_flops : array_like [FLOP/s]
-        The accelerator's peak at the precision.
-    weights_total : array_like [B]
-        Weight bytes of the whole model at the precision (:func:`weight_bytes`).
-    efficiency : array_like [1]
-    zero_stage : array_like of int
-    is_lora, activation_recomputation : array_like of bool
+    activation_recomputation : array_like of bool
+        Full recomputation runs the forward pass a second time.
 
     Returns
     -------
-    dict of numpy.ndarray
-        ``latency``, ``latency_compute``, ``latency_memory``, ``latency_overhead`` [s],
-        ``throughput`` [samples/s], ``mfu``, ``hfu`` [1], ``energy`` [J],
-        ``memory_footprint`` and the ``memory_*`` breakdown [B], ``feasible``.
+    tuple of numpy.ndarray [FLOP]
+        ``(model_ops, hardware_ops)``: 3x the forward FLOPs (forward and
+        backward), and what the silicon runs (4x with recomputation).
     """
     tokens = seq_len if workload.is_transformer else 1
     sample_ops = forward_flops(workload) * np.asarray(tokens, dtype=np.float64)
     model_ops = sample_ops * 3 * local_batch
     hardware_ops = sample_ops * (3.0 + np.asarray(activation_recomputation)) * local_batch
+    return model_ops, hardware_ops
+
+
+def compute_time(hardware_ops, *, peak_flops, efficiency, replica):
+    """Compute time of a step whose FLOPs are shared over the replica [s].
+
+    Parameters
+    ----------
+    hardware_ops : array_like [FLOP]
+    peak_flops : array_like [FLOP/s]
+        One accelerator's peak at the precision.
+    efficiency : array_like [1]
+        Achieved share of the peak.
+    replica : array_like of int [1]
+        Accelerators sharing the step.
+    """
     effective_flops = peak_flops * efficiency
-    # Step compute shared over the replica.
-    compute_time = hardware_ops / (effective_flops * replica)
+    return hardware_ops / (effective_flops * replica)
 
-    # Per-accelerator state.
-    if workload.is_transformer:
-        trainable = 1.0
-        if np.any(is_lora):
-            fraction = mem.lora_trainable_fraction(
-                workload.parameters, hidden_dim=width(workload), layers=workload.layers)
-            trainable = np.where(is_lora, fraction, 1.0)
-        # 1F1B: the first stage holds up to pp_size microbatches in flight.
-        in_flight = 1 + (pp_size > 1) * (np.maximum(1, microbatch_count // pp_size) - 1)
-        microbatch = mem.stored_microbatch(local_batch, gradient_accumulation_steps * 1.0 * in_flight)
-        weights, gradients, optimizer = mem.model_state(
-            workload.parameters, precision_bytes=precision_bytes, model_parallel=replica,
-            dp_size=dp_size, zero_stage=zero_stage, trainable_fraction=trainable)
-        layers_per_stage = -(-workload.layers // pp_size)
-        activations = mem.activation_memory(
-            layers_per_stage, seq_len, microbatch, width(workload),
-            precision_bytes=precision_bytes, full_recomputation=activation_recomputation,
-            tp_size=tp_size)
-        buffers = gradients * mem.COMMUNICATION_BUFFER_FRACTION + mem.pipeline_buffer(
-            seq_len, microbatch, width(workload), precision_bytes=precision_bytes, pp_size=pp_size)
-        footprint = weights + gradients + optimizer + activations + buffers
-    else:
-        # Weights, same-width gradients and Adam state, split over the replica;
-        # alone on one accelerator, LoRA is priced at 1.1x the weights.
-        shard = weights_total / replica
-        adam_total = (weights_total / precision_bytes) * mem.ADAM_OPTIMIZER_BYTES
-        lora_alone = np.asarray(is_lora) & (np.asarray(replica) == 1)
-        weights = shard
-        gradients = shard * ~lora_alone
-        optimizer = np.where(lora_alone, (_LORA_FOOTPRINT - 1) * weights_total, adam_total / replica)
-        activations = buffers = shard * 0.0  # none modeled (NaN where shard is)
-        footprint = np.where(lora_alone, _LORA_FOOTPRINT * weights_total,
-                             (weights_total * 2 + adam_total) / replica)
-    feasible = footprint <= acc.memory_capacity
 
-    # Memory ceiling: HBM, or the host link when the state spills.
+def sharded_memory(workload: Workload, *, local_batch, replica, dp_size, tp_size, pp_size,
+                   seq_len, precision_bytes, zero_stage, is_lora, activation_recomputation,
+                   microbatch_count, gradient_accumulation_steps):
+    """Training memory of one accelerator of a sharded transformer replica [B].
+
+    The reference's ``TrainingMemoryModel`` as ``_replica_profile`` calls it: the
+    model state split over the replica and ZeRO-sharded over DP, the 1F1B
+    activations of the first stage, the gradient bucket and pipeline buffers.
+
+    Returns
+    -------
+    dict of numpy.ndarray [B]
+        ``memory_footprint`` and its parts ``memory_weights``, ``memory_gradients``,
+        ``memory_optimizer_state``, ``memory_activations``,
+        ``memory_communication_buffers``.
+    """
+    trainable = 1.0
+    if np.any(is_lora):
+        fraction = mem.lora_trainable_fraction(
+            workload.parameters, hidden_dim=width(workload), layers=workload.layers)
+        trainable = np.where(is_lora, fraction, 1.0)
+    # 1F1B: the first stage holds up to pp_size microbatches in flight.
+    in_flight = 1 + (pp_size > 1) * (np.maximum(1, microbatch_count // pp_size) - 1)
+    microbatch = mem.stored_microbatch(local_batch, gradient_accumulation_steps * 1.0 * in_flight)
+    weights, gradients, optimizer = mem.model_state(
+        workload.parameters, precision_bytes=precision_bytes, model_parallel=replica,
+        dp_size=dp_size, zero_stage=zero_stage, trainable_fraction=trainable)
+    layers_per_stage = -(-workload.layers // pp_size)
+    activations = mem.activation_memory(
+        layers_per_stage, seq_len, microbatch, width(workload),
+        precision_bytes=precision_bytes, full_recomputation=activation_recomputation,
+        tp_size=tp_size)
+    buffers = gradients * mem.COMMUNICATION_BUFFER_FRACTION + mem.pipeline_buffer(
+        seq_len, microbatch, width(workload), precision_bytes=precision_bytes, pp_size=pp_size)
+    return _breakdown(weights, gradients, optimizer, activations, buffers,
+                      weights + gradients + optimizer + activations + buffers)
+
+
+def single_accelerator_memory(*, weights_total, precision_bytes, replica, is_lora):
+    """Training memory of one accelerator on the reference's ``Engine.solve`` path [B].
+
+    Weights, same-width gradients and Adam state, split over the replica;
+    alone on one accelerator, LoRA is priced at 1.1x the weights. No
+    activations or buffers are modeled.
+
+    Parameters
+    ----------
+    weights_total : array_like [B]
+        Weight bytes of the whole model (:func:`weight_bytes`).
+    precision_bytes : array_like [B]
+    replica : array_like of int [1]
+    is_lora : array_like of bool
+
+    Returns
+    -------
+    dict of numpy.ndarray [B]
+        As :func:`sharded_memory`.
+    """
+    shard = weights_total / replica
+    adam_total = (weights_total / precision_bytes) * mem.ADAM_OPTIMIZER_BYTES
+    lora_alone = np.asarray(is_lora) & (np.asarray(replica) == 1)
+    gradients = shard * ~lora_alone
+    optimizer = np.where(lora_alone, (_LORA_FOOTPRINT - 1) * weights_total, adam_total / replica)
+    none = shard * 0.0  # none modeled (zeros of the shard's shape)
+    footprint = np.where(lora_alone, _LORA_FOOTPRINT * weights_total,
+                         (weights_total * 2 + adam_total) / replica)
+    return _breakdown(shard, gradients, optimizer, none, none, footprint)
+
+
+def _breakdown(weights, gradients, optimizer, activations, buffers, footprint):
+    return {"memory_footprint": footprint, "memory_weights": weights,
+            "memory_gradients": gradients, "memory_optimizer_state": optimizer,
+            "memory_activations": activations, "memory_communication_buffers": buffers}
+
+
+def memory_time(workload: Workload, acc: Accelerator, *, weights_total, replica, local_batch,
+                feasible):
+    """Memory-traffic time of one replica's step [s].
+
+    The weight shard is read once, and again a tenth per sample (the reference's
+    traffic heuristic), from HBM, or over the host link when the state does not
+    fit (offload). Points priced on one accelerator of a non-transformer use
+    ``Engine.solve``'s tiers (on-chip SRAM when the weights fit it, else flash
+    when stated, else HBM).
+
+    Parameters
+    ----------
+    workload : Workload
+    acc : Accelerator
+    weights_total : array_like [B]
+    replica, local_batch : array_like of int [1]
+    feasible : array_like of bool
+        The training state fits the accelerator.
+    """
     offload_bandwidth = min(acc.memory_bandwidth, _host_link(acc))
     resident_bandwidth = acc.memory_bandwidth
     if not workload.is_transformer:
-        # Engine.solve's tiers, for the points priced on one accelerator.
         tier = np.full(np.shape(weights_total), acc.memory_bandwidth)
         if acc.flash_bandwidth is not None:
             tier[...] = acc.flash_bandwidth
@@ -201,34 +270,32 @@ def replica_step(workload: Workload, acc: Accelerator, *, local_batch, replica, 
     bandwidth = pick(feasible, resident_bandwidth, offload_bandwidth)
     weight_shard = weights_total / replica
     traffic = weight_shard + weight_shard * _ACTIVATION_TRAFFIC_PER_SAMPLE * local_batch
-    memory_time = traffic / bandwidth
+    return traffic / bandwidth
 
-    # Eq. (1) of [1] plus fixed taxes: launch dispatch and per-layer framework overhead.
-    overhead = acc.dispatch_tax + layer_count(workload) * FRAMEWORK_LAYER_TAX * 3
-    latency = np.maximum(compute_time, memory_time) + overhead
-    replica_peak = peak_flops * replica
-    # App. B of [2]: MFU counts model FLOPs (3x forward), HFU what the silicon ran.
-    mfu = np.clip(model_ops / latency / replica_peak, 0.0, 1.0)
-    hfu = np.clip(hardware_ops / latency / replica_peak, 0.0, 1.0)
-    if acc.tdp is not None:
-        # [3]: power = TDP * (idle + dynamic * utilization), for every accelerator.
-        energy = acc.tdp * (ENERGY_IDLE_FRACTION + ENERGY_DYNAMIC_FRACTION * hfu) * replica * latency
-    else:
-        energy = latency * 0.0  # no TDP stated: no energy (NaN where latency is)
-    return {
-        "latency": latency,
-        "latency_compute": compute_time,
-        "latency_memory": memory_time,
-        "latency_overhead": np.asarray(overhead, dtype=np.float64),
-        "throughput": local_batch / latency,
-        "mfu": mfu,
-        "hfu": hfu,
-        "energy": energy,
-        "memory_footprint": footprint,
-        "memory_weights": weights,
-        "memory_gradients": gradients,
-        "memory_optimizer_state": optimizer,
-        "memory_activations": activations,
-        "memory_communication_buffers": buffers,
-        "feasible": feasible,
-    }
+
+def overhead_time(workload: Workload, acc: Accelerator) -> float:
+    """Fixed taxes of a step [s]: launch dispatch and per-layer framework overhead (3 passes)."""
+    return acc.dispatch_tax + layer_count(workload) * FRAMEWORK_LAYER_TAX * 3
+
+
+def roofline_latency(compute, memory, overhead):
+    """Eq. (1) of [1] plus fixed taxes: ``max(compute, memory) + overhead`` [s]."""
+    return np.maximum(compute, memory) + overhead
+
+
+def utilization(ops, latency, peak_flops):
+    """Share of ``peak_flops`` that ``ops`` in ``latency`` reach, clipped to [0, 1] [1].
+
+    App. B of [2]: MFU counts model FLOPs (3x forward), HFU what the silicon ran.
+    """
+    return np.clip(ops / latency / peak_flops, 0.0, 1.0)
+
+
+def step_energy(acc: Accelerator, *, hfu, replica, latency):
+    """Energy of one replica's step [J]; zeros when the accelerator states no TDP.
+
+    [3]: power = TDP * (idle + dynamic * utilization), for every accelerator.
+    """
+    if acc.tdp is None:
+        return latency * 0.0  # zeros of the latency's shape
+    return acc.tdp * (ENERGY_IDLE_FRACTION + ENERGY_DYNAMIC_FRACTION * hfu) * replica * latency

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import solver
 from solver import catalog
-from solver.distributed import CHUNK_SIZE
+from solver.blocks import BLOCK_POINTS
 from solver.specs import Accelerator, Fabric, Fleet, Node, Workload
 
 RTOL = 1e-12
@@ -459,6 +459,52 @@ def test_invalid_points_in_an_array_are_nan_only_there():
             assert_outputs_equal({n: out[n][i, j] for n in out}, alone)
 
 
+
+def test_masking_leaves_the_input_arrays_alone():
+    # The invalid mask is applied in place to the priced outputs: never to the knobs.
+    wl, fl = _wl("Mixtral_8x7B"), _fl("Training_1K")
+    rng = np.random.default_rng(5)
+    knobs = dict(tp_size=rng.choice([1, 2, 3, 8], 500), ep_size=rng.choice([1, 5, 8], 500),
+                 efficiency=rng.uniform(0.2, 1.0, 500), overlap_efficiency=rng.uniform(0, 1, 500),
+                 congestion_factor=rng.uniform(1, 2, 500), batch_size=rng.integers(1, 4096, 500))
+    before = {k: v.copy() for k, v in knobs.items()}
+    out = solver.solve(wl, fl, **knobs)
+    assert out["valid"].any() and not out["valid"].all()
+    for name, value in knobs.items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
+# ------------------------------------------------------------------ physics dispatch
+
+
+def test_physics_default_is_mlsysim():
+    wl, fl = _wl("Llama3_70B"), _fl("Training_1K")
+    knobs = dict(batch_size=1024, tp_size=np.array([1, 3, 8]), pp_size=4, microbatch_count=8)
+    assert_outputs_equal(solver.solve(wl, fl, **knobs),
+                         solver.solve(wl, fl, physics="mlsysim", **knobs))
+    assert_outputs_equal(solver.solve(wl, fl, **knobs), solver.physics.mlsysim.solve(wl, fl, **knobs))
+    assert solver.physics.model("mlsysim") is solver.physics.mlsysim
+    assert set(solver.physics.mlsysim.OUTPUTS) == set(solver.OUTPUTS)
+
+
+@pytest.mark.parametrize("name, closest", [("mlsysm", "mlsysim"), ("MLSYSIM", "mlsysim"),
+                                           ("", "mlsysim"), (None, "mlsysim")])
+def test_unknown_physics_is_value_error_naming_choices_and_closest(name, closest):
+    with pytest.raises(ValueError, match=rf"physics must be one of 'mlsysim'.*closest is '{closest}'"):
+        solver.solve(_wl("Llama3_70B"), _fl("Training_1K"), physics=name)
+
+
+def test_output_tuple_view_is_deprecated():
+    entry = solver.OUTPUTS["mfu"]
+    with pytest.warns(DeprecationWarning, match="units"):
+        units, long_name = entry
+    assert (units, long_name) == (entry.units, entry.long_name)
+    with pytest.warns(DeprecationWarning):
+        assert solver.OUTPUTS["valid"][1] == solver.OUTPUTS["valid"].long_name
+    with pytest.raises(IndexError):
+        entry[2]
+
+
 # ------------------------------------------------------------------ broadcasting
 
 
@@ -573,19 +619,20 @@ def _random_points(n, seed):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Shrink CHUNK_SIZE so the blocked path runs on small inputs; count the blocks solved."""
-    import solver.distributed as dist
+    """Shrink BLOCK_POINTS so the blocked path runs on small inputs; count the blocks solved."""
+    import solver.blocks
+    import solver.physics.mlsysim as model
     calls = []
-    inner = dist._solve
+    inner = model.price
 
     def counting(*args, **kwargs):
         calls.append(args[-1])  # the block's shape
         return inner(*args, **kwargs)
 
-    monkeypatch.setattr(dist, "_solve", counting)
+    monkeypatch.setattr(model, "price", counting)
 
     def set_size(size):
-        monkeypatch.setattr(dist, "CHUNK_SIZE", size)
+        monkeypatch.setattr(solver.blocks, "BLOCK_POINTS", size)
         calls.clear()
         return calls
     return set_size
@@ -646,15 +693,15 @@ def test_blocks_along_a_middle_axis(small_chunks):
 
 
 def test_real_chunk_size_input_equals_slices():
-    # Over 2 * CHUNK_SIZE points at the real block size (two varying knobs keep it cheap).
+    # Over 2 * BLOCK_POINTS points at the real block size (two varying knobs keep it cheap).
     wl, fl = _wl("Llama3_8B"), _fl("Training_1K")
-    n = 2 * CHUNK_SIZE + 77
+    n = 2 * BLOCK_POINTS + 77
     rng = np.random.default_rng(3)
     tp = rng.choice(np.array([1, 2, 3, 8]), size=n)
     batch = rng.integers(1, 5000, size=n)
     big = solver.solve(wl, fl, tp_size=tp, batch_size=batch)
     assert big["step_latency_total"].shape == (n,)
-    for lo in (0, CHUNK_SIZE - 50, n - 500):
+    for lo in (0, BLOCK_POINTS - 50, n - 500):
         part = solver.solve(wl, fl, tp_size=tp[lo:lo + 500], batch_size=batch[lo:lo + 500])
         assert_outputs_equal({k: v[lo:lo + 500] for k, v in big.items()}, part)
 

@@ -81,7 +81,7 @@ def test_cube_layout_and_attrs():
     assert cube["activation_recomputation"].dtype == bool
     assert cube["precision"].values.tolist() == ["bf16", "fp8"]
     for name in ("mfu", "memory_footprint"):
-        units, long_name = solver.OUTPUTS[name]
+        units, long_name = solver.OUTPUTS[name].units, solver.OUTPUTS[name].long_name
         assert cube[name].attrs == {"units": units, "long_name": long_name}
     assert cube["mfu"].attrs["units"] == "1"
     # Provenance: netCDF-safe attrs only (str / numbers), JSON for structures.

@@ -1,0 +1,98 @@
+"""Physics models of a distributed training step, and ``solve``, which dispatches to one.
+
+A physics model is a module that composes the formula functions of the topic
+modules (:mod:`solver.collectives`, :mod:`solver.memory`,
+:mod:`solver.pipeline`, :mod:`solver.replica`) in named steps, and exposes
+
+- ``solve(workload, fleet, **knobs) -> dict`` of output name -> array, and
+- ``OUTPUTS``, the registry entries (:class:`solver.outputs.Output`) of what it returns.
+
+Models:
+
+``"mlsysim"`` (:mod:`solver.physics.mlsysim`, the default)
+    mlsysim 0.3.0's ``DistributedModel.solve``, exactly, quirks included.
+
+To add a model (``solver/physics/megatron.py`` is the next one): write the
+module, import it below and add its name to :data:`PHYSICS`. Steps every model
+shares (spec checks, the invalid mask) are in :mod:`solver.physics.common`.
+
+    >>> import solver
+    >>> wl, fl = solver.catalog.workload("Llama3_70B"), solver.catalog.fleet("Training_1K")
+    >>> solver.solve(wl, fl, batch_size=1024, tp_size=8, physics="mlsysim")["mfu"].shape
+    ()
+"""
+
+from __future__ import annotations
+
+import difflib
+from types import ModuleType
+
+from . import mlsysim
+
+__all__ = ["PHYSICS", "DEFAULT_PHYSICS", "model", "solve"]
+
+#: Physics model name -> its module (``solve`` and ``OUTPUTS``).
+PHYSICS = {
+    "mlsysim": mlsysim,
+    # "megatron": megatron,  # solver/physics/megatron.py: `from . import megatron` above
+}
+
+#: The model ``solve`` uses unless told otherwise.
+DEFAULT_PHYSICS = "mlsysim"
+
+
+def model(name: str) -> ModuleType:
+    """The physics model called ``name`` (a key of :data:`PHYSICS`).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, naming the models there are and the closest one.
+    """
+    found = PHYSICS.get(name) if isinstance(name, str) else None
+    if found is None:
+        choices = sorted(PHYSICS)
+        closest = difflib.get_close_matches(str(name), choices, n=1, cutoff=0.0) or choices[:1]
+        raise ValueError(f"physics must be one of {', '.join(map(repr, choices))}, but got "
+                         f"{name!r} (the closest is {closest[0]!r})")
+    return found
+
+
+def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, **knobs) -> dict:
+    """Distributed training step of ``workload`` on ``fleet``, for every configuration at once.
+
+    Parameters
+    ----------
+    workload : solver.specs.Workload
+        From :func:`solver.catalog.workload` or :func:`solver.from_mlsysim`.
+    fleet : solver.specs.Fleet
+        From :func:`solver.catalog.fleet` or :func:`solver.from_mlsysim`.
+    physics : str, optional
+        The model (a key of :data:`PHYSICS`); ``"mlsysim"`` by default.
+    **knobs
+        The keywords of mlsysim 0.3.0's ``DistributedModel.solve`` (``batch_size``,
+        ``precision``, ``efficiency``, ``tp_size``, ``pp_size``, ``ep_size``,
+        ``v_stages``, ``microbatch_count``, ``topology_override``, ``zero_stage``,
+        ``is_lora``, ``activation_recomputation``, ``overlap_comm``,
+        ``overlap_efficiency``, ``congestion_factor``, ``straggler_factor``,
+        ``moe_routing_imbalance_factor``, ``gradient_accumulation_steps``,
+        ``seq_len``), with its defaults, and ``dp_size`` to size the cluster by
+        the layout. Numeric and boolean knobs may be arrays; all broadcast
+        together. See :func:`solver.physics.mlsysim.solve`.
+
+    Returns
+    -------
+    dict of str -> numpy.ndarray
+        The model's ``OUTPUTS`` in SI units, each of the broadcast shape of the
+        knobs. Where ``valid`` is False every float output is NaN and every
+        boolean False.
+
+    Raises
+    ------
+    ValueError
+        For an unknown physics model, a knob value no configuration can have
+        (naming the knob and the value), or array knobs that do not broadcast.
+    TypeError
+        For a workload or fleet that is not a solver spec, or an unknown keyword.
+    """
+    return model(physics).solve(workload, fleet, **knobs)
