@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import inspect
 import sys
 from pathlib import Path
 
@@ -69,13 +68,3 @@ def _progress(args) -> bool:
 
 def _one_line(message: str) -> str:
     return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
-
-
-def _keyword(func, new: str, old: str) -> str:
-    """``new`` if ``func`` takes a keyword of that name, else its old spelling ``old``.
-
-    For the renames that land in other modules on their own schedule (``sweep.run``'s
-    ``block_points=``, ``sweep.search``'s ``k=``): the command line works with both.
-    """
-    # TODO(merge): call with the new keyword directly once run and search take it.
-    return new if new in inspect.signature(func).parameters else old

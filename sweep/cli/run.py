@@ -6,7 +6,7 @@ import sys
 import time
 
 from ..spec import load_spec
-from ._common import EXIT_INTERRUPTED, EXIT_OK, UsageError, _check_output, _keyword, _progress
+from ._common import EXIT_INTERRUPTED, EXIT_OK, UsageError, _check_output, _progress
 from .format import _human_bytes
 
 __all__ = ["command"]
@@ -21,8 +21,7 @@ def command(args) -> int:
     before = path.stat().st_mtime_ns if path.exists() else None
     started = time.perf_counter()
     try:
-        blocks = ({_keyword(sweep.run, "block_points", "max_points"): args.block_points}
-                  if args.block_points else {})
+        blocks = {"block_points": args.block_points} if args.block_points else {}
         cube = sweep.run(spec, n_jobs=args.jobs, path=path, progress=_progress(args),
                          resume=args.resume, **blocks)
     except KeyboardInterrupt:

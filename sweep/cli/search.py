@@ -8,7 +8,7 @@ import warnings
 from solver.outputs import DERIVED, OUTPUTS, objective_names
 
 from ..spec import SpecError, load_spec
-from ._common import EXIT_OK, UsageError, _keyword, _progress, _suggest
+from ._common import EXIT_OK, UsageError, _progress, _suggest
 from .format import _TABLE_VALUES, _layout_table
 
 __all__ = ["command"]
@@ -44,7 +44,7 @@ def _search_options(search, args) -> dict:
         args.memory_limit), objective=args.objective, sampler=args.sampler,
         storage=args.storage, study_name=args.study_name, progress=_progress(args),
         n_jobs=args.jobs)
-    options[_keyword(search, "k", "top_k")] = args.k
+    options["k"] = args.k
     if args.exact:
         options["mode"] = "exact"  # the default mode samples (its name changes: not passed)
     if args.direction is not None:

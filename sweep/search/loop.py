@@ -14,7 +14,6 @@ import json
 import os
 import socket
 import uuid
-from typing import Optional
 
 import optuna
 from optuna.trial import TrialState
