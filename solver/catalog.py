@@ -139,6 +139,18 @@ def _flops_table(value, where, resolve):
     return {key: _quantity("flops")(v, f"{where}.{key}", resolve) for key, v in value.items()}
 
 
+def _boolean(value, where, resolve):
+    if not isinstance(value, bool):
+        raise _wrong(where, "true or false", value)
+    return value
+
+
+def _number_table(value, where, resolve):
+    if not isinstance(value, dict):
+        raise _wrong(where, "an inline table of precision = number", value)
+    return {key: _number(v, f"{where}.{key}", resolve) for key, v in value.items()}
+
+
 def _reference(kind):
     def convert(value, where, resolve):
         return resolve(kind, _string(value, where, resolve), where)
@@ -156,6 +168,8 @@ def _field(kind_of_value: str, required: bool = False) -> _Field:
         "time": ("a time quantity such as '5 us'", _quantity("time")),
         "power": ("a power quantity such as '700 W'", _quantity("power")),
         "flops_table": ("an inline table of precision = FLOP/s quantity", _flops_table),
+        "boolean": ("true or false", _boolean),
+        "number_table": ("an inline table of precision = number", _number_table),
     }
     if kind_of_value in _SINGULAR:
         return _Field(f"the name of a {_SINGULAR[kind_of_value]} (this file or the built-in catalog)",
@@ -179,6 +193,7 @@ _SCHEMA = {
         "tdp": _field("power"),
         "dispatch_tax": _field("time"),
         "source": _field("string"),
+        "gemm_efficiency": _field("number_table"),
     },
     "nodes": {
         "name": _field("string"),
@@ -186,6 +201,9 @@ _SCHEMA = {
         "accelerators_per_node": _field("integer", True),
         "intra_node_bandwidth": _field("bandwidth", True),
         "source": _field("string"),
+        "scale_up_domain": _field("integer"),
+        "scale_up_bus_bandwidth": _field("bandwidth"),
+        "nic_bandwidth": _field("bandwidth"),
     },
     "fabrics": {
         "name": _field("string"),
@@ -215,6 +233,14 @@ _SCHEMA = {
         "active_experts_per_token": _field("integer"),
         "denoising_steps": _field("integer"),
         "source": _field("string"),
+        "kv_heads": _field("integer"),
+        "ffn_hidden_dim": _field("integer"),
+        "vocab_size": _field("integer"),
+        "head_dim": _field("integer"),
+        "gated_mlp": _field("boolean"),
+        "moe_ffn_hidden_dim": _field("integer"),
+        "shared_experts": _field("integer"),
+        "dense_layers": _field("integer"),
     },
 }
 

@@ -1,0 +1,1 @@
+"""Physics models of a training step, each composed of the topic modules' formula functions."""
