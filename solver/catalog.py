@@ -48,6 +48,9 @@ __all__ = [
     "load_file",
     "catalog_dir",
     "read_toml",
+    "EXTRA_FILES",
+    "EXTRA_SUFFIX",
+    "extra_names",
 ]
 
 #: Catalog sections, in the order they are built (references point backwards).
@@ -362,10 +365,58 @@ def _kind(kind: str) -> str:
     return kind
 
 
+#: Catalog files beyond mlsysim's registry (the ``load_file`` format: tables
+#: ``[accelerators.X]``, ``[nodes.X]``, ...), read after the built-in files when
+#: present in :func:`catalog_dir`. Their entries are found by the same getters
+#: (``catalog.fleet("Selene_MC")``) but are not listed by :func:`names`, which
+#: stays the mlsysim registry; :func:`extra_names` lists them.
+EXTRA_FILES = ("megatron.toml",)
+#: Every extra entry's table key ends in this suffix, so none collides with a
+#: registry name.
+EXTRA_SUFFIX = "_MC"
+
+
+@functools.cache
+def _extras_in(directory: str) -> dict:
+    out = {kind: {} for kind in KINDS}
+    for filename in EXTRA_FILES:
+        path = Path(directory) / filename
+        if not path.exists():
+            continue
+        for kind, entries in load_file(path).items():
+            for key, spec in entries.items():
+                if not key.endswith(EXTRA_SUFFIX):
+                    raise CatalogError(f"{path}: {kind}.{key}: extra catalog keys must end in "
+                                       f"{EXTRA_SUFFIX!r}, so that none collides with the registry's")
+                out[kind][key] = spec
+    return out
+
+
+def _extras() -> dict:
+    return _extras_in(str(catalog_dir()))
+
+
+def extra_names(kind: str) -> list[str]:
+    """Sorted table keys of one section of the extra catalog files (:data:`EXTRA_FILES`).
+
+    Parameters
+    ----------
+    kind : {"workloads", "fleets", "accelerators", "nodes", "fabrics"}
+
+    Returns
+    -------
+    list of str
+        Each ends in :data:`EXTRA_SUFFIX`.
+    """
+    return sorted(_extras()[_kind(kind)])
+
+
 def _get(kind: str, name: str):
     entries = _builtin()[kind]
     if name in entries:
         return entries[name]
+    if isinstance(name, str) and name.endswith(EXTRA_SUFFIX) and name in _extras()[kind]:
+        return _extras()[kind][name]
     raise CatalogError(
         f"unknown {_SINGULAR[kind]} {name!r}{_suggest(str(name), entries)}"
         f" (see solver.catalog.names({kind!r}))"
