@@ -321,9 +321,11 @@ def score(runs, predict):
         if taus:
             table[src]["kendall_tau"] = taus
     pub = [r for r in runs if r.source != "VTRAIN"]
-    e = np.concatenate([np.ravel(ape(predict(r), r.measured)) for r in pub])
-    e = e[np.isfinite(e)]
-    table["published_overall"] = {"n": int(e.size), "mean_ape": float(np.mean(e)), "max_ape": float(np.max(e))}
+    if pub:
+        e = np.concatenate([np.ravel(ape(predict(r), r.measured)) for r in pub])
+        e = e[np.isfinite(e)]
+        table["published_overall"] = {"n": int(e.size), "mean_ape": float(np.mean(e)),
+                                      "max_ape": float(np.max(e))}
     return table
 
 
