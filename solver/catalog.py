@@ -368,8 +368,8 @@ def _kind(kind: str) -> str:
 #: Catalog files beyond mlsysim's registry (the ``load_file`` format: tables
 #: ``[accelerators.X]``, ``[nodes.X]``, ...), read after the built-in files when
 #: present in :func:`catalog_dir`. Their entries are found by the same getters
-#: (``catalog.fleet("Selene_MC")``) but are not listed by :func:`names`, which
-#: stays the mlsysim registry; :func:`extra_names` lists them.
+#: (``catalog.fleet("Selene_MC")``) and listed by :func:`names` beside the
+#: registry's; :func:`extra_names` lists them alone.
 EXTRA_FILES = ("megatron.toml",)
 #: Every extra entry's table key ends in this suffix, so none collides with a
 #: registry name.
@@ -488,8 +488,11 @@ def names(kind: str) -> list[str]:
     Returns
     -------
     list of str
+        The mlsysim registry's entries and those of the extra catalog files
+        (:data:`EXTRA_FILES`, keys ending in :data:`EXTRA_SUFFIX`).
     """
-    return sorted(_builtin()[_kind(kind)])
+    kind = _kind(kind)
+    return sorted(set(_builtin()[kind]) | set(_extras()[kind]))
 
 
 def load_file(path) -> dict:

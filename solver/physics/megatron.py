@@ -55,6 +55,7 @@ References
 
 from __future__ import annotations
 
+import importlib.resources
 import math
 import tomllib
 from pathlib import Path
@@ -93,7 +94,21 @@ SOFTMAX_BYTES = 11.0
 #: FlashAttention-2 backward / forward FLOPs [5].
 FLASH_BACKWARD_RATIO = 2.5
 
-_CONSTANTS_FILE = Path(__file__).resolve().parent.parent.parent / "configs" / "physics" / "megatron.toml"
+#: The installed data package of the fitted constants, and the source tree's copy
+#: (a checkout put on ``sys.path`` without installing).
+CONSTANTS_PACKAGE = "layout_sweep_configs.physics"
+_SOURCE_CONSTANTS_DIR = Path(__file__).resolve().parent.parent.parent / "configs" / "physics"
+
+
+def _resource_dir(package: str, source_dir: Path):
+    """``package`` as an :mod:`importlib.resources` traversable, else ``source_dir``."""
+    try:
+        return importlib.resources.files(package)
+    except ModuleNotFoundError:
+        return source_dir
+
+
+_CONSTANTS_FILE = _resource_dir(CONSTANTS_PACKAGE, _SOURCE_CONSTANTS_DIR) / "megatron.toml"
 
 #: Constant name -> (low, high, meaning). Values: :data:`CONSTANTS`.
 CONSTANT_BOUNDS = {
@@ -117,7 +132,8 @@ def load_constants(path=None):
     -------
     tuple of (dict str -> float, dict str -> str)
     """
-    with open(path or _CONSTANTS_FILE, "rb") as handle:
+    source = Path(path) if path is not None else _CONSTANTS_FILE
+    with source.open("rb") as handle:
         data = tomllib.load(handle)
     constants = {k: float(v) for k, v in data["constants"].items()}
     missing = set(CONSTANT_BOUNDS) - set(constants)

@@ -1,0 +1,1 @@
+"""The catalog and example specs, installed with the package (read with importlib.resources)."""

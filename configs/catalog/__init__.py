@@ -1,0 +1,1 @@
+"""The built-in catalog: accelerators, nodes, fabrics, fleets and workloads (TOML)."""
