@@ -51,6 +51,18 @@ References
     latencies 1 us (NVLink) and 2 us (InfiniBand).
 [9] Rajbhandari, S. et al. (2020), "ZeRO", SC: stage 3 gathers parameters in
     forward and backward and reduce-scatters gradients, per microbatch.
+[10] Shah, J. et al. (2024), "FlashAttention-3", arXiv:2407.08608, Fig. "Attention
+    forward speed, head dim 128 (H100 80GB SXM5)", causal: FlashAttention-2 at
+    298-335 TFLOP/s for 2k-16k tokens.
+[11] Megatron-Core ``tensor_parallel/cross_entropy.py``
+    (``_VocabParallelCrossEntropy``) on ``logits.float()``
+    (``GPTModel.compute_language_model_loss``); the output layer is a plain
+    ``ColumnParallelLinear``, outside Transformer Engine's FP8 autocast, so the LM
+    head's GEMMs run in 16 bits under FP8 training.
+[12] PyTorch CUDA semantics ("Asynchronous execution"): kernels are queued by the
+    host and run when the device is free, so a step is bound by the slower of
+    the host's issue rate and the device's work (CUDA Graphs exist to lift the
+    host bound).
 """
 
 from __future__ import annotations
@@ -93,6 +105,17 @@ OPTIMIZER_BYTES_TOUCHED = 30.0
 SOFTMAX_BYTES = 11.0
 #: FlashAttention-2 backward / forward FLOPs [5].
 FLASH_BACKWARD_RATIO = 2.5
+#: Share of the 16-bit dense peak a fused causal attention kernel achieves when the
+#: accelerator states none (``gemm_efficiency["flash_attention"]`` in the catalog):
+#: FlashAttention-2 forward, causal, head dim 128, 4k-16k tokens on H100 SXM5,
+#: 319-335 TFLOP/s of 989 [10]; the backward is taken at the same rate.
+DEFAULT_FLASH_ATTENTION_EFFICIENCY = 0.33
+#: Bytes through HBM per FP32 logit element of the vocabulary-parallel cross-entropy,
+#: forward and backward [11]: cast of the 16-bit logits to FP32 (2 + 4), max (4),
+#: subtract the max (4 + 4), exp (4 + 4), sum (4), divide into the softmax kept for
+#: the backward (4 + 4); backward: scale the softmax by the loss gradient (4 + 4) and
+#: cast to 16 bits for the logits GEMM's backward (4 + 2).
+CROSS_ENTROPY_BYTES = 52.0
 
 #: The installed data package of the fitted constants, and the source tree's copy
 #: (a checkout put on ``sys.path`` without installing).
@@ -115,13 +138,14 @@ CONSTANT_BOUNDS = {
     "gemm_scale": (1e-3, 1.0 / DEFAULT_GEMM_PLATEAU, "multiplier on the large-GEMM plateau (bf16/fp16)"),
     "fp8_gemm_scale": (1e-3, 1.5, "extra multiplier on the plateau of FP8/FP4 GEMMs"),
     "gemm_size_shift": (1e-3, 1e3, "scale of the GEMM size curve's durations"),
-    "attention_efficiency": (1e-3, 1.0, "share of 16-bit peak of the fused attention kernel"),
+    "attention_efficiency": (1e-3, 2.0, "multiplier on the accelerator's sourced fused-attention efficiency"),
     "elementwise_bytes": (0.0, 1e4, "HBM bytes per token per hidden unit per layer, forward"),
-    "layer_overhead": (0.0, 1.0, "launch and framework time per layer per microbatch, forward [s]"),
-    "scale_up_efficiency": (1e-3, 2.0, "multiplier on the NVLink domain's NCCL bus bandwidth"),
+    "layer_overhead": (0.0, 1.0, "host time to launch one layer's forward kernels; a layer takes at least this [s]"),
+    "scale_up_efficiency": (1e-3, 1.0, "share of the NVLink domain's NCCL-tests bus bandwidth achieved"),
     "scale_out_efficiency": (1e-3, 1.0, "share of the NIC rate NCCL achieves across nodes"),
     "overlap_efficiency": (0.0, 1.0, "share of compute time that hides overlapped communication"),
     "step_overhead": (0.0, 1e3, "fixed time per step (data, logging, synchronization) [s]"),
+    "collective_latency": (0.0, 1e-4, "fixed time per collective or p2p call (launch, handshake) [s]"),
 }
 
 
@@ -436,6 +460,8 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
     up_bw = (node.scale_up_bus_bandwidth or node.intra_node_bandwidth) * c["scale_up_efficiency"]
     out_bw = (node.nic_bandwidth or fabric.bandwidth / fabric.oversubscription) * c["scale_out_efficiency"]
     up_lat = SCALE_UP_STEP_LATENCY
+    call_lat = c["collective_latency"]
+    flash_eff = acc.gemm_efficiency.get("flash_attention", DEFAULT_FLASH_ATTENTION_EFFICIENCY)
     out_lat = fabric.latency if fabric.latency is not None else SCALE_OUT_STEP_LATENCY
 
     def g(flops, calls=1.0, peak=peak_gemm, plat=plateau):
@@ -458,7 +484,7 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
                                          causal_fraction=np.where(flash, 0.5, 1.0))
     scores = mbs * heads_t * s_local * s
     t_core_f = np.where(
-        flash, core_flops / (peak16 * c["attention_efficiency"]),
+        flash, core_flops / (peak16 * flash_eff * c["attention_efficiency"]),
         g(core_flops, calls=mbs * heads_t, peak=peak16, plat=plateau16)
         + gemm.memory_bound_time(SOFTMAX_BYTES * scores, hbm))
     t_core_b = t_core_f * np.where(flash, FLASH_BACKWARD_RATIO, 2.0)
@@ -472,14 +498,14 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
     t_mlp_dense = mlp_time(tokens, ffn_t)
     elementwise = gemm.memory_bound_time(c["elementwise_bytes"] * tokens * h / norm_split, hbm)
     attn_gemms_f = t_qkv + t_proj
-    t_dense_f = attn_gemms_f + t_mlp_dense + elementwise + c["layer_overhead"]
+    t_dense_f = attn_gemms_f + t_mlp_dense + elementwise
     if w.moe:
         local_experts = w.experts / (ep * 1.0)
         routed = tokens * w.top_k
         t_moe = (mlp_time(routed, w.moe_ffn / tp, calls=local_experts)
                  + (mlp_time(tokens, w.shared * w.moe_ffn / tp) if w.shared else 0.0)
                  + g(fl.router_flops(tokens, h, w.experts)))
-        t_moe_f = attn_gemms_f + t_moe + elementwise + c["layer_overhead"]
+        t_moe_f = attn_gemms_f + t_moe + elementwise
     else:
         t_moe_f = 0.0
     moe_share = w.moe_layers / w.layers
@@ -496,7 +522,7 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
     tp_in = tp <= domain
     tp_bw = np.where(tp_in, up_bw, out_bw)
     tp_lat = np.where(tp_in, up_lat, out_lat)
-    t_ar = net.allreduce_time(act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat)
+    t_ar = net.allreduce_time(act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat) + call_lat * (tp > 1)
     tp_calls = 4.0 + 2.0 * (rc == 2)
     tp_total = tp_calls * t_ar
     tp_hidden = np.where(k["tp_comm_overlap"] & sp, c["overlap_efficiency"], 0.0)
@@ -506,7 +532,7 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
     kv_bytes = 2.0 * 2.0 * tokens * kv_t * d
     cp_in = tp * cp <= domain
     cp_step = net.p2p_time(kv_bytes, bandwidth=np.where(cp_in, up_bw, out_bw),
-                           latency=np.where(cp_in, up_lat, out_lat))
+                           latency=np.where(cp_in, up_lat, out_lat)) + call_lat
     cp_f = (cp - 1) * cp_step
     cp_total = 3.0 * cp_f * (1.0 + (rc == 2) / 3.0)
     cp_layer = (_exposed(cp_f, t_core_f, 1.0) + _exposed(2.0 * cp_f, t_core_b, 1.0)
@@ -516,19 +542,26 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
         ep_in = tp * cp * ep <= domain
         a2a = net.all_to_all_time(act_bytes * w.top_k / norm_split, ep,
                                   bus_bandwidth=np.where(ep_in, up_bw, out_bw),
-                                  latency=np.where(ep_in, up_lat, out_lat))
+                                  latency=np.where(ep_in, up_lat, out_lat)) + call_lat * (ep > 1)
         ep_layer = moe_share * (4.0 + 2.0 * (rc == 2)) * a2a
     else:
         ep_layer = np.zeros(())
 
     # ---- 3. pipeline: the heaviest stage and the bubble
     layers_stage = np.ceil(w.layers / (pp * 1.0))
-    per_layer = layer_f + layer_b + tp_layer + cp_layer + ep_layer
+    # The host launches kernels asynchronously: a layer takes its GPU time or the
+    # host's time to issue its kernels, whichever is longer [12] (forward once,
+    # backward twice, the recomputed forward again) -- small microbatches of small
+    # models are launch-bound, and then a bigger microbatch costs nothing extra.
+    launches = c["layer_overhead"] * (3.0 + (rc == 2))
+    per_layer = np.maximum(layer_f + layer_b + tp_layer + cp_layer + ep_layer, launches)
     t_layers = layers_stage * per_layer
     vocab_t = w.vocab / tp
     head_tokens = tokens
-    t_head = 3.0 * g(fl.logits_flops(head_tokens, h, vocab_t)) + gemm.memory_bound_time(
-        3.0 * 4.0 * head_tokens * vocab_t, hbm)  # logits GEMM fwd+bwd, FP32 cross-entropy
+    # LM head: the logits GEMM forward and backward in 16 bits (outside FP8 [11]) and the
+    # FP32 vocabulary-parallel cross-entropy at HBM bandwidth [11].
+    t_head = 3.0 * g(fl.logits_flops(head_tokens, h, vocab_t), peak=peak16, plat=plateau16) \
+        + gemm.memory_bound_time(CROSS_ENTROPY_BYTES * head_tokens * vocab_t, hbm)
     stage_max = t_layers + t_head
     stage_mean = t_layers + t_head / pp
     bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
@@ -537,7 +570,7 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
     # and last send cross all p v - 1 chunk boundaries; 1F1B also waits on each steady send.
     pp_in = tp * cp * dp * 2 <= domain
     t_p2p = net.p2p_time(act_bytes / tp, bandwidth=np.where(pp_in, up_bw, out_bw),
-                         latency=np.where(pp_in, up_lat, out_lat))
+                         latency=np.where(pp_in, up_lat, out_lat)) + call_lat
     t_pp = np.where(pp > 1, 2.0 * t_p2p * ((pp * v - 1) + np.where(v == 1, m, 0.0)), 0.0)
 
     # ---- 4. data parallel
