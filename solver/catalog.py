@@ -54,6 +54,9 @@ __all__ = [
     "read_toml",
     "resource_dir",
     "RESOURCE_PACKAGE",
+    "EXTRA_FILES",
+    "EXTRA_SUFFIX",
+    "extra_names",
 ]
 
 #: Catalog sections, in the order they are built (references point backwards).
@@ -148,6 +151,18 @@ def _flops_table(value, where, resolve):
     return {key: _quantity("flops")(v, f"{where}.{key}", resolve) for key, v in value.items()}
 
 
+def _boolean(value, where, resolve):
+    if not isinstance(value, bool):
+        raise _wrong(where, "true or false", value)
+    return value
+
+
+def _number_table(value, where, resolve):
+    if not isinstance(value, dict):
+        raise _wrong(where, "an inline table of precision = number", value)
+    return {key: _number(v, f"{where}.{key}", resolve) for key, v in value.items()}
+
+
 def _reference(kind):
     def convert(value, where, resolve):
         return resolve(kind, _string(value, where, resolve), where)
@@ -165,6 +180,8 @@ def _field(kind_of_value: str, required: bool = False) -> _Field:
         "time": ("a time quantity such as '5 us'", _quantity("time")),
         "power": ("a power quantity such as '700 W'", _quantity("power")),
         "flops_table": ("an inline table of precision = FLOP/s quantity", _flops_table),
+        "boolean": ("true or false", _boolean),
+        "number_table": ("an inline table of precision = number", _number_table),
     }
     if kind_of_value in _SINGULAR:
         return _Field(f"the name of a {_SINGULAR[kind_of_value]} (this file or the built-in catalog)",
@@ -188,6 +205,7 @@ _SCHEMA = {
         "tdp": _field("power"),
         "dispatch_tax": _field("time"),
         "source": _field("string"),
+        "gemm_efficiency": _field("number_table"),
     },
     "nodes": {
         "name": _field("string"),
@@ -195,6 +213,9 @@ _SCHEMA = {
         "accelerators_per_node": _field("integer", True),
         "intra_node_bandwidth": _field("bandwidth", True),
         "source": _field("string"),
+        "scale_up_domain": _field("integer"),
+        "scale_up_bus_bandwidth": _field("bandwidth"),
+        "nic_bandwidth": _field("bandwidth"),
     },
     "fabrics": {
         "name": _field("string"),
@@ -224,6 +245,14 @@ _SCHEMA = {
         "active_experts_per_token": _field("integer"),
         "denoising_steps": _field("integer"),
         "source": _field("string"),
+        "kv_heads": _field("integer"),
+        "ffn_hidden_dim": _field("integer"),
+        "vocab_size": _field("integer"),
+        "head_dim": _field("integer"),
+        "gated_mlp": _field("boolean"),
+        "moe_ffn_hidden_dim": _field("integer"),
+        "shared_experts": _field("integer"),
+        "dense_layers": _field("integer"),
     },
 }
 
@@ -358,10 +387,58 @@ def _kind(kind: str) -> str:
     return kind
 
 
+#: Catalog files beyond mlsysim's registry (the ``load_file`` format: tables
+#: ``[accelerators.X]``, ``[nodes.X]``, ...), read after the built-in files when
+#: present in :func:`catalog_dir`. Their entries are found by the same getters
+#: (``catalog.fleet("Selene_MC")``) and listed by :func:`names` beside the
+#: registry's; :func:`extra_names` lists them alone.
+EXTRA_FILES = ("megatron.toml",)
+#: Every extra entry's table key ends in this suffix, so none collides with a
+#: registry name.
+EXTRA_SUFFIX = "_MC"
+
+
+@functools.cache
+def _extras_in(directory: str) -> dict:
+    out = {kind: {} for kind in KINDS}
+    for filename in EXTRA_FILES:
+        path = Path(directory) / filename
+        if not path.exists():
+            continue
+        for kind, entries in load_file(path).items():
+            for key, spec in entries.items():
+                if not key.endswith(EXTRA_SUFFIX):
+                    raise CatalogError(f"{path}: {kind}.{key}: extra catalog keys must end in "
+                                       f"{EXTRA_SUFFIX!r}, so that none collides with the registry's")
+                out[kind][key] = spec
+    return out
+
+
+def _extras() -> dict:
+    return _extras_in(str(catalog_dir()))
+
+
+def extra_names(kind: str) -> list[str]:
+    """Sorted table keys of one section of the extra catalog files (:data:`EXTRA_FILES`).
+
+    Parameters
+    ----------
+    kind : {"workloads", "fleets", "accelerators", "nodes", "fabrics"}
+
+    Returns
+    -------
+    list of str
+        Each ends in :data:`EXTRA_SUFFIX`.
+    """
+    return sorted(_extras()[_kind(kind)])
+
+
 def _get(kind: str, name: str):
     entries = _builtin()[kind]
     if name in entries:
         return entries[name]
+    if isinstance(name, str) and name.endswith(EXTRA_SUFFIX) and name in _extras()[kind]:
+        return _extras()[kind][name]
     raise CatalogError(
         f"unknown {_SINGULAR[kind]} {name!r}{_suggest(str(name), entries)}"
         f" (see solver.catalog.names({kind!r}))"
@@ -433,8 +510,11 @@ def names(kind: str) -> list[str]:
     Returns
     -------
     list of str
+        The mlsysim registry's entries and those of the extra catalog files
+        (:data:`EXTRA_FILES`, keys ending in :data:`EXTRA_SUFFIX`).
     """
-    return sorted(_builtin()[_kind(kind)])
+    kind = _kind(kind)
+    return sorted(set(_builtin()[kind]) | set(_extras()[kind]))
 
 
 def load_file(path) -> dict:

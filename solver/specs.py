@@ -64,6 +64,9 @@ class Accelerator:
     tdp : float, optional [W]
     dispatch_tax : float [s]
         Fixed per-step launch overhead (mlsysim default 0.01 ms).
+    gemm_efficiency : mapping str -> float, optional [1]
+        Megatron physics only: achieved share of the dense peak on large GEMMs,
+        by precision key (``bf16``, ``fp8``, ...), as published GEMM benchmarks state it.
     """
 
     name: str
@@ -79,9 +82,16 @@ class Accelerator:
     tdp: Optional[float] = None
     dispatch_tax: float = 1e-5
     source: str = ""
+    gemm_efficiency: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "precision_flops", MappingProxyType(dict(self.precision_flops)))
+        object.__setattr__(self, "gemm_efficiency", MappingProxyType(dict(self.gemm_efficiency)))
+        for key, value in self.gemm_efficiency.items():
+            if not 0 < value <= 1:
+                raise ValueError(
+                    f"Accelerator {self.name!r}: gemm_efficiency[{key!r}] must be in (0, 1], but got {value!r}"
+                )
         _positive(self, "peak_flops", "memory_capacity", "memory_bandwidth",
                   "sram_capacity", "sram_bandwidth", "flash_bandwidth", "host_link_bandwidth")
         for key, value in self.precision_flops.items():
@@ -105,6 +115,13 @@ class Node:
 
     ``intra_node_bandwidth`` [B/s] is the one-way rate between two accelerators of
     the node (the ring collectives' beta).
+
+    Optional facts used by the Megatron physics only (absent = derived from the
+    above, see :mod:`solver.network`): ``scale_up_domain`` accelerators joined by
+    one NVLink/NVSwitch domain (8 on HGX/DGX, 72 on GB200 NVL72);
+    ``scale_up_bus_bandwidth`` [B/s] the NCCL all-reduce bus bandwidth achieved
+    inside that domain; ``nic_bandwidth`` [B/s] the scale-out NIC rate per
+    accelerator (one direction).
     """
 
     name: str
@@ -112,6 +129,9 @@ class Node:
     accelerators_per_node: int
     intra_node_bandwidth: float
     source: str = ""
+    scale_up_domain: Optional[int] = None
+    scale_up_bus_bandwidth: Optional[float] = None
+    nic_bandwidth: Optional[float] = None
 
     def __post_init__(self):
         if int(self.accelerators_per_node) != self.accelerators_per_node or self.accelerators_per_node < 1:
@@ -120,7 +140,11 @@ class Node:
                 f"but got {self.accelerators_per_node!r}"
             )
         object.__setattr__(self, "accelerators_per_node", int(self.accelerators_per_node))
-        _positive(self, "intra_node_bandwidth")
+        _positive(self, "intra_node_bandwidth", "scale_up_bus_bandwidth", "nic_bandwidth")
+        if self.scale_up_domain is not None and (
+                int(self.scale_up_domain) != self.scale_up_domain or self.scale_up_domain < 1):
+            raise ValueError(f"Node {self.name!r}: scale_up_domain must be an integer >= 1, "
+                             f"but got {self.scale_up_domain!r}")
 
 
 @dataclass(frozen=True)
@@ -189,6 +213,15 @@ class Workload:
         MoE: expert count and top-k.
     denoising_steps : int, optional
         Diffusion: forward passes per sample.
+    kv_heads, ffn_hidden_dim, vocab_size, head_dim : int, optional
+        Megatron physics: key/value heads (GQA; default ``heads``), MLP width
+        (default 4 * hidden), vocabulary (padded), attention head width
+        (default hidden / heads).
+    gated_mlp : bool, optional
+        SwiGLU-style MLP with 3 matrices (default False: GELU, 2 matrices).
+    moe_ffn_hidden_dim, shared_experts, dense_layers : int, optional
+        MoE: width of one routed expert, shared experts per MoE layer, leading
+        dense (non-MoE) layers.
     """
 
     name: str
@@ -204,6 +237,14 @@ class Workload:
     active_experts_per_token: Optional[int] = None
     denoising_steps: Optional[int] = None
     source: str = ""
+    kv_heads: Optional[int] = None
+    ffn_hidden_dim: Optional[int] = None
+    vocab_size: Optional[int] = None
+    head_dim: Optional[int] = None
+    gated_mlp: Optional[bool] = None
+    moe_ffn_hidden_dim: Optional[int] = None
+    shared_experts: Optional[int] = None
+    dense_layers: Optional[int] = None
 
     def __post_init__(self):
         if self.kind not in WORKLOAD_KINDS:
@@ -219,7 +260,8 @@ class Workload:
                 f"Workload {self.name!r}: inference_flops must be >= 0, but got {self.inference_flops!r}"
             )
         for name in ("layers", "hidden_dim", "heads", "experts", "active_experts_per_token",
-                     "denoising_steps"):
+                     "denoising_steps", "kv_heads", "ffn_hidden_dim", "vocab_size", "head_dim",
+                     "moe_ffn_hidden_dim", "shared_experts", "dense_layers"):
             value = getattr(self, name)
             if value is not None and (int(value) != value or value < 0):
                 raise ValueError(

@@ -57,20 +57,31 @@ def _assert_same(ours, theirs, path):
         assert ours == theirs and type(ours) is type(theirs), f"{path}: {ours!r} vs {theirs!r}"
 
 
+def _registry_names(kind):
+    """names() without the extra catalog files' entries (those end in EXTRA_SUFFIX)."""
+    return [n for n in catalog.names(kind) if not n.endswith(catalog.EXTRA_SUFFIX)]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_entry_matches_mlsysim_registry(kind, registry):
     from solver.adapters import from_mlsysim
 
     getter = getattr(catalog, kind[:-1])
-    for name in catalog.names(kind):
+    for name in _registry_names(kind):
         assert name in registry[kind], f"{kind} {name!r} is not in the mlsysim registry"
         _assert_same(getter(name), from_mlsysim(registry[kind][name]), f"{kind}.{name}")
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_names_cover_every_registry_entry(kind, registry):
-    assert set(catalog.names(kind)) == set(registry[kind])
+    assert set(_registry_names(kind)) == set(registry[kind])
     assert catalog.names(kind) == sorted(catalog.names(kind))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_names_list_the_extra_entries(kind):
+    assert set(catalog.extra_names(kind)) <= set(catalog.names(kind))
+    assert set(catalog.names(kind)) - set(_registry_names(kind)) == set(catalog.extra_names(kind))
 
 
 def test_workload_kinds_follow_mlsysim_classes(registry):

@@ -12,8 +12,15 @@ Models:
 ``"mlsysim"`` (:mod:`solver.physics.mlsysim`, the default)
     mlsysim 0.3.0's ``DistributedModel.solve``, exactly, quirks included.
 
-To add a model (``solver/physics/megatron.py`` is the next one): write the
-module, import it below and add its name to :data:`PHYSICS`. Steps every model
+``"megatron"`` (:mod:`solver.physics.megatron`)
+    How Megatron-Core runs on real hardware (sequence and context parallelism,
+    distributed optimizer and FSDP gathers, overlaps, per-GEMM efficiency, NVLink
+    domains), judged by its error against published measured runs
+    (``benchmarks/fidelity.py``). Its knobs are Megatron-Core's
+    (:data:`solver.physics.megatron.KNOBS`).
+
+To add a model: write the module, import it below and add its name to
+:data:`PHYSICS`. Steps every model
 shares (spec checks, the invalid mask) are in :mod:`solver.physics.common`.
 
     >>> import solver
@@ -27,14 +34,14 @@ from __future__ import annotations
 import difflib
 from types import ModuleType
 
-from . import mlsysim
+from . import megatron, mlsysim
 
 __all__ = ["PHYSICS", "DEFAULT_PHYSICS", "model", "solve"]
 
 #: Physics model name -> its module (``solve`` and ``OUTPUTS``).
 PHYSICS = {
     "mlsysim": mlsysim,
-    # "megatron": megatron,  # solver/physics/megatron.py: `from . import megatron` above
+    "megatron": megatron,
 }
 
 #: The model ``solve`` uses unless told otherwise.
@@ -70,7 +77,12 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, **knobs) -> dict:
     physics : str, optional
         The model (a key of :data:`PHYSICS`); ``"mlsysim"`` by default.
     **knobs
-        The keywords of mlsysim 0.3.0's ``DistributedModel.solve`` (``batch_size``,
+        The model's knobs. For ``"megatron"``: :data:`solver.physics.megatron.KNOBS`
+        (``batch_size``, ``seq_len``, ``tp_size``, ``pp_size``, ``cp_size``,
+        ``ep_size``, ``dp_size``, ``v_stages``, ``micro_batch_size``,
+        ``sequence_parallel``, ``recompute``, ``zero_stage``, ``precision``,
+        ``tp_comm_overlap``, ``overlap_grad_reduce``, ``overlap_param_gather``, ...).
+        For ``"mlsysim"``: the keywords of mlsysim 0.3.0's ``DistributedModel.solve`` (``batch_size``,
         ``precision``, ``efficiency``, ``tp_size``, ``pp_size``, ``ep_size``,
         ``v_stages``, ``microbatch_count``, ``topology_override``, ``zero_stage``,
         ``is_lora``, ``activation_recomputation``, ``overlap_comm``,

@@ -1,0 +1,1 @@
+"""Fitted constants of the physics models (TOML), installed with the package."""

@@ -1,0 +1,103 @@
+"""Time of GEMMs and of memory-bound kernels on one accelerator.
+
+A GEMM of ``F`` FLOPs runs at ``peak * plateau * curve(F / peak)``: large GEMMs
+reach a plateau share of the dense peak, small ones fall off (tile
+quantization, wave quantization, launch latency). The fall-off is a table on
+the GEMM's *ideal duration* ``F / peak`` (so a faster accelerator needs larger
+GEMMs to saturate), interpolated in log space. Memory-bound kernels (norms,
+activations, dropout, softmax, the optimizer) move bytes at HBM bandwidth.
+
+References
+----------
+[1] Calculon (Isaev, M. et al. (2023), "Calculon: a methodology and tool for
+    high-level co-design of systems and large language models", SC23),
+    ``systems/a100_80g.json``: matrix efficiency by GEMM size (>= 128 GFLOP:
+    0.95, >= 16: 0.9, >= 1: 0.6, smaller: 0.1) at 312 TFLOP/s; memory
+    efficiency by transfer size (>= 100 MB: 0.9, >= 10 MB: 0.75, >= 1 MB: 0.6).
+[2] NVIDIA, "Matrix multiplication background user's guide" (Deep Learning
+    Performance documentation): tile and wave quantization of small GEMMs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "GEMM_CURVE_SECONDS",
+    "GEMM_CURVE_EFFICIENCY",
+    "MEMORY_EFFICIENCY",
+    "gemm_size_efficiency",
+    "gemm_time",
+    "memory_bound_time",
+]
+
+#: Knots of the GEMM size curve: ideal durations [s] = Calculon's A100 GFLOP
+#: thresholds [1] over its 312 TFLOP/s (1, 16, 128 GFLOP), with a floor knot.
+GEMM_CURVE_SECONDS = np.array([0.01e9, 1e9, 16e9, 128e9]) / 312e12
+#: Relative efficiency at those knots [1], normalized to the 128-GFLOP plateau (0.95).
+GEMM_CURVE_EFFICIENCY = np.array([0.1, 0.6, 0.9, 0.95]) / 0.95
+#: Share of HBM bandwidth achieved by large streaming kernels [1] (>= 100 MB: 0.9).
+MEMORY_EFFICIENCY = 0.9
+
+_LOG_KNOTS = np.log(GEMM_CURVE_SECONDS)
+
+
+def gemm_size_efficiency(flops, peak_flops, *, size_shift=1.0):
+    """Relative efficiency of a GEMM of ``flops`` FLOPs on a ``peak_flops`` device [1].
+
+    Parameters
+    ----------
+    flops : array_like [FLOP]
+        Work of one GEMM call.
+    peak_flops : array_like [FLOP/s]
+        Dense peak at the GEMM's precision.
+    size_shift : array_like [1]
+        Multiplies the knots' durations (a fitted constant: > 1 means GEMMs
+        must be larger than Calculon says to saturate).
+
+    Returns
+    -------
+    numpy.ndarray [1]
+        In (0, 1]; 1 on the plateau. Interpolated linearly in log duration,
+        constant beyond the end knots.
+    """
+    ideal = np.maximum(np.asarray(flops, dtype=np.float64) / peak_flops, 1e-30)
+    x = np.log(ideal) - np.log(size_shift)
+    return np.interp(x, _LOG_KNOTS, GEMM_CURVE_EFFICIENCY)
+
+
+def gemm_time(flops, peak_flops, *, plateau, size_shift=1.0, calls=1.0):
+    """Time of ``calls`` GEMMs of ``flops`` FLOPs each [s].
+
+    Parameters
+    ----------
+    flops : array_like [FLOP]
+        Work of one call.
+    peak_flops : array_like [FLOP/s]
+    plateau : array_like [1]
+        Achieved share of peak on large GEMMs (the accelerator's
+        ``gemm_efficiency`` times the fitted scale).
+    size_shift : array_like [1]
+        See :func:`gemm_size_efficiency`.
+    calls : array_like [1]
+
+    Returns
+    -------
+    numpy.ndarray [s]
+    """
+    eff = plateau * gemm_size_efficiency(flops, peak_flops, size_shift=size_shift)
+    return calls * flops / (peak_flops * eff)
+
+
+def memory_bound_time(bytes_moved, memory_bandwidth, *, efficiency=MEMORY_EFFICIENCY):
+    """Time of kernels that stream ``bytes_moved`` bytes through HBM [s].
+
+    Parameters
+    ----------
+    bytes_moved : array_like [B]
+        Bytes read plus written.
+    memory_bandwidth : array_like [B/s]
+    efficiency : array_like [1]
+        Share of the bandwidth achieved [1].
+    """
+    return np.asarray(bytes_moved) / (memory_bandwidth * efficiency)

@@ -1,0 +1,152 @@
+"""Per-accelerator memory of Megatron-Core training: model state, activations, buffers.
+
+Arrays in, arrays out. Model state follows Megatron-Core's mixed-precision
+layout: 16-bit weights, FP32 main gradients, and Adam's FP32 master weights and
+two moments, the last sharded over the data-parallel group by the distributed
+optimizer (ZeRO-1), gradients too at stage 2, weights too at stage 3 (FSDP).
+Activations follow Korthikanti et al.'s per-layer accounting, generalized to
+grouped-query attention and gated MLPs, times the microbatches a 1F1B or
+interleaved schedule keeps in flight on its first stage.
+
+References
+----------
+[1] Korthikanti, V. et al. (2023), "Reducing activation recomputation in large
+    transformer models", MLSys, arXiv:2205.05198: Sec. 4.1 (per-layer bytes
+    s b h (34 + 5 a s / h)), Table 2 (TP, SP, selective and full recompute),
+    Sec. 4.2.3 (interleaved schedule: first stage holds L (1 + (p-1)/(p v)) layers).
+[2] Megatron-LM, ``docs/source/api-guide/dist_optimizer.md``: bytes per
+    parameter 2 (bf16 weight) + 4 (fp32 grad) + 12 / d (fp32 master, Adam m, v).
+[3] Rajbhandari, S. et al. (2020), "ZeRO", SC (stages 1-3).
+[4] Megatron-LM, ``megatron/core/pipeline_parallel/schedules.py``: warm-up
+    microbatches p - r - 1 (1F1B) and 2 (p - r - 1) + (v - 1) p (interleaved).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "WEIGHT_BYTES",
+    "MAIN_GRAD_BYTES",
+    "ADAM_STATE_BYTES",
+    "model_state",
+    "layer_activation_bytes",
+    "in_flight_layers",
+    "logits_bytes",
+]
+
+#: 16-bit weights [B per parameter] (FP8 training keeps them; FP8 copies are transient).
+WEIGHT_BYTES = 2.0
+#: FP32 main gradients of Megatron-Core's DDP buffer [B per parameter] [2].
+MAIN_GRAD_BYTES = 4.0
+#: FP32 master weights + Adam m + v [B per parameter] [2].
+ADAM_STATE_BYTES = 12.0
+
+
+def model_state(parameters, *, shard_group, zero_stage):
+    """Weights, gradients and optimizer state of one accelerator [B].
+
+    Parameters
+    ----------
+    parameters : array_like [1]
+        Parameters held by the rank's model-parallel shard (after TP, PP, EP).
+    shard_group : array_like [1]
+        Ranks the distributed optimizer shards over (DP x CP).
+    zero_stage : array_like of int
+        0 none, 1 distributed optimizer (optimizer state sharded), 2 + gradients,
+        3 + weights (FSDP).
+
+    Returns
+    -------
+    tuple of numpy.ndarray [B]
+        (weights, gradients, optimizer_state).
+    """
+    z = np.asarray(zero_stage)
+    d = np.asarray(shard_group, dtype=np.float64)
+    p = np.asarray(parameters, dtype=np.float64)
+    # [2]: 2 + 4 + 12/d bytes per parameter with the distributed optimizer; [3] for 2, 3.
+    weights = WEIGHT_BYTES * p / np.where(z >= 3, d, 1.0)
+    gradients = MAIN_GRAD_BYTES * p / np.where(z >= 2, d, 1.0)
+    optimizer = ADAM_STATE_BYTES * p / np.where(z >= 1, d, 1.0)
+    return weights, gradients, optimizer
+
+
+def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn_hidden, gated,
+                           tp_size, sequence_parallel, recompute_code, flash_attention,
+                           moe_top_k=0.0, moe_ffn_hidden=0.0):
+    """Bytes one layer stores for the backward pass of one microbatch, on one rank [B].
+
+    Parameters
+    ----------
+    micro_batch : array_like [1]
+        Sequences b.
+    seq_len : array_like [1]
+        Tokens per sequence on this rank s (divide by CP first).
+    hidden, heads, kv_heads, ffn_hidden : array_like [1]
+        Model shape (whole, not divided by TP).
+    gated : bool
+    tp_size : array_like [1]
+    sequence_parallel : array_like of bool
+    recompute_code : array_like of int
+        0 none, 1 selective (attention core), 2 full (layer input only).
+    flash_attention : array_like of bool
+        A fused attention kernel stores no s x s scores (the 5 a s / h term).
+    moe_top_k, moe_ffn_hidden : array_like [1]
+        MoE layer: routed experts per token and expert width (0 for a dense layer).
+
+    Returns
+    -------
+    numpy.ndarray [B]
+    """
+    b, s, h = micro_batch, np.asarray(seq_len, dtype=np.float64), hidden
+    t = np.asarray(tp_size, dtype=np.float64)
+    sp = np.asarray(sequence_parallel)
+    sbh = b * s * h
+    # Table 2 of [1]: s b h (10 + 24/t + 5 a s/(h t)); the 10 (norm inputs, dropout
+    # masks, residuals) is replicated on every TP rank unless SP splits it too.
+    replicated = 10.0 / np.where(sp, t, 1.0)
+    # The 24/t of [1] is 8/t attention (Q, K, V, context) + 16/t MLP (fc1 out, GELU out),
+    # at kv = a and f = 4h; generalized: Q and context 2 + 2, K and V 2 kv/a each,
+    # MLP 2 bytes per element of its (2 or 3 matrix) intermediates.
+    attention = (4.0 + 4.0 * kv_heads / heads) / t
+    mlp_width = np.where(moe_top_k > 0, moe_top_k * moe_ffn_hidden, ffn_hidden)
+    mlp = (4.0 + 2.0 * np.asarray(gated, dtype=np.float64)) * mlp_width / h / t
+    # Routed tokens are permuted copies of the MLP input (2 bytes per element per expert).
+    mlp = mlp + 2.0 * np.asarray(moe_top_k) / np.where(sp, t, 1.0)
+    # Sec. 4.1 of [1]: 5 a s / h for scores, softmax, dropout mask and output.
+    scores = np.where(np.asarray(flash_attention) | (np.asarray(recompute_code) >= 1), 0.0,
+                      5.0 * heads * s / (h * t))
+    per_layer = sbh * (replicated + attention + mlp + scores)
+    # Table 2 of [1]: full recomputation keeps the layer input, 2 s b h (/t with SP).
+    full = 2.0 * sbh / np.where(sp, t, 1.0)
+    return np.where(np.asarray(recompute_code) == 2, full, per_layer)
+
+
+def in_flight_layers(layers_per_stage, pp_size, v_stages, microbatches):
+    """Layer-microbatches whose activations the first pipeline stage holds at its peak [1].
+
+    Parameters
+    ----------
+    layers_per_stage : array_like [1]
+        Layers of one physical stage (all its virtual chunks).
+    pp_size, v_stages, microbatches : array_like [1]
+
+    Returns
+    -------
+    numpy.ndarray [1]
+        ``layers_per_stage * min(p, m)`` for 1F1B; for v > 1,
+        ``layers_per_stage / v * min(p v + p - 1, m v)`` [4], i.e.
+        L (1 + (p-1)/(p v)) on the first stage [1].
+    """
+    p = np.asarray(pp_size, dtype=np.float64)
+    v = np.asarray(v_stages, dtype=np.float64)
+    m = np.asarray(microbatches, dtype=np.float64)
+    # [4]: warm-up + 1 chunks in flight on rank 0.
+    chunks = np.where(v > 1, p * v + p - 1, p)
+    return layers_per_stage / v * np.minimum(chunks, m * v)
+
+
+def logits_bytes(micro_batch, seq_len, vocab, *, tp_size):
+    """FP32 logits (and their gradient buffer) of one microbatch on the last stage [B]."""
+    # 4 bytes per vocabulary entry per token, vocabulary split by TP [1] (Sec. 4.1, output layer).
+    return 4.0 * micro_batch * np.asarray(seq_len, dtype=np.float64) * vocab / tp_size

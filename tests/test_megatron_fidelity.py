@@ -1,0 +1,42 @@
+"""Fidelity regression: the shipped constants keep the error measured by benchmarks/fidelity.py.
+
+The bars are the in-sample errors measured with the all-data fit on 2026-12-01
+(benchmarks/results/fidelity.md) plus a small margin; a change to the physics
+or the constants that makes the fit worse fails here.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("scipy")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import fidelity as F  # noqa: E402
+
+#: source -> (mean APE bar [%], max APE bar [%]) of the shipped constants, in sample.
+BARS = {"NAR21": (4.2, 11.8), "KOR22": (7.7, 14.1), "MLM24": (8.1, 15.3), "NEMO2407": (4.7, 12.0), "NEMOLS": (3.6, 4.9), "VTRAIN": (9.6, 38.7), "published_overall": (5.4, 15.3)}
+#: Minimum Kendall tau over the 8 vTrain groups.
+TAU_BAR = 0.86
+
+
+@pytest.fixture(scope="module")
+def table():
+    runs, _ = F.load_runs()
+    return F.score(runs, lambda r: F.megatron_predict(r, F.M.CONSTANTS))
+
+
+def test_constants_are_the_stored_fit():
+    assert F.M.CONSTANTS_PROVENANCE.get("data_sha256_16") == F.data_hash()
+
+
+def test_error_stays_under_measured_bar(table):
+    for src, (mean_bar, max_bar) in BARS.items():
+        assert table[src]["mean_ape"] <= mean_bar, (src, table[src])
+        assert table[src]["max_ape"] <= max_bar, (src, table[src])
+
+
+def test_vtrain_ranking(table):
+    assert min(table["VTRAIN"]["kendall_tau"]) >= TAU_BAR

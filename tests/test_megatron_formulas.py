@@ -1,0 +1,113 @@
+"""Formula modules of the megatron physics against the papers' closed forms."""
+
+import numpy as np
+import pytest
+
+from solver import flops as fl
+from solver import gemm, megatron_memory as mem, network as net
+
+
+def _layer_fwd(b, s, h, a, f=None, V=0, gated=False, kv=None):
+    f = 4 * h if f is None else f
+    kv = a if kv is None else kv
+    d = h / a
+    per_layer = fl.dense_layer_flops(b * s, s, h, heads=a, kv_heads=kv, head_dim=d, ffn_hidden=f,
+                                     gated=gated, micro_batch=b)
+    return per_layer
+
+
+@pytest.mark.parametrize("b,s,l,h,a,V", [(1, 2048, 96, 12288, 96, 51200), (512, 2048, 24, 2304, 24, 51200),
+                                          (8, 4096, 105, 20480, 128, 51200)])
+def test_per_gemm_counts_sum_to_narayanan_eq3(b, s, l, h, a, V):
+    fwd = l * _layer_fwd(b, s, h, a) + fl.logits_flops(b * s, h, V)
+    # Full recompute: 4 forward passes of the layers (1 + 2 backward + 1 recompute), LM head 3.
+    hw = 4 * (fwd - fl.logits_flops(b * s, h, V)) + 3 * fl.logits_flops(b * s, h, V)
+    assert hw == pytest.approx(fl.narayanan_eq3_flops(b, s, l, h, V), rel=1e-12)
+    # 96 B s l h^2 (1 + s/6h + V/16lh), by hand for the first case
+    if b == 1 and l == 96:
+        assert fl.narayanan_eq3_flops(1, 2048, 96, 12288, 51200) == pytest.approx(
+            96 * 2048 * 96 * 12288 ** 2 * (1 + 2048 / (6 * 12288) + 51200 / (16 * 96 * 12288)))
+
+
+def test_korthikanti_model_and_selective_flops():
+    b, s, l, h, V = 4, 2048, 48, 6144, 51200
+    fwd_layers = l * _layer_fwd(b, s, h, 64)
+    model = 3 * (fwd_layers + fl.logits_flops(b * s, h, V))
+    assert model == pytest.approx(fl.korthikanti_flops(b, s, l, h, V), rel=1e-12)
+    core = fl.attention_core_flops(b, s, s, heads=64, head_dim=h / 64)
+    assert fl.korthikanti_flops(b, s, l, h, V, recompute="selective") == pytest.approx(model + l * core)
+    assert fl.korthikanti_flops(b, s, l, h, V, recompute="full") == fl.narayanan_eq3_flops(b, s, l, h, V)
+    with pytest.raises(ValueError, match="recompute"):
+        fl.korthikanti_flops(b, s, l, h, V, recompute="half")
+
+
+def test_megatron_count_equals_korthikanti_for_gpt_and_counts_gqa_swiglu():
+    b, s, l, h, a, V = 2, 4096, 32, 4096, 32, 128256
+    assert fl.megatron_model_flops(b, s, l, h, heads=a, kv_heads=a, ffn_hidden=4 * h, vocab=V) == \
+        pytest.approx(fl.korthikanti_flops(b, s, l, h, V), rel=1e-12)
+    # Llama-3-8B-like: GQA 8 KV heads, SwiGLU 14336: per-GEMM sum, 3x forward
+    fwd = l * _layer_fwd(b, s, h, a, f=14336, gated=True, kv=8) + fl.logits_flops(b * s, h, V)
+    assert fl.megatron_model_flops(b, s, l, h, heads=a, kv_heads=8, ffn_hidden=14336, vocab=V,
+                                   gated=True) == pytest.approx(3 * fwd, rel=1e-12)
+    # = 6 (N_layers + N_lm_head) tokens + 12 l h s tokens (dense attention), by hand
+    n_layers = l * (h * 128 * (32 + 16) + 32 * 128 * h + 3 * h * 14336)
+    assert 3 * fwd == pytest.approx(b * s * (6 * (n_layers + V * h) + 12 * l * h * s), rel=1e-12)
+
+
+def test_causal_kernel_halves_attention_core():
+    full = fl.attention_core_flops(2, 1024, 1024, heads=8, head_dim=128)
+    assert fl.attention_core_flops(2, 1024, 1024, heads=8, head_dim=128, causal_fraction=0.5) == full / 2
+    assert full == 4 * 2 * 8 * 1024 * 1024 * 128
+
+
+def test_korthikanti_activation_table2():
+    s, b, h, a, t = 2048, 1, 12288, 96, 8
+    kw = dict(heads=a, kv_heads=a, ffn_hidden=4 * h, gated=False, flash_attention=False)
+    sbh = s * b * h
+    none_tp = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=False, recompute_code=0, **kw)
+    assert none_tp == pytest.approx(sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+    none_sp = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=True, recompute_code=0, **kw)
+    assert none_sp == pytest.approx(sbh / t * (34 + 5 * a * s / h))
+    sel_sp = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=True, recompute_code=1, **kw)
+    assert sel_sp == pytest.approx(34 * sbh / t)
+    full = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=False, recompute_code=2, **kw)
+    assert full == pytest.approx(2 * sbh)
+    one = mem.layer_activation_bytes(b, s, h, tp_size=1, sequence_parallel=False, recompute_code=0, **kw)
+    assert one == pytest.approx(sbh * (34 + 5 * a * s / h))
+
+
+def test_interleaved_in_flight_layers_and_distributed_optimizer_bytes():
+    L, p, v = 96, 8, 3
+    got = mem.in_flight_layers(L / p, p, v, 64)
+    assert got == pytest.approx(L * (1 + (p - 1) / (p * v)))
+    assert mem.in_flight_layers(L / p, p, 1, 64) == pytest.approx(L)
+    assert mem.in_flight_layers(L / p, p, 1, 2) == pytest.approx(2 * L / p)
+    w, g, o = mem.model_state(1e9, shard_group=8, zero_stage=1)
+    assert (w + g + o) / 1e9 == pytest.approx(2 + 4 + 12 / 8)
+    w3, g3, o3 = mem.model_state(1e9, shard_group=8, zero_stage=3)
+    assert (w3 + g3 + o3) / 1e9 == pytest.approx(18 / 8)
+
+
+def test_network_collectives():
+    M, n = 1e9, 8
+    assert net.allreduce_time(M, 1, bus_bandwidth=1e11, latency=1e-6) == 0.0
+    ar = net.allreduce_time(M, n, bus_bandwidth=1e11, latency=0.0)
+    rs = net.reduce_scatter_time(M, n, bus_bandwidth=1e11, latency=0.0)
+    ag = net.all_gather_time(M, n, bus_bandwidth=1e11, latency=0.0)
+    assert ar == pytest.approx(rs + ag) and ar == pytest.approx(2 * 7 / 8 * M / 1e11)
+    # two-level with everything in one domain is the one-domain collective
+    kw = dict(scale_up_bandwidth=1e11, scale_up_latency=1e-6, scale_out_bandwidth=1e10, scale_out_latency=5e-6)
+    assert net.two_level_time("all_reduce", M, 8, 8, **kw) == pytest.approx(
+        net.allreduce_time(M, 8, bus_bandwidth=1e11, latency=1e-6))
+    assert net.two_level_time("all_reduce", M, 16, 1, **kw) == pytest.approx(
+        net.allreduce_time(M, 16, bus_bandwidth=1e10, latency=5e-6))
+    assert net.p2p_time(1e6, bandwidth=1e9, latency=1e-6) == pytest.approx(1e-3 + 1e-6)
+
+
+def test_gemm_curve_is_calculon_table():
+    peak = 312e12
+    for gflop, eff in ((128, 0.95), (16, 0.9), (1, 0.6), (1000, 0.95)):
+        assert gemm.gemm_size_efficiency(gflop * 1e9, peak) * 0.95 == pytest.approx(eff)
+    # faster accelerator needs larger GEMMs: same size is less efficient on 3x the peak
+    assert gemm.gemm_size_efficiency(4e9, 3 * peak) < gemm.gemm_size_efficiency(4e9, peak)
+    assert gemm.gemm_time(1e12, 1e15, plateau=0.5) == pytest.approx(2e-3)

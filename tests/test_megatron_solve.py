@@ -1,0 +1,133 @@
+"""solver.physics.megatron.solve: limits, broadcasting, validation, realizable mask."""
+
+import numpy as np
+import pytest
+
+from solver import catalog
+from solver.physics import megatron as M
+
+WL = catalog.workload("Llama3_70B_MC")
+FL = catalog.fleet("HGX_H100_1K_MC")
+BASE = dict(batch_size=512, seq_len=4096, tp_size=8, pp_size=4, dp_size=8, micro_batch_size=1,
+            v_stages=5, sequence_parallel=True)
+
+
+def test_outputs_declared_and_finite():
+    out = M.solve(WL, FL, **BASE)
+    assert set(out) == set(M.OUTPUTS)
+    assert bool(out["valid"]) and bool(out["realizable"])
+    assert 0.2 < float(out["mfu"]) < 0.8
+    assert float(out["step_latency_total"]) > float(out["compute_latency"]) / 32 * 0.99  # m = 64... positive
+    assert float(out["memory_footprint"]) == pytest.approx(sum(float(out[k]) for k in (
+        "memory_weights", "memory_gradients", "memory_optimizer_state", "memory_activations",
+        "memory_communication_buffers")))
+
+
+def test_cp1_no_sp_is_plain_tp():
+    a = M.solve(WL, FL, **{**BASE, "sequence_parallel": False, "cp_size": 1})
+    assert float(a["cp_communication_latency"]) == 0.0
+    # plain TP: the norms are replicated, so SP is faster and stores less
+    b = M.solve(WL, FL, **{**BASE, "sequence_parallel": True})
+    assert float(b["memory_activations"]) < float(a["memory_activations"])
+    # with one TP rank, SP changes nothing at all
+    c = M.solve(WL, FL, **{**BASE, "tp_size": 1, "pp_size": 8, "v_stages": 1, "sequence_parallel": False})
+    d = M.solve(WL, FL, **{**BASE, "tp_size": 1, "pp_size": 8, "v_stages": 1, "sequence_parallel": True})
+    for name in M.OUTPUTS:
+        np.testing.assert_array_equal(c[name], d[name])
+    assert float(c["tp_communication_latency"]) == 0.0
+
+
+def test_one_stage_has_no_bubble_no_p2p_and_zero0_no_gather():
+    out = M.solve(WL, FL, **{**BASE, "pp_size": 1, "v_stages": 1, "zero_stage": 0, "dp_size": 32,
+                             "overlap_param_gather": False, "overlap_grad_reduce": False})
+    assert float(out["pipeline_bubble_latency"]) == 0.0
+    assert float(out["bubble_fraction"]) == 0.0
+    assert float(out["pp_communication_latency"]) == 0.0
+    z1 = M.solve(WL, FL, **{**BASE, "pp_size": 1, "v_stages": 1, "zero_stage": 1, "dp_size": 32,
+                            "overlap_param_gather": False, "overlap_grad_reduce": False})
+    # zero 0: all-reduce (RS + AG of fp32 grads); zero 1: RS of grads + AG of bf16 params: cheaper
+    assert float(z1["dp_communication_latency"]) < float(out["dp_communication_latency"])
+    one = M.solve(WL, FL, **{**BASE, "pp_size": 1, "v_stages": 1, "dp_size": 1, "batch_size": 16})
+    assert float(one["dp_communication_latency"]) == 0.0
+
+
+def test_bubble_is_narayanan_eq1():
+    for v in (1, 5):
+        out = M.solve(WL, FL, **{**BASE, "v_stages": v})
+        m = float(out["microbatch_count"])
+        # bubble / (m * stage) = (p-1)/(v m) up to the LM head's share on the last stage
+        frac = float(out["bubble_fraction"])
+        ideal = (4 - 1) / (v * m) / (1 + (4 - 1) / (v * m))
+        assert frac == pytest.approx(ideal, rel=0.05)
+
+
+def test_grid_equals_flat_on_random_draws():
+    rng = np.random.default_rng(7)
+    axes = dict(tp_size=np.array([1, 2, 4, 8]), pp_size=np.array([1, 2, 4]), cp_size=np.array([1, 2]),
+                micro_batch_size=np.array([1, 2]), recompute=np.array(["none", "selective", "full"]),
+                zero_stage=np.array([0, 1, 3]), precision=np.array(["bf16", "fp8"]),
+                sequence_parallel=np.array([False, True]))
+    mesh = {k: v.reshape([-1 if i == j else 1 for j in range(len(axes))])
+            for i, (k, v) in enumerate(axes.items())}
+    grid = M.solve(WL, FL, batch_size=256, seq_len=4096, dp_size=4, **mesh)
+    shape = grid["step_latency_total"].shape
+    idx = [rng.integers(0, n, 40) for n in shape]
+    flat = {k: v[i] for (k, v), i in zip(axes.items(), idx)}
+    got = M.solve(WL, FL, batch_size=256, seq_len=4096, dp_size=4, **flat)
+    for name in M.OUTPUTS:
+        np.testing.assert_allclose(got[name], grid[name][tuple(idx)], rtol=1e-12, equal_nan=True,
+                                   err_msg=name)
+
+
+def test_derived_dp_and_valid_mask():
+    out = M.solve(WL, FL, batch_size=1024, seq_len=4096, tp_size=np.array([8, 3, 16]), pp_size=4)
+    assert out["valid"].tolist() == [True, False, True]
+    assert out["dp_size"][0] == 1024 / 32
+    assert np.isnan(out["step_latency_total"][1]) and not out["feasible"][1]
+    moe = catalog.workload("Mixtral_8x7B_MC")
+    e = M.solve(moe, FL, batch_size=1024, tp_size=2, pp_size=4, ep_size=np.array([8, 3]))
+    assert e["valid"].tolist() == [True, False]
+    assert float(e["ep_communication_latency"][0]) > 0
+
+
+def test_realizable_mask():
+    out = M.solve(WL, FL, seq_len=4096, tp_size=8, pp_size=4, dp_size=8,
+                  batch_size=np.array([512, 500, 4]), micro_batch_size=1)
+    assert out["realizable"].tolist() == [True, False, False]  # whole microbatches; none idle
+    bad_tp = M.solve(WL, FL, batch_size=512, tp_size=3, pp_size=1, dp_size=4)  # 64 heads % 3
+    assert bool(bad_tp["valid"]) and not bool(bad_tp["realizable"])
+    bad_v = M.solve(WL, FL, batch_size=512, tp_size=8, pp_size=4, v_stages=3, dp_size=4)  # 80 % 12
+    assert not bool(bad_v["realizable"])
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(tp_size=0), "tp_size"), (dict(recompute="half"), "recompute must be one of"),
+    (dict(precision="fp12"), "precision must be one of"), (dict(zero_stage=4), "zero_stage"),
+    (dict(precision=np.array(["bf16", "fp12"])), "'fp12'"), (dict(gemm_scale=-1.0), "gemm_scale"),
+    (dict(micro_batch_size=1.5), "micro_batch_size"),
+])
+def test_bad_knobs_raise_naming_knob(kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        M.solve(WL, FL, **kw)
+
+
+def test_unknown_keyword_and_string_arrays():
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        M.solve(WL, FL, microbatch_count=4)
+    out = M.solve(WL, FL, batch_size=512, tp_size=8, pp_size=4, dp_size=8,
+                  recompute=np.array(["none", "FULL", "selective"]), flash_attention=False)
+    t = out["step_latency_total"]
+    assert t[1] > t[2] > t[0]  # full recompute costs most, selective a little
+    assert out["memory_activations"][1] < out["memory_activations"][2] < out["memory_activations"][0]
+    # a fused attention kernel stores no scores: selective recompute then saves no memory
+    fused = M.solve(WL, FL, batch_size=512, tp_size=8, pp_size=4, dp_size=8,
+                    recompute=np.array(["none", "selective"]), flash_attention=True)
+    assert fused["memory_activations"][0] == fused["memory_activations"][1]
+
+
+def test_fp8_speeds_gemms_only_and_more_bandwidth_never_slows():
+    out = M.solve(WL, FL, **{**BASE, "precision": np.array(["bf16", "fp8"])})
+    t = out["step_latency_total"]
+    assert t[1] < t[0] and t[1] > t[0] / 2
+    slow = M.solve(WL, FL, **BASE, scale_out_efficiency=0.3, scale_up_efficiency=0.5)
+    assert float(slow["step_latency_total"]) >= float(t[0])
