@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("scipy")
+import scipy  # noqa: F401,E402  (the test extra has it: a missing scipy fails, never skips)
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import fidelity as F  # noqa: E402

@@ -490,7 +490,7 @@ def test_physics_default_is_mlsysim():
 @pytest.mark.parametrize("name, closest", [("mlsysm", "mlsysim"), ("MLSYSIM", "mlsysim"),
                                            ("", "mlsysim"), (None, "mlsysim")])
 def test_unknown_physics_is_value_error_naming_choices_and_closest(name, closest):
-    with pytest.raises(ValueError, match=rf"physics must be one of 'mlsysim'.*closest is '{closest}'"):
+    with pytest.raises(ValueError, match=rf"physics must be one of 'megatron', 'mlsysim'.*closest is '{closest}'"):
         solver.solve(_wl("Llama3_70B"), _fl("Training_1K"), physics=name)
 
 

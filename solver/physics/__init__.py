@@ -59,7 +59,8 @@ def model(name: str) -> ModuleType:
     found = PHYSICS.get(name) if isinstance(name, str) else None
     if found is None:
         choices = sorted(PHYSICS)
-        closest = difflib.get_close_matches(str(name), choices, n=1, cutoff=0.0) or choices[:1]
+        closest = difflib.get_close_matches(str(name).lower(), choices, n=1, cutoff=0.5) or [
+            DEFAULT_PHYSICS]
         raise ValueError(f"physics must be one of {', '.join(map(repr, choices))}, but got "
                          f"{name!r} (the closest is {closest[0]!r})")
     return found
