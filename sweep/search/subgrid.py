@@ -286,7 +286,8 @@ def refine_search(study, space: SearchSpace, setup: _Setup, *, seed: Optional[in
     seed : int, optional
         Seeds the grouping and perturbations (the study's sampler has its own).
     time_budget : float [s]
-        Wall time after which no new round or restart begins.
+        Wall time after which no new round or restart begins (the first round
+        and its first restart always run).
     patience : int
         Rounds without a better best after which the search stops.
     starts : int
@@ -311,7 +312,7 @@ def refine_search(study, space: SearchSpace, setup: _Setup, *, seed: Optional[in
 
     with _Owner() as owner:
         while evidence.stale_rounds < patience:
-            if out_of_time():
+            if evidence.rounds and out_of_time():  # one round at least, whatever the budget
                 evidence.stopped_by = "time"
                 break
             trials = [study.ask(space.distributions) for _ in range(starts)]
@@ -326,7 +327,7 @@ def refine_search(study, space: SearchSpace, setup: _Setup, *, seed: Optional[in
             improved = False
             refined = []
             for layout, score in points:
-                if out_of_time():
+                if refined and out_of_time():
                     break
                 layout, score = climber.climb(layout, score)
                 evidence.restarts += 1
