@@ -143,7 +143,8 @@ def test_grid_sampler_visits_each_point_once():
                               "dp_size": [2, 4, 8]},
             "fixed": {**SMALL["fixed"], "zero_stage": 3, "microbatch_count": 16,
                       "activation_recomputation": True}}
-    result = search(spec, sampler="grid", seed=0, memory_limit=LIMIT, batch_size=16)
+    result = search(spec, sampler="grid", seed=0, memory_limit=LIMIT, batch_size=16,
+                    mode="sampled")
     params = [tuple(sorted(t.params.items())) for t in result.study.trials]
     assert len(params) == len(set(params)) == 36 == result.n_evaluated
     exact = search(spec, mode="exact", memory_limit=LIMIT)
