@@ -126,7 +126,7 @@ HUGE = [
 ]
 
 #: Objectives of the multi-objective comparison.
-PARETO = {"mfu": "maximize", "n_accelerators": "minimize"}
+PARETO = {"effective_throughput": "maximize", "n_accelerators": "minimize"}
 
 
 def machine() -> dict:

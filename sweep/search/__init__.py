@@ -120,6 +120,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
+from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 import numpy as np
@@ -137,7 +138,7 @@ from .pricing import (DEFAULT_DIRECTIONS, DERIVED, PENALTY, _Setup, parse_object
 from .reference import ReferenceSpace, reference_optimizer_space, reproduce_reference_optimizer
 from .result import SearchResult, study_result
 from .space import SearchSpace, build_space, index_encoded
-from .storage import open_storage
+from .storage import JOURNAL_SUFFIXES, open_storage
 from .subgrid import DEFAULT_PATIENCE, Evidence, refine_search
 
 __all__ = [
@@ -306,6 +307,9 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     setup = _Setup(spec=spec, objectives=objs, limits=limits, derive=derive,
                    constraints=dict(constraints or {}))
     block_points = _whole("block_points", BLOCK_POINTS if block_points is None else block_points)
+    if refine is not None:  # refused whatever the mode, not only when sampling
+        refine = _refine(refine, sampler, objs)
+    _check_storage(storage)
     reason = "sampled: asked for (mode='sampled')"
     if chosen == "exhaustive":
         result = _exact(setup, k=k, block_points=block_points, n_jobs=n_jobs, progress=progress,
@@ -337,6 +341,19 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
                     progress=progress, refine=refine, started=started,
                     time_budget=max(0.0, time_budget - (time.perf_counter() - started)),
                     patience=patience)
+
+
+def _check_storage(storage) -> None:
+    """Refuse a storage :func:`open_storage` would refuse, whatever the mode (opens nothing)."""
+    from optuna.storages import BaseStorage
+
+    if storage is None or isinstance(storage, BaseStorage):
+        return
+    text = str(storage) if isinstance(storage, (str, Path)) else None
+    if text is not None and (text.startswith("journal://") or "://" in text
+                             or text.endswith(JOURNAL_SUFFIXES)):
+        return
+    open_storage(storage)  # raises ValueError naming the accepted forms
 
 
 def _budget(time_budget) -> float:
