@@ -280,8 +280,8 @@ def test_plot_functions_for_notebooks(files):
 
 
 def test_search_samples(files, capsys):
-    code, out, err = _call(capsys, ["search", files["spec"], "--trials", "12", "--seed", "0",
-                                    "--top", "3", "--no-progress"])
+    code, out, err = _call(capsys, ["search", files["spec"], "--mode", "sampled", "--trials",
+                                    "12", "--seed", "0", "--top", "3", "--no-progress"])
     assert code == 0, err
     assert out.startswith("search [tpe] for mfu (max): 12 layouts evaluated")
     assert "top 3 distinct layouts by mfu" in out

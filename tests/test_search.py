@@ -74,13 +74,13 @@ def test_memory_limit_forms():
 
 def test_bad_arguments_say_what_was_expected():
     with pytest.raises(ValueError, match="objective must be .* but got 'mfuu'"):
-        search(SMALL, objective="mfuu", n_trials=1)
+        search(SMALL, objective="mfuu", n_trials=1, mode="sampled")
     with pytest.raises(ValueError, match="direction of 'mfu' must be"):
-        search(SMALL, direction="up", n_trials=1)
+        search(SMALL, direction="up", n_trials=1, mode="sampled")
     with pytest.raises(ValueError, match="no default direction"):
-        search(SMALL, objective="dp_size", n_trials=1)
+        search(SMALL, objective="dp_size", n_trials=1, mode="sampled")
     with pytest.raises(ValueError, match="sampler must be one of .* but got 'cma'"):
-        search(SMALL, sampler="cma", n_trials=1)
+        search(SMALL, sampler="cma", n_trials=1, mode="sampled")
     with pytest.raises(ValueError, match="mode must be 'sample' or 'exact'"):
         search(SMALL, mode="all")
     with pytest.raises(ValueError, match="storage must be"):
@@ -91,7 +91,7 @@ def test_bad_arguments_say_what_was_expected():
 
 
 def test_best_respects_memory_limit_and_is_a_valid_split():
-    result = search(SMALL, n_trials=192, seed=0, memory_limit=LIMIT, batch_size=64)
+    result = search(SMALL, n_trials=192, seed=0, memory_limit=LIMIT, batch_size=64, mode="sampled")
     assert result.n_evaluated == 192 and result.best_params is not None
     spec = load_spec(SMALL)
     for entry in [{"params": result.best_params}] + result.top:
@@ -120,9 +120,9 @@ def test_best_respects_memory_limit_and_is_a_valid_split():
 
 
 def test_same_seed_same_trials_and_result():
-    a = search(SMALL, n_trials=96, seed=7, memory_limit=LIMIT, batch_size=32)
-    b = search(SMALL, n_trials=96, seed=7, memory_limit=LIMIT, batch_size=32)
-    c = search(SMALL, n_trials=96, seed=8, memory_limit=LIMIT, batch_size=32)
+    a = search(SMALL, n_trials=96, seed=7, memory_limit=LIMIT, batch_size=32, mode="sampled")
+    b = search(SMALL, n_trials=96, seed=7, memory_limit=LIMIT, batch_size=32, mode="sampled")
+    c = search(SMALL, n_trials=96, seed=8, memory_limit=LIMIT, batch_size=32, mode="sampled")
     params = [t.params for t in a.study.trials]
     assert params == [t.params for t in b.study.trials]
     assert [t.values for t in a.study.trials] == [t.values for t in b.study.trials]
@@ -133,7 +133,7 @@ def test_same_seed_same_trials_and_result():
 @pytest.mark.parametrize("sampler", ["nsga2", "random"])
 def test_other_samplers(sampler):
     result = search(SMALL, n_trials=64, seed=1, sampler=sampler, memory_limit=LIMIT,
-                    batch_size=32)
+                    batch_size=32, mode="sampled")
     assert result.n_evaluated == 64 and result.best_params is not None
     assert result.breakdown["memory_footprint"] <= 60e9
 
@@ -143,7 +143,8 @@ def test_grid_sampler_visits_each_point_once():
                               "dp_size": [2, 4, 8]},
             "fixed": {**SMALL["fixed"], "zero_stage": 3, "microbatch_count": 16,
                       "activation_recomputation": True}}
-    result = search(spec, sampler="grid", seed=0, memory_limit=LIMIT, batch_size=16)
+    result = search(spec, sampler="grid", seed=0, memory_limit=LIMIT, batch_size=16,
+                    mode="sampled")
     params = [tuple(sorted(t.params.items())) for t in result.study.trials]
     assert len(params) == len(set(params)) == 36 == result.n_evaluated
     exact = search(spec, mode="exact", memory_limit=LIMIT)
@@ -161,7 +162,7 @@ def test_one_solve_per_workload_per_batch(monkeypatch):
 
     monkeypatch.setattr(pricing_mod, "_price", spy)
     spec = {**SMALL, "workload": ["Llama3_70B", "Mixtral_8x7B"]}
-    search(spec, n_trials=64, seed=2, sampler="random", batch_size=64, memory_limit=LIMIT)
+    search(spec, n_trials=64, seed=2, sampler="random", batch_size=64, memory_limit=LIMIT, mode="sampled")
     first = calls[:2]
     assert {w for w, _, _ in first} == {"Llama3_70B", "Mixtral_8x7B"}
     assert sum(n for _, _, n in first) == 64
@@ -169,7 +170,7 @@ def test_one_solve_per_workload_per_batch(monkeypatch):
 
 def test_continuous_axis_is_sampled_and_refused_by_exact():
     spec = {**SMALL, "axes": {**SMALL["axes"], "efficiency": {"from": 0.3, "to": 0.6}}}
-    result = search(spec, n_trials=64, seed=0, memory_limit=LIMIT)
+    result = search(spec, n_trials=64, seed=0, memory_limit=LIMIT, mode="sampled")
     assert 0.3 <= result.best_params["efficiency"] <= 0.6
     with pytest.raises(SpecError, match="continuous"):
         search(spec, mode="exact")
@@ -177,7 +178,7 @@ def test_continuous_axis_is_sampled_and_refused_by_exact():
 
 def test_other_objectives_and_directions():
     fast = search(SMALL, objective="step_latency_total", n_trials=64, seed=0,
-                  memory_limit=LIMIT)
+                  memory_limit=LIMIT, mode="sampled")
     assert fast.study.direction == optuna.study.StudyDirection.MINIMIZE
     values = [e["values"]["step_latency_total"] for e in fast.top]
     assert values == sorted(values)
@@ -244,7 +245,7 @@ def test_multi_objective_returns_a_nondominated_set():
     assert exact.best_value == tuple(front[0] * signs)
 
     sampled = search(SMALL, objectives=objectives, sampler="nsga2", n_trials=128, seed=0,
-                     memory_limit=LIMIT, batch_size=32)
+                     memory_limit=LIMIT, batch_size=32, mode="sampled")
     assert len(sampled.study.directions) == 2 and sampled.best_trials
     front = np.array([[e["values"]["effective_throughput"], e["values"]["n_accelerators"]]
                       for e in sampled.best_trials]) * signs
@@ -272,7 +273,7 @@ def test_resume_after_an_interruption_in_process(tmp_path, monkeypatch):
     monkeypatch.setattr(solver, "solve", crash_on_third)
     with pytest.raises(RuntimeError, match="simulated crash"):
         search(SMALL, n_trials=80, seed=0, batch_size=16, storage=journal,
-               study_name="resume", memory_limit=LIMIT)
+               study_name="resume", memory_limit=LIMIT, mode="sampled")
     monkeypatch.setattr(solver, "solve", real)
     study = optuna.load_study(study_name="resume", storage=open_storage(journal))
     done = {t.number: t.values for t in _study_trials(study, TrialState.COMPLETE)}
@@ -281,7 +282,7 @@ def test_resume_after_an_interruption_in_process(tmp_path, monkeypatch):
     assert len(done) == 32 and 0 < len(running) <= 16
 
     result = search(SMALL, n_trials=80, seed=0, batch_size=16, storage=journal,
-                    study_name="resume", memory_limit=LIMIT)
+                    study_name="resume", memory_limit=LIMIT, mode="sampled")
     assert result.n_new == 48 and result.n_evaluated == 80
     trials = result.study.trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 80
@@ -293,11 +294,11 @@ def test_resume_after_an_interruption_in_process(tmp_path, monkeypatch):
             assert t.params == running[t.number]
     # Same call again: the budget is the study's total, nothing to add.
     again = search(SMALL, n_trials=80, seed=0, batch_size=16, storage=journal,
-                   study_name="resume", memory_limit=LIMIT)
+                   study_name="resume", memory_limit=LIMIT, mode="sampled")
     assert again.n_new == 0 and again.n_evaluated == 80
     with pytest.raises(ValueError, match="created for another space"):
         search({**SMALL, "fixed": {"batch_size": 256}}, n_trials=80, storage=journal,
-               study_name="resume", memory_limit=LIMIT)
+               study_name="resume", memory_limit=LIMIT, mode="sampled")
 
 
 _CHILD = """
@@ -319,7 +320,7 @@ solver.solve = solve
 while not go.exists():
     time.sleep(0.01)
 result = search(spec, n_trials={n_trials}, seed={seed}, sampler={sampler!r}, batch_size={batch},
-                storage={journal!r}, study_name="shared", memory_limit="60 GB")
+                storage={journal!r}, study_name="shared", memory_limit="60 GB", mode="sampled")
 print(json.dumps({{"n_new": result.n_new}}))
 """
 
@@ -354,7 +355,7 @@ def test_resume_after_sigkill(tmp_path):
     assert len(done) == 48 and len(zombies) == 16
 
     result = search(SMALL, n_trials=80, seed=5, sampler="random", batch_size=16,
-                    storage=journal, study_name="shared", memory_limit=LIMIT)
+                    storage=journal, study_name="shared", memory_limit=LIMIT, mode="sampled")
     assert result.n_evaluated == 80 and result.n_new == 32
     trials = result.study.trials
     assert len(trials) == 80 and all(t.state == TrialState.COMPLETE for t in trials)
@@ -391,9 +392,9 @@ def test_journal_workers_share_one_study(tmp_path):
 def test_rdb_storage_resumes(tmp_path):
     url = f"sqlite:///{tmp_path / 'search.db'}"
     first = search(SMALL, n_trials=6, seed=0, batch_size=6, storage=url, memory_limit=LIMIT,
-                   sampler="random")
+                   sampler="random", mode="sampled")
     second = search(SMALL, n_trials=12, seed=1, batch_size=6, storage=url, memory_limit=LIMIT,
-                    sampler="random")
+                    sampler="random", mode="sampled")
     assert first.study.study_name == second.study.study_name
     assert first.n_new == 6 and second.n_new == 6 and second.n_evaluated == 12
 
@@ -472,10 +473,10 @@ def test_wider_space_never_worse_than_reference(scenario, references):
 
 
 def test_local_moves_are_counted_trials_and_refine_is_checked():
-    result = search(SMALL, n_trials=64, seed=0, memory_limit=LIMIT)
+    result = search(SMALL, n_trials=64, seed=0, memory_limit=LIMIT, mode="sampled")
     origins = [t.user_attrs.get("search:origin") for t in result.study.trials]
     assert origins.count("local") > 0 and len(origins) == result.n_evaluated == 64
-    plain = search(SMALL, n_trials=32, seed=0, memory_limit=LIMIT, refine=0)
+    plain = search(SMALL, n_trials=32, seed=0, memory_limit=LIMIT, refine=0, mode="sampled")
     assert all("search:origin" not in t.user_attrs for t in plain.study.trials)
     with pytest.raises(ValueError, match=r"refine must be a share of the batch in \[0, 1\]"):
         search(SMALL, refine=1.5)
@@ -494,7 +495,7 @@ def test_journal_forms_open_the_same_file(tmp_path):
 
 def test_nothing_feasible_is_reported_not_raised():
     with pytest.warns(RuntimeWarning, match="no feasible layout"):
-        result = search(SMALL, n_trials=16, seed=0, memory_limit="1 GB")
+        result = search(SMALL, n_trials=16, seed=0, memory_limit="1 GB", mode="sampled")
     assert result.best_params is None and result.top == [] and result.n_admissible == 0
     assert "no feasible layout" in result.summary()
 
@@ -526,7 +527,7 @@ def test_deprecated_spellings_warn_and_still_work():
 
 def test_local_moves_sampler_wraps_the_inner_sampler():
     """The local trials take the batch's last places; the inner sampler proposes the others."""
-    result = search(SMALL, n_trials=64, seed=3, memory_limit=LIMIT, batch_size=16)
+    result = search(SMALL, n_trials=64, seed=3, memory_limit=LIMIT, batch_size=16, mode="sampled")
     assert isinstance(result.study.sampler, search_mod_attr("LocalMovesSampler"))
     trials = result.study.trials
     for start in range(16, 64, 16):

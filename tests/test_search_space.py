@@ -22,7 +22,7 @@ def test_axes_map_to_optuna_distributions():
     })
     space = build_space(spec)
     d = space.distributions
-    assert d["tp_size_index"] == IntDistribution(0, 3)         # ordered choice
+    assert d["tp_size"] == CategoricalDistribution((1, 2, 4, 8))  # the values themselves
     assert d["zero_stage"] == IntDistribution(0, 3)
     assert d["microbatch_count"] == IntDistribution(2, 10, step=2)
     assert d["efficiency"] == FloatDistribution(0.1, 0.6, log=True)
@@ -30,9 +30,9 @@ def test_axes_map_to_optuna_distributions():
     assert d["precision"] == CategoricalDistribution(("bf16", "fp8"))
     assert d["overlap_comm"] == CategoricalDistribution((True, False))
     assert "ep_size" not in d and space.constants == {"ep_size": 1}
-    layout = space.decode({"tp_size_index": 2, "zero_stage": 3, "microbatch_count": 6,
+    layout = space.decode({"tp_size": 4, "zero_stage": 3, "microbatch_count": 6,
                            "efficiency": 0.2, "overlap_efficiency": 0.7, "precision": "fp8",
                            "overlap_comm": False})
     assert layout["tp_size"] == 4 and layout["ep_size"] == 1 and layout["workload"] == "Llama3_70B"
-    assert space.encode(layout)["tp_size_index"] == 2
+    assert space.encode(layout)["tp_size"] == 4
     assert math.isinf(space.size)

@@ -54,6 +54,18 @@ def _jobs(text) -> int:
     return value
 
 
+def _seconds(text) -> float:
+    """A positive, finite number of seconds (``--time-budget``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, "
+                                         f"but got {text!r}")
+    return value
+
+
 def _memory_limit(text) -> MemoryLimit:
     """``"72 GB"``, ``"0.9"`` (a fraction of capacity) or ``"7.2e10"`` (bytes).
 
@@ -182,10 +194,12 @@ def _add_search(commands):
     """The ``search`` command's arguments."""
     search = commands.add_parser("search", help="search a spec's layouts with optuna",
                                  description="Search a spec's layouts for the best objective "
-                                 "under a memory limit (optuna), or exhaustively (--exact).")
+                                 "under a memory limit: exhaustively when the whole space prices "
+                                 "within --time-budget, else sampled (optuna proposals refined "
+                                 "by pricing whole sub-grids); --mode forces one.")
     search.add_argument("spec", metavar="SPEC", help="a spec (TOML)")
-    search.add_argument("--trials", type=_positive_int, help="trials the study should hold "
-                        "(default: 256)")
+    search.add_argument("--trials", type=_positive_int, help="sampled mode: a fixed budget of "
+                        "optuna trials (the classic ask/tell loop); default: stop by evidence")
     search.add_argument("--seed", type=int, help="seeds the sampler")
     search.add_argument("--memory-limit", type=_memory_limit, metavar="LIMIT",
                         help="'72 GB', bytes, or a fraction of the accelerator's memory (0.9); "
@@ -196,8 +210,15 @@ def _add_search(commands):
     search.add_argument("--storage", help="optuna storage: an RDB URL or a journal file "
                         "(*.log) to resume or share a study")
     search.add_argument("--study-name", help="study name (default: from the spec and space)")
+    search.add_argument("--mode", default=None,
+                        type=_one_of(("auto", "exhaustive", "sampled"), "a mode"),
+                        help="auto (default): exhaustive when it fits --time-budget, else "
+                             "sampled; exhaustive: every layout; sampled: optuna")
     search.add_argument("--exact", action="store_true",
-                        help="price every layout instead of sampling (the true optimum)")
+                        help="the same as --mode exhaustive (every layout: the true optimum)")
+    search.add_argument("--time-budget", type=_seconds, default=None, metavar="SECONDS",
+                        help="wall time auto mode allows the exhaustive walk, and the sampled "
+                             "search at most (default: 60)")
     search.add_argument("-k", "--top", dest="k", type=_positive_int, default=10, metavar="K",
                         help="layouts listed (default: 10)")
     search.add_argument("--batch-size", type=_positive_int, help="trials priced per batch")

@@ -45,8 +45,11 @@ def _search_options(search, args) -> dict:
         storage=args.storage, study_name=args.study_name, progress=_progress(args),
         n_jobs=args.jobs)
     options["k"] = args.k
-    if args.exact:
-        options["mode"] = "exact"  # the default mode samples (its name changes: not passed)
+    if args.exact and args.mode not in (None, "exhaustive"):
+        raise UsageError(f"--exact is --mode exhaustive, but got --mode {args.mode} with it")
+    options["mode"] = "exhaustive" if args.exact else (args.mode or "auto")
+    if args.time_budget is not None:
+        options["time_budget"] = args.time_budget
     if args.direction is not None:
         options["direction"] = args.direction
     if args.batch_size:

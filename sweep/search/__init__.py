@@ -1,16 +1,24 @@
-"""Layout search: the best layout under a memory limit, in spaces too large to enumerate.
+"""Layout search: the best layout under a memory limit, exact where it can be, sampled where it must.
 
-``search(spec)`` turns a spec's axes into an optuna search space (see
-:mod:`sweep.search.space`), asks the sampler for a batch of trials, prices the whole
-batch with one ``solver.solve`` call per (workload, fleet) pair, and tells the
-study each trial's objective value(s) and constraint values. ``mode="exact"``
-instead walks the whole grid in blocks (:func:`sweep.grid.blocks`) keeping a
-running top-k (or Pareto set): the true optimum under the same constraints, in
-the same :class:`SearchResult` shape.
+``search(spec)`` runs in one of two modes and says which and why
+(:attr:`SearchResult.reason`):
+
+* **exhaustive**: every grid point priced in blocks (:func:`sweep.grid.blocks`)
+  keeping a running top-k (or Pareto set): the true optimum (the exact front);
+* **sampled**: optuna proposes starting layouts and, around each, whole
+  sub-grids are priced in one ``solver.solve`` call each until no group of axes
+  improves (:mod:`sweep.search.subgrid`), stopped by evidence; or, given
+  ``n_trials`` (or another sampler, several objectives, ``refine``), the
+  classic ask/tell loop of that many trials.
+
+``mode="auto"`` (the default) starts the exhaustive walk and measures its rate:
+if the whole space prices within ``time_budget`` (60 s) the walk goes on to the
+exact answer, else the search samples (:mod:`sweep.search.auto`).
 
     >>> from sweep.search import search
-    >>> result = search("configs/sweeps/search_llama70b.toml", n_trials=1000, seed=0)
-    >>> result.best_params, result.best_value          # doctest: +SKIP
+    >>> result = search("configs/sweeps/search_llama70b.toml", seed=0)
+    >>> result.reason                                 # doctest: +SKIP
+    'sampled: 2.64e+09 layouts would take 7.3 min to price (time budget 60 s); ...'
     >>> print(result.summary())                        # doctest: +SKIP
 
 Design choices
@@ -79,14 +87,13 @@ Local moves
     ``refine=0`` is plain TPE.
 
 When to search, when to sweep
-    The solver prices ~10^7 layouts/s on an open mesh, so a discrete space of
-    10^9 is swept exhaustively in minutes (``mode="exact"``; the 2.6e9-layout
-    ``configs/sweeps/search_llama70b.toml`` took 211 s on 2 processes), while
-    optuna's TPE spends ~20 s on its first 1000 trials and ~3 min on 3000
-    (its cost per trial grows with the history). The search reached 99.96 %
-    of that optimum in 1000 evaluations and the optimum in 3000: search for a
-    quick answer, for continuous axes, or beyond ~10^10 layouts; sweep when
-    the space is discrete and the true optimum matters.
+    The solver prices ~10^6-10^7 layouts/s on an open mesh while optuna's TPE
+    takes ~10 ms per proposal (its cost grows with the history). So auto mode
+    sweeps whatever prices within the time budget (10^8-10^9 layouts), and the
+    sampled search spends optuna's proposals only on starting points: on the
+    2.6e9-layout ``configs/sweeps/search_llama70b.toml`` it reaches the same
+    best on every seed in ~4 s, against ~4 min for the exhaustive walk
+    (``benchmarks/bench_search.py``).
 
 Seeds
     ``seed`` seeds the sampler and the local moves: the same seed, spec and batch size give the
@@ -113,6 +120,7 @@ from __future__ import annotations
 import hashlib
 import time
 import warnings
+from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 import numpy as np
@@ -121,6 +129,7 @@ import optuna
 from solver.blocks import BLOCK_POINTS
 
 from ..spec import load_spec
+from .auto import DEFAULT_TIME_BUDGET, MODES, Probe, duration, mode_name
 from .exhaustive import exact as _exact
 from .local import DEFAULT_REFINE, LocalMovesSampler
 from .loop import SAMPLERS, SIGNATURE_KEY, STALE_AFTER, make_sampler, quiet_optuna, run, signature
@@ -128,8 +137,9 @@ from .pricing import (DEFAULT_DIRECTIONS, DERIVED, PENALTY, _Setup, parse_object
                       resolve_memory_limit)
 from .reference import ReferenceSpace, reference_optimizer_space, reproduce_reference_optimizer
 from .result import SearchResult, study_result
-from .space import SearchSpace, build_space
-from .storage import open_storage
+from .space import SearchSpace, build_space, index_encoded
+from .storage import JOURNAL_SUFFIXES, open_storage
+from .subgrid import DEFAULT_PATIENCE, Evidence, refine_search
 
 __all__ = [
     "search",
@@ -142,6 +152,10 @@ __all__ = [
     "STALE_AFTER",
     "SAMPLERS",
     "DEFAULT_REFINE",
+    "DEFAULT_TIME_BUDGET",
+    "DEFAULT_PATIENCE",
+    "MODES",
+    "Evidence",
     "LocalMovesSampler",
     "SearchSpace",
     "build_space",
@@ -154,8 +168,6 @@ __all__ = [
 DEFAULT_BATCH_SIZE = 16
 #: Priced trials a study holds by default (the grid size for ``sampler="grid"``).
 DEFAULT_TRIALS = 256
-
-_MODES = {"sample": "sample", "sampled": "sample", "exact": "exact"}
 
 
 def _alias(new, old, old_name: str, new_name: str):
@@ -177,10 +189,11 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
            memory_limit=None, objective: str = "mfu", direction: Optional[str] = None,
            objectives=None, sampler="tpe", batch_size: Optional[int] = None, storage=None,
            study_name: Optional[str] = None, load_if_exists: bool = True, k: int = 10,
-           mode: str = "sample", progress=None, derive: Optional[Callable] = None,
+           mode: str = "auto", progress=None, derive: Optional[Callable] = None,
            constraints: Optional[Mapping[str, Callable]] = None, refine: Optional[float] = None,
            block_points: Optional[int] = None, n_jobs: int = 1, top_k: Optional[int] = None,
-           max_points: Optional[int] = None) -> SearchResult:
+           max_points: Optional[int] = None, time_budget: Optional[float] = None,
+           patience: Optional[int] = None) -> SearchResult:
     """Search a spec's layouts for the best objective under a memory limit.
 
     Parameters
@@ -190,12 +203,14 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
         ordered choices such as powers of two, continuous float ranges), its
         ``fixed`` knobs held, its constraints applied.
     n_trials : int, optional
-        Priced trials the study should hold when the call returns, counted
+        A fixed trial budget for the classic ask/tell loop (see ``mode``):
+        priced trials the study should hold when the call returns, counted
         across runs and workers (a resumed or parallel call adds only the
-        missing ones). Default 256; for ``sampler="grid"`` the grid size.
+        missing ones); for ``sampler="grid"`` the grid size by default.
+        Without it, the sampled search stops by evidence.
     seed : int, optional
-        Seeds the sampler and the local moves (same seed, same trial sequence
-        and result).
+        Seeds the sampler, the local moves and the refinement (same seed, same
+        trial sequence and result).
     memory_limit : None, float, str or sweep.limits.MemoryLimit
         Per-accelerator limit, as :func:`sweep.limits.parse_memory_limit`
         reads it: a size such as ``"72 GB"``, a fraction (0 < x <= 1) of the
@@ -214,12 +229,12 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
         ``objective``/``direction`` (``"max"``/``"min"`` are deprecated
         spellings).
     sampler : {"tpe", "nsga2", "random", "grid"} or optuna sampler
-        TPE by default; NSGA-II uses ``batch_size`` as its population.
+        TPE by default (it proposes the starts of the sub-grid search); any
+        other sampler runs the classic loop, NSGA-II with ``batch_size`` as
+        its population.
     batch_size : int, optional
-        Trials asked, priced in one ``solver.solve`` call, then told (default
-        16). Pricing 16 layouts takes about a millisecond while optuna's TPE
-        takes ~10 ms to propose each, so a batch saves no wall time beyond ~16
-        and costs sample efficiency (the sampler learns only between batches).
+        Classic loop: trials asked, priced in one ``solver.solve`` call, then
+        told (default 16).
     storage : None, str or optuna storage
         In memory by default; a journal file path (``*.log``, ``*.jsonl``,
         ``journal:///path``) for several local processes; an RDB URL for
@@ -232,11 +247,18 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
         objectives must match).
     k : int
         Distinct admissible layouts to report (``top_k`` is its deprecated name).
-    mode : {"sample", "exact"}
-        ``"exact"`` prices every grid point in blocks of at most
-        ``block_points``, keeping a running top-k (or Pareto set); ``n_trials``,
-        ``sampler``, ``seed`` and ``storage`` are then unused. ``"sampled"``
-        is ``"sample"``.
+    mode : {"auto", "exhaustive", "sampled"}
+        ``"auto"`` (default) starts the exhaustive walk and measures its rate
+        (:mod:`sweep.search.auto`): if the whole space prices within
+        ``time_budget`` it is walked to the end (the exact optimum, or the
+        exact Pareto front), else it is sampled. ``"exhaustive"`` prices
+        every grid point in blocks of at most ``block_points``, keeping a
+        running top-k (or Pareto set); ``n_trials``, ``sampler``, ``seed`` and
+        ``storage`` are then unused. ``"sampled"`` searches with optuna: with
+        one objective, TPE and no ``n_trials``, by sub-grid refinement
+        stopped by evidence (:mod:`sweep.search.subgrid`); otherwise the
+        classic loop of ``n_trials`` trials. ``"exact"`` and ``"sample"``
+        are aliases. :attr:`SearchResult.reason` says which ran and why.
     progress : bool, optional
         Show a tqdm progress bar.
     derive : callable, optional
@@ -247,17 +269,21 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
         Extra constraints ``fn(outputs, knobs, workload, fleet) -> array``,
         admissible where <= 0.
     refine : float, optional
-        Share of each batch spent on local moves
-        (:class:`~sweep.search.local.LocalMovesSampler`): untried layouts one
-        or two coordinate steps from the best admissible trials, asked and
-        told as ordinary trials (``user_attrs["search:origin"] == "local"``).
-        The sampler proposes the rest. Default 0.25 with TPE on a single
-        objective, else 0 (plain sampler); must be 0 with the grid.
+        Classic loop: share of each batch spent on local moves
+        (:class:`~sweep.search.local.LocalMovesSampler`). Default 0.25 with
+        TPE on a single objective, else 0; must be 0 with the grid. Giving it
+        selects the classic loop.
     block_points : int, optional
-        Grid points per block in exact mode (default
+        Grid points per block in exhaustive mode (default
         :data:`solver.blocks.BLOCK_POINTS`; ``max_points`` is its deprecated name).
     n_jobs : int
-        Processes for exact mode (joblib); 1 runs in this process.
+        Processes for exhaustive mode (joblib); 1 runs in this process.
+    time_budget : float, optional [s]
+        Wall time auto mode allows the exhaustive walk, and after which the
+        sub-grid search starts no new round. Default 60 s.
+    patience : int, optional
+        Sub-grid search: rounds without a better best after which it stops
+        (default :data:`~sweep.search.subgrid.DEFAULT_PATIENCE`).
 
     Returns
     -------
@@ -272,39 +298,114 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     started = time.perf_counter()
     k = _whole("top_k" if top_k is not None else "k", _alias(k, top_k, "top_k", "k"))
     block_points = _alias(block_points, max_points, "max_points", "block_points")
+    chosen = mode_name(mode)
+    time_budget = _budget(time_budget)
     spec = load_spec(spec)
     objs = parse_objectives(objective, direction, objectives)
     limits = {label: resolve_memory_limit(memory_limit, spec, fleet)
               for label, fleet in spec.fleets.items()}
     setup = _Setup(spec=spec, objectives=objs, limits=limits, derive=derive,
                    constraints=dict(constraints or {}))
-    if mode not in _MODES:
-        raise ValueError(f"mode must be 'sample' or 'exact' ('sampled' is 'sample'), "
-                         f"but got {mode!r}")
-    if _MODES[mode] == "exact":
-        return _exact(setup, k=k, block_points=_whole(
-            "block_points", BLOCK_POINTS if block_points is None else block_points),
-            n_jobs=n_jobs, progress=progress, started=started)
-    batch_size = _whole("batch_size", DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
+    block_points = _whole("block_points", BLOCK_POINTS if block_points is None else block_points)
+    if refine is not None:  # refused whatever the mode, not only when sampling
+        refine = _refine(refine, sampler, objs)
+    _check_storage(storage)
+    reason = "sampled: asked for (mode='sampled')"
+    if chosen == "exhaustive":
+        result = _exact(setup, k=k, block_points=block_points, n_jobs=n_jobs, progress=progress,
+                        started=started)
+        result.reason = f"exhaustive: asked for; {spec.size:.3g} layouts, " \
+                        f"{duration(result.elapsed)}"
+        return result
+    if chosen == "auto":
+        continuous = [a.name for a in spec.axes if a.is_continuous]
+        if continuous:
+            reason = (f"sampled: the continuous axis {', '.join(continuous)} cannot be "
+                      f"enumerated")
+        else:
+            probe = Probe(time_budget)
+            result = _exact(setup, k=k, block_points=block_points, n_jobs=n_jobs,
+                            progress=progress, started=started, probe=probe)
+            if result is not None:
+                result.reason = (f"exhaustive: {spec.size:.3g} layouts, "
+                                 f"{duration(result.elapsed)} (estimated "
+                                 f"{duration(probe.estimate)}, within the time budget "
+                                 f"{duration(time_budget)})")
+                return result
+            reason = (f"sampled: {spec.size:.3g} layouts would take "
+                      f"{duration(probe.estimate)} to price (time budget "
+                      f"{duration(time_budget)})")
+    return _sampled(setup, spec, objs, reason=reason, n_trials=n_trials, seed=seed,
+                    sampler=sampler, batch_size=batch_size, storage=storage,
+                    study_name=study_name, load_if_exists=load_if_exists, k=k,
+                    progress=progress, refine=refine, started=started,
+                    time_budget=max(0.0, time_budget - (time.perf_counter() - started)),
+                    patience=patience)
+
+
+def _check_storage(storage) -> None:
+    """Refuse a storage :func:`open_storage` would refuse, whatever the mode (opens nothing)."""
+    from optuna.storages import BaseStorage
+
+    if storage is None or isinstance(storage, BaseStorage):
+        return
+    text = str(storage) if isinstance(storage, (str, Path)) else None
+    if text is not None and (text.startswith("journal://") or "://" in text
+                             or text.endswith(JOURNAL_SUFFIXES)):
+        return
+    open_storage(storage)  # raises ValueError naming the accepted forms
+
+
+def _budget(time_budget) -> float:
+    if time_budget is None:
+        return DEFAULT_TIME_BUDGET
+    if isinstance(time_budget, bool) or not isinstance(time_budget, (int, float)) \
+            or not time_budget > 0 or not np.isfinite(time_budget):
+        raise ValueError(f"time_budget must be a positive, finite number of seconds, "
+                         f"but got {time_budget!r}")
+    return float(time_budget)
+
+
+def _sampled(setup, spec, objs, *, reason, n_trials, seed, sampler, batch_size, storage,
+             study_name, load_if_exists, k, progress, refine, started, time_budget,
+             patience) -> SearchResult:
+    """Sampled mode: the sub-grid search, or the classic loop of ``n_trials`` trials."""
     space = build_space(spec)
     if not space.params:
         raise ValueError(f"spec {spec.name!r} has no axis with more than one value: nothing to "
                          f"search (price it with solver.solve)")
-    n_trials = _whole("n_trials", (space.size if sampler == "grid" else DEFAULT_TRIALS)
-                      if n_trials is None else n_trials)
-    if sampler == "grid":
-        n_trials = min(n_trials, int(space.size))
-    refine = _refine(refine, sampler, objs)
+    subgrid = (n_trials is None and refine is None and sampler == "tpe" and len(objs) == 1)
+    batch_size = _whole("batch_size", DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
+    if not subgrid:
+        n_trials = _whole("n_trials", (space.size if sampler == "grid" else DEFAULT_TRIALS)
+                          if n_trials is None else n_trials)
+        if sampler == "grid":
+            n_trials = min(n_trials, int(space.size))
+        refine = _refine(refine, sampler, objs)
+    patience = _whole("patience", DEFAULT_PATIENCE if patience is None else patience)
     with quiet_optuna(), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = _open_study(setup, space, sampler, seed=seed, batch_size=batch_size,
-                            refine=refine, storage=storage, study_name=study_name,
-                            load_if_exists=load_if_exists)
+                            refine=0.0 if subgrid else refine, storage=storage,
+                            study_name=study_name, load_if_exists=load_if_exists)
+        if subgrid:
+            before = len(study.trials)
+            evidence = refine_search(study, space, setup, seed=seed, time_budget=time_budget,
+                                     patience=patience)
+            result = study_result(study, space, setup, n_new=evidence.n_priced, k=k,
+                                  started=started, sampler="tpe+subgrid",
+                                  reason=f"{reason}; sub-grid refinement of optuna's "
+                                         f"proposals, {len(study.trials) - before} trials "
+                                         f"recorded")
+            result.n_evaluated = evidence.n_priced + before
+            result.evidence = evidence
+            return result
         n_new = run(study, space, setup, n_trials=n_trials, batch_size=batch_size,
                     progress=progress)
         return study_result(study, space, setup, n_new=n_new, k=k, started=started,
                             sampler=sampler if isinstance(sampler, str)
-                            else type(sampler).__name__)
+                            else type(sampler).__name__,
+                            reason=f"{reason}; {n_trials} optuna trials")
 
 
 def _refine(refine, sampler, objs) -> float:
@@ -336,6 +437,12 @@ def _open_study(setup, space, sampler, *, seed, batch_size, refine, storage, stu
     stored = study.user_attrs.get(SIGNATURE_KEY)
     if stored is None:
         study.set_user_attr(SIGNATURE_KEY, sig)
+    elif stored != sig and index_encoded(stored):
+        raise ValueError(f"study {study_name!r} in this storage was written with the former "
+                         f"position encoding ({', '.join(index_encoded(stored))}: positions in "
+                         f"the sorted values), but this version stores the knob values "
+                         f"themselves; start a new study (another study_name or storage) and "
+                         f"search again; the old study stays readable with optuna")
     elif stored != sig:
         raise ValueError(f"study {study_name!r} in this storage was created for another "
                          f"space or objectives: expected {stored}, but got {sig}")

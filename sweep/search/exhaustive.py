@@ -88,8 +88,14 @@ def _parts(setup, blocks, k, n_jobs):
         delayed(_reduce_block)(setup, b, k) for b in blocks)
 
 
-def exact(setup: _Setup, *, k, block_points, n_jobs, progress, started) -> SearchResult:
-    """Price every grid point of ``setup.spec`` in blocks of ``block_points``; the best k."""
+def exact(setup: _Setup, *, k, block_points, n_jobs, progress, started, probe=None,
+          reason: str = "") -> SearchResult:
+    """Price every grid point of ``setup.spec`` in blocks of ``block_points``; the best k.
+
+    ``probe(n_priced, size)``, if given, is called after each block; when it
+    returns False the walk stops and ``exact`` returns None (auto mode found
+    the whole walk too slow for its time budget).
+    """
     spec = setup.spec
     n_obj = len(setup.objectives)
     total = _Reduced(np.zeros((0, n_obj)), np.zeros(0, dtype=np.int64))
@@ -98,12 +104,16 @@ def exact(setup: _Setup, *, k, block_points, n_jobs, progress, started) -> Searc
         from tqdm.auto import tqdm
 
         bar = tqdm(total=spec.size, desc=f"exact {spec.name}", unit="layout", unit_scale=True)
-    for part in _parts(setup, grid_.blocks(spec, block_points), k, n_jobs):
-        total = _merge(total, part, k, n_obj)
+    try:
+        for part in _parts(setup, grid_.blocks(spec, block_points), k, n_jobs):
+            total = _merge(total, part, k, n_obj)
+            if bar is not None:
+                bar.update(part.n_points)
+            if probe is not None and not probe(total.n_points, spec.size):
+                return None
+    finally:
         if bar is not None:
-            bar.update(part.n_points)
-    if bar is not None:
-        bar.close()
+            bar.close()
     order = np.lexsort([total.index] + [-total.scores[:, j] for j in reversed(range(n_obj))])
     items = []
     for i in order:
@@ -116,4 +126,5 @@ def exact(setup: _Setup, *, k, block_points, n_jobs, progress, started) -> Searc
     pareto = items[:1] if n_obj == 1 else items
     return finish_result(setup, items, pareto, study=None, n_evaluated=total.n_points,
                          n_new=total.n_points, n_admissible=total.n_admissible, mode="exact",
-                         sampler="exhaustive", space_size=spec.size, k=k, started=started)
+                         sampler="exhaustive", space_size=spec.size, k=k, started=started,
+                         reason=reason)

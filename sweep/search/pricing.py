@@ -182,6 +182,9 @@ def _price(setup: _Setup, workload_label, fleet_label, knobs) -> _Priced:
         "split": np.where(valid, 0.0, 1.0),
         "memory": violated_if_invalid((out["memory_footprint"] - limit) / limit),
     }
+    if "realizable" in out:  # a framework can run it (when the solver reports it)
+        constraints["realizable"] = np.where(
+            valid & np.broadcast_to(np.asarray(out["realizable"], bool), shape), 0.0, 1.0)
     if spec.max_accelerators is not None:
         n_acc = outputs_.n_accelerators(out, knobs)
         constraints["accelerators"] = violated_if_invalid(

@@ -63,8 +63,18 @@ class SearchResult:
         (``n_feasible`` is its deprecated name.)
     memory_limits : dict
         Fleet label -> per-accelerator memory limit [B].
-    mode, sampler : str
+    mode : str
+        ``"exact"`` (every layout priced) or ``"sample"``.
+    sampler : str
+    space_size : float
+        Layouts in the space (``inf`` with a continuous axis).
     elapsed : float [s]
+    reason : str
+        Which mode ran and why, e.g. ``"exhaustive: 1.2e+06 layouts, 1.7 s"``
+        or ``"sampled: 3.1e+11 layouts would take 2.4 h (time budget 60 s)"``.
+    evidence : sweep.search.subgrid.Evidence or None
+        For the sub-grid search: best so far against layouts priced, how many
+        restarts agree, why it stopped.
     """
 
     best_params: Optional[dict]
@@ -82,6 +92,8 @@ class SearchResult:
     sampler: str = ""
     space_size: float = math.nan
     elapsed: float = 0.0
+    reason: str = ""
+    evidence: Any = None
 
     @property
     def is_multi_objective(self) -> bool:
@@ -113,6 +125,10 @@ class SearchResult:
         size = ("continuous" if math.isinf(self.space_size) else f"{self.space_size:.3g}")
         lines = [f"search [{how}] for {names}: {self.n_evaluated} layouts evaluated "
                  f"({self.n_new} new) of a space of {size}; {self.n_admissible} admissible"]
+        if self.reason:
+            lines.append(f"mode {self.reason}")
+        if self.evidence is not None:
+            lines.append(self.evidence.summary())
         if self.best_params is None:
             lines.append("no admissible layout: no feasible layout found within the memory "
                          "limit (" + ", ".join(f"{k}: {v / _GB:.1f} GB" for k, v in
@@ -178,7 +194,7 @@ def _key(layout):
     return tuple(sorted((k, repr(v)) for k, v in layout.items()))
 
 
-def study_result(study, space, setup, *, n_new, k, sampler, started) -> SearchResult:
+def study_result(study, space, setup, *, n_new, k, sampler, started, reason="") -> SearchResult:
     """The result of a study: distinct admissible layouts, best first, and the Pareto set."""
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     good = [t for t in complete if admissible(t)]
@@ -203,7 +219,7 @@ def study_result(study, space, setup, *, n_new, k, sampler, started) -> SearchRe
         pareto = items = [item for i, item in enumerate(items) if i in keep]
     return finish_result(setup, items, pareto, study=study, n_evaluated=len(complete),
                          n_new=n_new, n_admissible=len(good), mode="sample", sampler=sampler,
-                         space_size=space.size, k=k, started=started)
+                         space_size=space.size, k=k, started=started, reason=reason)
 
 
 def _entry(setup, layout, values, described, number):
@@ -215,7 +231,7 @@ def _entry(setup, layout, values, described, number):
 
 
 def finish_result(setup, entries_best_first, pareto, *, study, n_evaluated, n_new, n_admissible,
-                  mode, sampler, space_size, k, started) -> SearchResult:
+                  mode, sampler, space_size, k, started, reason="") -> SearchResult:
     """entries: [(layout, values, number)] best first; pareto: same for the Pareto set."""
     chosen = entries_best_first[:k]
     chosen_ids = {id(item) for item in chosen}
@@ -242,4 +258,4 @@ def finish_result(setup, entries_best_first, pareto, *, study, n_evaluated, n_ne
                         best_trials=best_trials, n_evaluated=n_evaluated, n_new=n_new,
                         n_admissible=n_admissible, memory_limits=dict(setup.limits), mode=mode,
                         sampler=sampler, space_size=space_size,
-                        elapsed=time.perf_counter() - started)
+                        elapsed=time.perf_counter() - started, reason=reason)

@@ -10,15 +10,20 @@ bool, precision, workload,     ``CategoricalDistribution(values)``        the ax
 fleet
 whole numbers evenly spaced    ``IntDistribution(low, high, step)``       the axis name
 (``from``/``to``, ``[0,1,2,3]``)
-any other listed numbers       ``IntDistribution(0, n - 1)`` over the     ``<axis>_index``
-(powers of two, divisors,      sorted values: an *ordered* choice, so
-geometric ``num``, floats)     TPE sees that 4 lies between 2 and 8
+any other listed numbers       ``CategoricalDistribution(sorted values)`` the axis name
+(powers of two, divisors,      (``"ordered"``: local moves step to the
+geometric ``num``, floats)     next value down or up)
 continuous ``from``/``to``     ``FloatDistribution(low, high, log=log)``  the axis name
 ============================== ========================================== ==============
 
-Powers of two are therefore an ordered choice over their exponent: index ``i``
-is ``values[i]``. :meth:`SearchSpace.decode` turns a trial's parameters back
-into the axis values (plain Python values, as the spec lists them).
+Every parameter holds the knob's value itself, under the knob's name, so a study
+read back with ``optuna.load_study`` or shown by optuna-dashboard says
+``tp_size = 8``. (Up to version 0.x of this package, ordered choices were stored
+as positions, ``tp_size_index = 3``; such studies are refused with a message,
+see :func:`index_encoded`.) An ``IntDistribution(log=True)`` would not do for
+powers of two: optuna would also draw 3, 5, 6 and 7. :meth:`SearchSpace.decode`
+turns a trial's parameters back into the axis values (plain Python values, as
+the spec lists them).
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ from optuna.distributions import (BaseDistribution, CategoricalDistribution,
 
 from ..spec import Axis, Spec
 
-__all__ = ["Param", "SearchSpace", "build_space", "INDEX_SUFFIX", "FLOAT_MOVE"]
+__all__ = ["Param", "SearchSpace", "build_space", "index_encoded", "INDEX_SUFFIX", "FLOAT_MOVE"]
 
 #: A coordinate move of a continuous parameter, as a share of its (log) range.
 FLOAT_MOVE = 0.05
 
-#: Suffix of the optuna parameter that holds the position in an ordered list of values.
+#: Suffix of the parameters of the former encoding (a position in the sorted values),
+#: recognized only to refuse such stored studies with a clear message.
 INDEX_SUFFIX = "_index"
 
 _CATEGORICAL_KINDS = ("bool", "precision", "workload", "fleet", "topology")
@@ -48,9 +54,10 @@ _CATEGORICAL_KINDS = ("bool", "precision", "workload", "fleet", "topology")
 class Param:
     """One searched axis: its optuna name and distribution, and how to decode a draw.
 
-    ``encoding`` is ``"categorical"`` (the value itself), ``"int"`` (the value
-    itself, a whole number on a stepped range), ``"index"`` (a position in the
-    sorted ``values``) or ``"float"`` (a continuous draw).
+    ``encoding`` is ``"categorical"`` (unordered choices), ``"ordered"``
+    (categorical over the sorted numeric ``values``: moves go to the adjacent
+    value), ``"int"`` (a whole number on a stepped range) or ``"float"`` (a
+    continuous draw). The draw is always the value itself.
     """
 
     name: str
@@ -61,8 +68,6 @@ class Param:
 
     def decode(self, raw):
         """The axis value of an optuna draw ``raw``."""
-        if self.encoding == "index":
-            return self.values[int(raw)]
         if self.encoding == "int":
             return int(raw)
         if self.encoding == "float":
@@ -71,17 +76,17 @@ class Param:
 
     def encode(self, value):
         """The optuna draw that decodes to the axis value ``value``."""
-        if self.encoding == "index":
-            try:
-                return self.values.index(value)
-            except ValueError:
-                raise ValueError(f"{self.axis} = {value!r} is not one of the axis values "
-                                 f"{list(self.values)}") from None
+        if self.values is not None and self.encoding != "int" and value not in self.values:
+            raise ValueError(f"{self.axis}: expected one of the axis values "
+                             f"{list(self.values)}, but got {value!r}")
         return value
 
     def moves(self, raw) -> list:
         """Draws one coordinate move away from ``raw`` (see :meth:`SearchSpace.neighbors`)."""
         d = self.distribution
+        if self.encoding == "ordered":
+            i = self.values.index(raw)
+            return [self.values[j] for j in (i - 1, i + 1) if 0 <= j < len(self.values)]
         if isinstance(d, CategoricalDistribution):
             return [c for c in d.choices if c != raw]
         if isinstance(d, IntDistribution):
@@ -135,8 +140,7 @@ def _param(axis: Axis) -> Param:
     if step is not None:
         return Param(axis.name, axis.name, "int",
                      IntDistribution(values[0], values[-1], step=step), values)
-    return Param(axis.name + INDEX_SUFFIX, axis.name, "index",
-                 IntDistribution(0, len(values) - 1), values)
+    return Param(axis.name, axis.name, "ordered", CategoricalDistribution(values), values)
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,6 @@ class SearchSpace:
         return json.dumps({
             "params": {p.name: json.loads(distribution_to_json(p.distribution))
                        for p in self.params},
-            "values": {p.name: list(p.values) for p in self.params if p.encoding == "index"},
             "constants": {k: _plain(v) for k, v in self.constants.items()},
         }, sort_keys=True)
 
@@ -224,6 +227,19 @@ def _plain(value):
 
 def _only(entries):
     return next(iter(entries)) if len(entries) == 1 else None
+
+
+def index_encoded(signature: str) -> list:
+    """Parameters of a stored study signature in the former position encoding (``*_index``).
+
+    Such a study holds positions in the sorted values (``tp_size_index = 3``),
+    not the values; it cannot be continued with the value encoding.
+    """
+    try:
+        params = json.loads(signature).get("space", {}).get("params", {})
+    except (ValueError, AttributeError):
+        return []
+    return sorted(n for n in params if n.endswith(INDEX_SUFFIX))
 
 
 def build_space(spec: Spec) -> SearchSpace:
