@@ -41,7 +41,7 @@ FLOAT_MOVE = 0.05
 #: Suffix of the optuna parameter that holds the position in an ordered list of values.
 INDEX_SUFFIX = "_index"
 
-_CATEGORICAL_KINDS = ("bool", "precision", "workload", "fleet", "topology")
+_CATEGORICAL_KINDS = ("bool", "precision", "workload", "fleet", "topology", "physics", "choice")
 
 
 @dataclass(frozen=True)
