@@ -76,8 +76,8 @@ __all__ = [
     "MAX_AXIS_VALUES",
 ]
 
-TOP_KEYS = ("name", "workload", "fleet", "physics", "axes", "fixed", "constraints", "outputs", "catalog",
-            "dtype", "description")
+TOP_KEYS = ("name", "workload", "fleet", "physics", "axes", "fixed", "constraints", "outputs",
+            "catalog", "dtype", "description")
 CONSTRAINT_KEYS = ("memory_limit", "max_accelerators")
 _DTYPES = ("float64", "float32")
 #: The data package the example specs are installed as (``configs/sweeps`` in the source tree).
@@ -260,7 +260,8 @@ def load_spec(spec, *, source: Optional[str] = None, physics=None) -> Spec:
     """Read and check a spec from a dict, a TOML file path, or a :class:`Spec`.
 
     ``physics`` (a model name or a list of names) overrides the spec's
-    ``physics`` key (the command line's ``--physics``). A relative path that does not exist but names a built-in example spec
+    ``physics`` key (the command line's ``--physics``). A relative path that
+    does not exist but names a built-in example spec
     (``"default"``, ``"search_llama70b.toml"``, ``"configs/sweeps/default.toml"``)
     reads the copy installed with the package (see :func:`builtin_specs`).
 

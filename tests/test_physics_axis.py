@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -257,7 +259,7 @@ def test_cli_physics_megatron_runs_the_main_job(capsys):
 def test_cli_run_physics_overrides_the_spec_and_show_says_so(tmp_path, capsys):
     spec = tmp_path / "s.toml"
     spec.write_text(f'workload = "{WORKLOAD}"\nfleet = "{FLEET}"\n[axes]\ntp_size = [4, 8]\n'
-                    '[fixed]\nbatch_size = 512\n')
+                    '[fixed]\nbatch_size = 512\ncp_size = 2\n')  # cp_size: megatron's knob
     path = tmp_path / "m.nc"
     code, out, err = _call(capsys, ["run", spec, "-o", path, "--physics", "megatron",
                                     "--no-progress"])
@@ -267,5 +269,8 @@ def test_cli_run_physics_overrides_the_spec_and_show_says_so(tmp_path, capsys):
     cube.close()
     code, out, err = _call(capsys, ["show", path])
     assert code == 0 and "physics: megatron" in out and "constants_provenance" in out
+    code, out, err = _call(capsys, ["top", path, "-k", "2"])
+    assert code == 0, err
+    assert re.search(r"tp_size=8, dp_size=64\b", out), out  # 1024 / (tp*cp): megatron's rule
     code, out, err = _call(capsys, ["run", spec, "-o", path, "--physics", "megatorn"])
     assert code == 2 and "megatron" in err

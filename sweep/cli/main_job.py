@@ -79,7 +79,7 @@ def command(args) -> int:
     if not rows:
         print("no admissible layout: raise the memory limit or widen the axes")
     else:
-        rows = [_with_dp(r, dict(spec.fixed)) for r in rows]
+        rows = [_with_dp(r, dict(spec.fixed), spec.physics[0]) for r in rows]
         dims = _split_first(list(cube.dims), rows[0])
         values = [v for v in _TABLE_VALUES if v in rows[0]]
         units = {v: cube[v].attrs.get("units") for v in values}

@@ -167,7 +167,7 @@ def _price(setup: _Setup, workload_label, fleet_label, knobs) -> _Priced:
     """Solve a batch (flat arrays or an open mesh) and score it."""
     spec = setup.spec
     workload, fleet = spec.workloads[workload_label], spec.fleets[fleet_label]
-    knobs = {"physics": spec.physics[0], **spec.fixed, **knobs}  # physics: the spec's, or the axis'
+    knobs = {"physics": spec.physics[0], **spec.fixed, **knobs}  # or the physics axis' values
     if setup.derive is not None:
         knobs.update(setup.derive(knobs, workload, fleet))
     out = physics_.solve(workload, fleet, knobs["physics"], knobs)
