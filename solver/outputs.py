@@ -27,6 +27,9 @@ import numpy as np
 __all__ = [
     "Output",
     "OUTPUTS",
+    "REGISTRY",
+    "MEGATRON_ONLY",
+    "outputs_of",
     "DERIVED",
     "MAXIMIZE",
     "MINIMIZE",
@@ -58,6 +61,9 @@ class Output:
         quantities with no direction of better (the data-parallel degree).
     derived : bool
         Computed from outputs and knobs (not returned by ``solve``).
+    physics : tuple of str
+        The physics models (:data:`solver.physics.PHYSICS`) that return it;
+        every model for a derived quantity.
     """
 
     name: str
@@ -66,6 +72,7 @@ class Output:
     dtype: str = "float64"
     better: Optional[str] = None
     derived: bool = False
+    physics: tuple = ("mlsysim",)
 
     @property
     def is_boolean(self) -> bool:
@@ -86,21 +93,29 @@ class Output:
         return self.units if index == 0 else self.long_name
 
 
-def _o(name, units, long_name, better=None, dtype="float64", derived=False):
-    return Output(name, units, long_name, dtype, better, derived)
+_BOTH = ("mlsysim", "megatron")
+
+
+def _o(name, units, long_name, better=None, dtype="float64", derived=False, physics=_BOTH):
+    return Output(name, units, long_name, dtype, better, derived, tuple(physics))
 
 
 _MAX, _MIN = MAXIMIZE, MINIMIZE
+_ML, _MG = ("mlsysim",), ("megatron",)
 
-#: Outputs of ``solver.solve(physics="mlsysim")``, in the order it returns them.
+#: Outputs of ``solver.solve(physics="mlsysim")``, in the order it returns them
+#: (each entry's ``physics`` says which models return it: the megatron model
+#: returns the ones it shares under the same name and meaning).
 #: ``node_*`` are the reference's ``node_profile`` fields: they describe one
 #: replica (the TP*PP*EP accelerators that hold one copy of the model), not a server.
 OUTPUTS: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
-    _o("valid", "1", "split is possible: TP*PP*EP divides the fleet", dtype="bool"),
+    _o("valid", "1", "split is possible: TP*PP*EP (megatron: TP*PP*CP) divides the fleet",
+       dtype="bool"),
     _o("dp_size", "1", "data-parallel degree"),
-    _o("idle_ranks", "1", "global batch smaller than DP: ranks run one sample", dtype="bool"),
+    _o("idle_ranks", "1", "global batch smaller than DP: ranks run one sample", dtype="bool",
+       physics=_ML),
     _o("step_latency_total", "s", "training step time", _MIN),
-    _o("scaling_efficiency", "1", "replica step time over total step time", _MAX),
+    _o("scaling_efficiency", "1", "replica step time over total step time", _MAX, physics=_ML),
     _o("effective_throughput", "s-1", "fleet throughput in samples per second", _MAX),
     _o("mfu", "1", "fleet model FLOPs utilization", _MAX),
     _o("dp_communication_latency", "s", "exposed data-parallel gradient all-reduce", _MIN),
@@ -109,14 +124,14 @@ OUTPUTS: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
     _o("communication_latency", "s", "all communication before overlap", _MIN),
     _o("pipeline_bubble_latency", "s", "pipeline fill and drain", _MIN),
     _o("bubble_fraction", "1", "idle share of a pipelined step", _MIN),
-    _o("node_latency", "s", "replica step time", _MIN),
-    _o("node_latency_compute", "s", "replica compute time", _MIN),
-    _o("node_latency_memory", "s", "replica memory-traffic time", _MIN),
-    _o("node_latency_overhead", "s", "dispatch and framework layer taxes", _MIN),
-    _o("node_throughput", "s-1", "replica throughput in samples per second", _MAX),
-    _o("node_mfu", "1", "replica model FLOPs utilization", _MAX),
-    _o("node_hfu", "1", "replica hardware FLOPs utilization", _MAX),
-    _o("node_energy", "J", "replica energy per step", _MIN),
+    _o("node_latency", "s", "replica step time", _MIN, physics=_ML),
+    _o("node_latency_compute", "s", "replica compute time", _MIN, physics=_ML),
+    _o("node_latency_memory", "s", "replica memory-traffic time", _MIN, physics=_ML),
+    _o("node_latency_overhead", "s", "dispatch and framework layer taxes", _MIN, physics=_ML),
+    _o("node_throughput", "s-1", "replica throughput in samples per second", _MAX, physics=_ML),
+    _o("node_mfu", "1", "replica model FLOPs utilization", _MAX, physics=_ML),
+    _o("node_hfu", "1", "replica hardware FLOPs utilization", _MAX, physics=_ML),
+    _o("node_energy", "J", "replica energy per step", _MIN, physics=_ML),
     _o("memory_footprint", "B", "training memory per accelerator", _MIN),
     _o("memory_weights", "B", "weights per accelerator", _MIN),
     _o("memory_gradients", "B", "gradients per accelerator", _MIN),
@@ -127,9 +142,52 @@ OUTPUTS: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
     _o("feasible", "1", "training state fits the accelerator's memory", dtype="bool"),
 )})
 
+#: Outputs only ``solver.solve(physics="megatron")`` returns (new terms of that model).
+#: ``realizable`` is one entry for every model that returns it (add a model to its
+#: ``physics`` when it does).
+MEGATRON_ONLY: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
+    _o("realizable", "1", "a framework can run it: whole microbatches, even splits, no idle "
+                          "ranks", dtype="bool", physics=_MG),
+    _o("microbatch_count", "1", "microbatches per step per data-parallel rank", physics=_MG),
+    _o("tokens_per_second_per_accelerator", "s-1", "tokens per second per accelerator", _MAX,
+       physics=_MG),
+    _o("model_flops_per_accelerator", "FLOP s-1",
+       "model FLOP/s per accelerator (Megatron-LM's count)", _MAX, physics=_MG),
+    _o("hfu", "1", "hardware FLOPs utilization (recomputation included)", _MAX, physics=_MG),
+    _o("compute_latency", "s",
+       "busy time of the heaviest stage (GEMMs, attention, memory-bound kernels)", _MIN,
+       physics=_MG),
+    _o("cp_communication_latency", "s", "exposed context-parallel K/V exchange", _MIN,
+       physics=_MG),
+    _o("pp_communication_latency", "s", "exposed pipeline point-to-point sends", _MIN,
+       physics=_MG),
+    _o("optimizer_latency", "s", "optimizer step", _MIN, physics=_MG),
+)})
+
+#: Every output of every physics model: name -> :class:`Output` (mlsysim's first).
+REGISTRY: Mapping[str, Output] = MappingProxyType({**OUTPUTS, **MEGATRON_ONLY})
+
+
+def outputs_of(physics: str = "mlsysim") -> Mapping[str, Output]:
+    """The outputs ``solver.solve(physics=physics)`` returns, in the order it returns them.
+
+    ``outputs_of("mlsysim")`` is :data:`OUTPUTS`.
+
+    Raises
+    ------
+    ValueError
+        For an unknown physics model (naming the models and the closest).
+    """
+    from .physics import model  # the models import this registry
+
+    names = model(physics).OUTPUTS
+    return MappingProxyType({name: REGISTRY[name] for name in names})
+
+
 #: Quantities derived from the outputs and knobs (see the functions below).
 DERIVED: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
-    _o("n_accelerators", "1", "accelerators in the cluster: tp*pp*ep*dp", _MIN, derived=True),
+    _o("n_accelerators", "1", "accelerators in the cluster: tp*pp*ep*dp (megatron: tp*pp*cp*dp)",
+       _MIN, derived=True),
     _o("memory_headroom", "B", "memory limit minus the footprint per accelerator", _MAX,
        derived=True),
     _o("exposed_dp_time", "s", "data-parallel time overlap does not hide", _MIN, derived=True),
@@ -137,7 +195,7 @@ DERIVED: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
 
 
 def _entry(name: str) -> Output:
-    entry = OUTPUTS.get(name) or DERIVED.get(name)
+    entry = REGISTRY.get(name) or DERIVED.get(name)
     if entry is None:
         raise KeyError(f"unknown output {name!r}")
     return entry
@@ -155,14 +213,52 @@ def is_boolean(name: str) -> bool:
 
 def objective_names() -> tuple:
     """Outputs and derived quantities that may be objectives (those with a direction)."""
-    return tuple(n for n, o in {**OUTPUTS, **DERIVED}.items() if o.better is not None)
+    return tuple(n for n, o in {**REGISTRY, **DERIVED}.items() if o.better is not None)
 
 
-def n_accelerators(out: Mapping, knobs: Mapping):
-    """Accelerators of the cluster: ``dp_size * tp_size * pp_size * ep_size`` [1]."""
-    replica = (np.asarray(knobs.get("tp_size", 1)) * np.asarray(knobs.get("pp_size", 1))
-               * np.asarray(knobs.get("ep_size", 1)))
-    return np.asarray(out["dp_size"]) * replica
+def _per_model(physics, rules: Mapping):
+    """``rules[physics]()``; for an array of physics names, each model's where it is named."""
+    names = np.asarray("mlsysim" if physics is None else physics)
+    if names.ndim == 0:
+        name = str(names)
+        if name not in rules:
+            raise ValueError(f"physics must be one of {', '.join(map(repr, rules))}, but got "
+                             f"{name!r}")
+        return rules[name]()
+    result = None
+    for name in np.unique(names):
+        value = _per_model(str(name), rules)
+        result = value if result is None else np.where(names == name, value, result)
+    return result
+
+
+def n_accelerators(out: Mapping, knobs: Mapping, physics=None):
+    """Accelerators of the cluster [1], by the rule of the physics model.
+
+    ``"mlsysim"``: ``dp_size * tp_size * pp_size * ep_size``. ``"megatron"``:
+    ``dp_size * tp_size * pp_size * cp_size`` (expert parallelism is folded into
+    DP x CP in Megatron-Core, so it adds no accelerators).
+
+    Parameters
+    ----------
+    out : mapping
+        Outputs of ``solve`` (``dp_size`` is read).
+    knobs : mapping
+        The knobs (missing ones are 1); ``knobs["physics"]`` names the model
+        when ``physics`` is None (an array of names prices each point by its own).
+    physics : str or array_like of str, optional
+        The model; ``"mlsysim"`` when neither this nor ``knobs`` names one.
+    """
+    physics = knobs.get("physics") if physics is None else physics
+
+    def size(name):
+        return np.asarray(knobs.get(name, 1))
+
+    dp = np.asarray(out["dp_size"])
+    return _per_model(physics, {
+        "mlsysim": lambda: dp * size("tp_size") * size("pp_size") * size("ep_size"),
+        "megatron": lambda: dp * size("tp_size") * size("pp_size") * size("cp_size"),
+    })
 
 
 def memory_headroom(out: Mapping, memory_limit):
@@ -170,13 +266,21 @@ def memory_headroom(out: Mapping, memory_limit):
     return memory_limit - np.asarray(out["memory_footprint"])
 
 
-def exposed_dp_time(out: Mapping, straggler_factor=1.0):
+def exposed_dp_time(out: Mapping, straggler_factor=1.0, physics=None):
     """Data-parallel time overlap does not hide [s].
 
-    The step is ``straggler * (replica + exposed DP + TP + EP + bubble)`` (the
-    straggler factor applies when > 1), so the exposed DP time is what remains
-    of the step once the other terms are taken out.
+    ``"mlsysim"``: the step is ``straggler * (replica + exposed DP + TP + EP +
+    bubble)`` (the straggler factor applies when > 1), so the exposed DP time is
+    what remains of the step once the other terms are taken out. ``"megatron"``
+    returns it: ``dp_communication_latency``. ``physics`` may be an array of names.
     """
+    return _per_model(physics, {
+        "mlsysim": lambda: _mlsysim_exposed_dp(out, straggler_factor),
+        "megatron": lambda: np.asarray(out["dp_communication_latency"], float),
+    })
+
+
+def _mlsysim_exposed_dp(out, straggler_factor):
     scale = np.maximum(np.asarray(straggler_factor, float), 1.0)
     return (np.asarray(out["step_latency_total"]) / scale - np.asarray(out["node_latency"])
             - np.asarray(out["tp_communication_latency"])

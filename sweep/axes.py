@@ -18,11 +18,14 @@ from typing import Mapping, Optional
 import numpy as np
 
 import solver
-from solver.knobs import KNOBS
 
+from . import physics as physics_
 from ._reader import SpecError
 
-__all__ = ["Axis", "powers_of_two", "divisors", "parse_axis", "knob_value", "MAX_AXIS_VALUES"]
+__all__ = ["Axis", "powers_of_two", "divisors", "parse_axis", "knob_value", "knob_of",
+           "MAX_AXIS_VALUES"]
+
+_DEFAULT_MODELS = (physics_.DEFAULT_PHYSICS,)
 
 _HELPER_KEYS = ("powers_of_two", "divisors_of", "from", "to", "step", "num", "log")
 #: Values one axis may list (a longer range is surely a typo in from/to/step/num).
@@ -53,8 +56,10 @@ class Axis:
 
     ``values`` lists the grid points (``None`` for a continuous range, which only
     a search can use); ``low``/``high``/``log``/``step`` describe ranges to a search.
-    ``kind`` is the knob's kind: ``int``, ``float``, ``bool``, ``precision``, or
-    ``workload``/``fleet`` for the categorical model and cluster axes.
+    ``kind`` is the knob's kind: ``int``, ``float``, ``bool``, ``precision``,
+    ``choice`` (a named choice of the megatron physics: ``recompute``, its
+    ``precision``), or ``workload``/``fleet``/``physics`` for the categorical
+    model, cluster and physics-model axes.
     """
 
     name: str
@@ -75,13 +80,50 @@ class Axis:
         return len(self.values)
 
 
-def knob_value(reader, key, knob_name, value, bounds=True):
-    """Check one knob value (at ``key``) against the knob's kind; return it as a plain Python value.
+def knob_of(reader, name, models=_DEFAULT_MODELS, where="axes"):
+    """The :class:`solver.knobs.Knob` ``name`` of the first of ``models`` that takes it.
 
-    ``bounds=False`` leaves the knob's range to the caller (checked for a whole axis at once).
+    Raises
+    ------
+    SpecError
+        For a knob none of the models takes (naming the model that does, if any).
     """
-    knob = KNOBS[knob_name]
+    for model in models:
+        if name in physics_.knobs_of(model):
+            return physics_.knobs_of(model)[name]
+    others = [m for m in physics_.MODELS if m not in models and name in physics_.knobs_of(m)]
+    if others:
+        raise SpecError(f"{reader.where(f'{where}.{name}')}: expected a knob of the physics "
+                        f"{', '.join(models)}, but got {name!r}, a knob of {', '.join(others)} "
+                        f"(set physics = {others[0]!r} or a list of models)")
+    reader.unknown(name, list(physics_.union_knobs(models)), where=where)
+
+
+def knob_value(reader, key, knob_name, value, bounds=True, models=_DEFAULT_MODELS):
+    """Check one knob value (at ``key``) for every one of ``models`` that takes the knob.
+
+    Returns the value as a plain Python value (the first model's spelling).
+    ``bounds=False`` leaves the knob's range to the caller (checked for a whole
+    axis at once).
+    """
+    takers = [m for m in models if knob_name in physics_.knobs_of(m)]
+    first = None
+    for model in takers:
+        checked = _knob_value(reader, key, model, knob_name, value, bounds)
+        first = checked if first is None else first
+    return first
+
+
+def _knob_value(reader, key, model, knob_name, value, bounds):
+    """:func:`knob_value` for one model."""
+    knob = physics_.knobs_of(model)[knob_name]
     where = key
+    if knob.kind == "choice":
+        allowed = physics_.choices(model, knob_name)
+        if not isinstance(value, str) or value.lower() not in allowed:
+            reader.fail(where, f"one of {', '.join(map(repr, allowed))} (physics {model!r})",
+                        value)
+        return value.lower()
     if knob.kind == "precision":
         if not isinstance(value, str):
             reader.fail(where, "a precision name such as 'bf16'", value)
@@ -113,17 +155,16 @@ def knob_value(reader, key, knob_name, value, bounds=True):
         value = float(value)
     if bounds:
         try:
-            solver.knobs.normalize({knob_name: value})
+            physics_.convert(model, knob_name, value)
         except ValueError as err:
             raise SpecError(f"{reader.where(where)}: {err}") from None
     return value
 
 
-def _helper_values(reader, key, knob_name, table, workloads, fleets):
+def _helper_values(reader, key, kind, table, workloads, fleets):
     unknown = [k for k in table if k not in _HELPER_KEYS]
     if unknown:
         reader.unknown(unknown[0], _HELPER_KEYS, where=key)
-    kind = KNOBS[knob_name].kind
     forms = [k for k in ("powers_of_two", "divisors_of") if k in table]
     ranged = [k for k in ("from", "to", "step", "num", "log") if k in table]
     if len(forms) > 1 or (forms and ranged) or ("step" in table and "num" in table):
@@ -205,16 +246,20 @@ def _finite(value) -> bool:
         return False
 
 
-def parse_axis(reader, name, given, workloads, fleets) -> Axis:
-    """The axis ``axes.<name> = given``, checked (``reader`` names the file in errors)."""
+def parse_axis(reader, name, given, workloads, fleets, models=_DEFAULT_MODELS) -> Axis:
+    """The axis ``axes.<name> = given``, checked (``reader`` names the file in errors).
+
+    Its values are checked for every one of the spec's physics ``models`` that
+    takes the knob; a knob none of them takes is refused.
+    """
     key = f"axes.{name}"
-    if name in ("workload", "fleet"):
+    if name in ("workload", "fleet", "physics"):
         reader.fail(key, f"a knob name (several {name}s are listed at the top, "
                          f"{name} = [...], and then form the {name} axis)", given)
-    if name not in KNOBS:
-        reader.unknown(name, list(KNOBS), where="axes")
+    knob = knob_of(reader, name, models)
+    kind = knob.kind
     if isinstance(given, Mapping):
-        parts = _helper_values(reader, key, name, given, workloads, fleets)
+        parts = _helper_values(reader, key, kind, given, workloads, fleets)
     elif isinstance(given, (list, tuple, np.ndarray)):
         parts = {"values": list(given)}
         if len(given) > MAX_AXIS_VALUES:
@@ -225,18 +270,19 @@ def parse_axis(reader, name, given, workloads, fleets) -> Axis:
     if values is not None:
         if len(values) == 0:
             reader.fail(key, "at least one value", given)
-        kind = KNOBS[name].kind
         if isinstance(given, Mapping):  # made here from checked numbers: only convert
             values = [int(v) if kind == "int" else float(v) for v in values]
         else:
-            values = [knob_value(reader, f"{key}[{i}]", name, v, bounds=False)
+            values = [knob_value(reader, f"{key}[{i}]", name, v, bounds=False, models=models)
                       for i, v in enumerate(values)]
         if kind in ("int", "float"):  # the knob's range, for the whole axis at once
             try:
-                solver.knobs.normalize({name: np.array(values)})
+                for model in models:
+                    if name in physics_.knobs_of(model):
+                        physics_.convert(model, name, np.array(values))
             except ValueError:
                 for i, v in enumerate(values):  # name the first value out of range
-                    knob_value(reader, f"{key}[{i}]", name, v)
+                    knob_value(reader, f"{key}[{i}]", name, v, models=models)
                 raise
         seen = {}
         for i, v in enumerate(values):
@@ -245,8 +291,9 @@ def parse_axis(reader, name, given, workloads, fleets) -> Axis:
             seen[v] = i
         parts["values"] = tuple(values)
     else:
-        if KNOBS[name].kind != "float":
+        if kind != "float":
             reader.fail(key, "step or num for a whole-number knob", given)
         for bound in ("low", "high"):
-            knob_value(reader, f"{key}.{'from' if bound == 'low' else 'to'}", name, parts[bound])
-    return Axis(name=name, kind=KNOBS[name].kind, **parts)
+            knob_value(reader, f"{key}.{'from' if bound == 'low' else 'to'}", name, parts[bound],
+                       models=models)
+    return Axis(name=name, kind=kind, **parts)

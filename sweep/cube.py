@@ -1,10 +1,11 @@
 """The layout of a sweep's cube: dims, coordinates, variables and provenance.
 
 A cube is an :class:`xarray.Dataset` whose dims are the spec's axes, named
-exactly like the ``solver.solve`` keywords (plus ``dp_size``, ``workload`` and
-``fleet``), whose coordinates are the axis values, and whose data variables
-are the spec's outputs (``units``, ``long_name`` and dtype from the output
-registry, :data:`solver.outputs.OUTPUTS`)
+exactly like the ``solver.solve`` keywords (plus ``dp_size``, ``workload``,
+``fleet`` and ``physics``), whose coordinates are the axis values, and whose data
+variables are the spec's outputs (``units``, ``long_name`` and dtype from the
+output registry, :data:`solver.outputs.REGISTRY`; an output the physics model
+of a slice does not return is NaN there, False for a boolean)
 plus these masks and counts:
 
 ``valid``
@@ -15,10 +16,11 @@ plus these masks and counts:
 ``within_memory_limit``
     ``memory_footprint <= spec.memory_limit_for(fleet)``.
 ``n_accelerators``
-    Accelerators the layout runs on. It spans only the dims it depends on:
-    ``tp_size``, ``pp_size``, ``ep_size`` and ``dp_size`` when ``dp_size`` is an
-    axis or fixed (the cluster is sized by the layout), else ``fleet`` (or no
-    dim: the fleet's size).
+    Accelerators the layout runs on (:func:`solver.outputs.n_accelerators`, by
+    the model's rule). It spans only the dims it depends on: ``tp_size``,
+    ``pp_size``, ``ep_size``, ``cp_size``, ``dp_size`` and ``physics`` when
+    ``dp_size`` is an axis or fixed (the cluster is sized by the layout), else
+    ``fleet`` (or no dim: the fleet's size).
 ``admissible``
     ``valid & within_memory_limit & (n_accelerators <= max_accelerators)`` (the
     last term only when the spec sets ``max_accelerators``).
@@ -29,6 +31,9 @@ and the cube streamed to a netCDF file (:mod:`sweep.storage`), so both give
 identical datasets. Attributes follow netCDF's rules: strings and numbers only
 (JSON strings for structures, no bools or None). The dataset's attributes give
 the provenance: ``package_version``, ``reference`` (the model reproduced),
+``physics`` (the model, when the spec names one; else the ``physics``
+coordinate), ``physics_models`` (JSON: each model's reference, and for megatron
+its fitted ``constants`` and their ``constants_provenance``),
 ``spec`` (``spec.to_json()``), ``workloads`` and ``fleets`` (their facts, JSON),
 ``fixed`` (JSON), ``memory_limit`` (bytes per fleet, JSON), ``max_accelerators``
 when set, and ``date_created``/``history`` (UTC; set ``$SOURCE_DATE_EPOCH`` to fix
@@ -53,9 +58,10 @@ import numpy as np
 import xarray as xr
 
 import solver
-from solver.knobs import KNOBS
-from solver.outputs import OUTPUTS
+from solver.outputs import OUTPUTS, REGISTRY, n_accelerators
 
+from . import physics as physics_
+from .axes import knob_of
 from .spec import Spec, SpecError
 
 __all__ = [
@@ -81,8 +87,8 @@ MASKS = {
     "within_memory_limit": "memory footprint at most the spec's memory limit",
     "admissible": "valid, within the memory limit and within max_accelerators",
 }
-_SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "dp_size")
-_BOOL_OUTPUTS = frozenset(name for name, output in OUTPUTS.items() if output.is_boolean)
+_SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "cp_size", "dp_size")
+_BOOL_OUTPUTS = frozenset(name for name, output in REGISTRY.items() if output.is_boolean)
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,7 @@ class CubeLayout:
 def bool_outputs(spec: Optional[Spec] = None) -> frozenset:
     """Names of the solver outputs that are boolean (``valid``, ``feasible``, ...).
 
-    Read from the output registry (:data:`solver.outputs.OUTPUTS`); they do not
+    Read from the output registry (:data:`solver.outputs.REGISTRY`); they do not
     depend on the spec (the argument is kept for the callers that pass it).
     """
     return _BOOL_OUTPUTS
@@ -170,19 +176,26 @@ def _attrs(spec: Spec) -> dict:
         attrs["workload"] = next(iter(spec.workloads))
     if len(spec.fleets) == 1:
         attrs["fleet"] = next(iter(spec.fleets))
+    if len(spec.physics) == 1:
+        attrs["physics"] = spec.physics[0]
+    models = {m: physics_.provenance(m) for m in spec.physics}
+    attrs["physics_models"] = json.dumps(models, sort_keys=True)
+    if physics_.DEFAULT_PHYSICS not in spec.physics:
+        attrs["reference"] = models[spec.physics[0]]["reference"]
     if spec.max_accelerators is not None:
         attrs["max_accelerators"] = int(spec.max_accelerators)
     attrs[COMPLETE] = 1
     return attrs
 
 
-def _coordinate(axis) -> tuple:
-    if axis.kind in ("workload", "fleet", "precision", "topology"):
+def _coordinate(axis, models) -> tuple:
+    if axis.kind in ("workload", "fleet", "physics", "precision", "topology", "choice"):
         values = np.array([str(v) for v in axis.values])
-        attrs = {"long_name": axis.kind if axis.kind in ("workload", "fleet") else axis.name}
-        return values, attrs
+        named = {"workload": "workload", "fleet": "fleet", "physics": "physics model"}
+        return values, {"long_name": named.get(axis.kind, axis.name)}
     dtype = {"int": np.int64, "float": np.float64, "bool": bool}[axis.kind]
-    attrs = {"long_name": KNOBS[axis.name].why or axis.name.replace("_", " ")}
+    why = knob_of(None, axis.name, models).why
+    attrs = {"long_name": why or axis.name.replace("_", " ")}
     if axis.kind != "bool":
         attrs["units"] = "1"
     return np.array(axis.values, dtype=dtype), attrs
@@ -190,20 +203,20 @@ def _coordinate(axis) -> tuple:
 
 def _accelerator_dims(spec: Spec) -> tuple:
     if "dp_size" in spec.dims or "dp_size" in spec.fixed:
-        return tuple(d for d in spec.dims if d in _SPLIT_DIMS)
+        return tuple(d for d in spec.dims if d in _SPLIT_DIMS or d == "physics")
     return ("fleet",) if "fleet" in spec.dims else ()
 
 
 def layout(spec: Spec) -> CubeLayout:
     """The dims, coordinates, variables and attributes of ``spec``'s cube."""
     dims, shape = spec.dims, spec.shape
-    coords = {axis.name: _coordinate(axis) for axis in spec.axes}
+    coords = {axis.name: _coordinate(axis, spec.physics) for axis in spec.axes}
     float_dtype = np.dtype(spec.dtype)
     variables = {}
     for name in spec.outputs:
         if name in dims:  # the dp_size output when dp_size is an axis: the coordinate says it
             continue
-        output = OUTPUTS[name]
+        output = REGISTRY[name]
         dtype = np.dtype(bool) if output.is_boolean else float_dtype
         variables[name] = Variable(dims, dtype, {"units": output.units,
                                                  "long_name": output.long_name})
@@ -217,8 +230,15 @@ def layout(spec: Spec) -> CubeLayout:
 
 
 def _split_mesh(spec: Spec, dims: tuple) -> dict:
-    """Open mesh over ``dims`` of the split knobs (axis values, else fixed or 1)."""
+    """Open mesh over ``dims`` of the split knobs (axis values, else fixed or 1).
+
+    With ``physics`` among ``dims``, ``mesh["physics"]`` holds the model names.
+    """
     mesh = {}
+    if "physics" in dims:
+        shape = [1] * len(dims)
+        shape[dims.index("physics")] = len(spec.physics)
+        mesh["physics"] = np.array(spec.physics).reshape(shape)
     for name in _SPLIT_DIMS:
         if name in dims:
             values = np.asarray(spec.axis(name).values, dtype=np.int64)
@@ -235,10 +255,9 @@ def accelerator_counts(spec: Spec) -> np.ndarray:
     dims = _accelerator_dims(spec)
     if "dp_size" in spec.dims or "dp_size" in spec.fixed:
         mesh = _split_mesh(spec, dims)
-        count = np.int64(1)
-        for name in _SPLIT_DIMS:
-            count = count * mesh.get(name, np.int64(1))
-        return np.broadcast_to(count, tuple(len(spec.axis(d)) for d in dims)).copy()
+        mesh.setdefault("physics", spec.physics[0])
+        count = n_accelerators({"dp_size": mesh.get("dp_size", np.int64(1))}, mesh)
+        return np.broadcast_to(count, tuple(len(spec.axis(d)) for d in dims)).astype(np.int64)
     if dims:
         return np.array([spec.fleets[label].total_accelerators for label in spec.axis("fleet").values],
                         dtype=np.int64)
@@ -248,16 +267,19 @@ def accelerator_counts(spec: Spec) -> np.ndarray:
 def check_some_valid(spec: Spec) -> None:
     """Raise :class:`SpecError` if no point of the space is a valid split.
 
-    Validity depends only on the ``tp_size``, ``pp_size``, ``ep_size`` and
-    ``dp_size`` values and the fleet, so this prices that small mesh alone.
+    Validity depends only on the ``tp_size``, ``pp_size``, ``ep_size``,
+    ``cp_size`` and ``dp_size`` values and the fleet, so this prices that small
+    mesh alone, with each of the spec's physics models.
     """
     dims = tuple(d for d in spec.dims if d in _SPLIT_DIMS)
     mesh = _split_mesh(spec, dims)
     for label, fleet in spec.fleets.items():
         workload = next(iter(spec.workloads.values()))
-        if solver.solve(workload, fleet, **mesh)["valid"].any():
-            return
-    names = [n for n in _SPLIT_DIMS if n in mesh or n != "dp_size"]
+        for model in spec.physics:
+            if solver.solve(workload, fleet, physics=model,
+                            **physics_.knobs_for(model, mesh))["valid"].any():
+                return
+    names = [n for n in _SPLIT_DIMS if n in mesh or n not in ("dp_size", "cp_size")]
     product = np.prod(np.broadcast_arrays(*[mesh.get(n, np.int64(1)) for n in names]), axis=0)
     products = sorted({int(p) for p in np.ravel(product)})
     shown = ", ".join(map(str, products[:12])) + (", ..." if len(products) > 12 else "")

@@ -76,12 +76,16 @@ def _make_plan(spec: Spec, cube_layout: cube_.CubeLayout) -> _Plan:
 
 
 def _evaluate_block(block: grid.Block, plan: _Plan, out: Optional[dict] = None) -> dict:
-    """Price one block; write its variables into ``out`` (views) or new arrays."""
-    result = solver.solve(block.workload, block.fleet, **block.knobs)
+    """Price one block; write its variables into ``out`` (views) or new arrays.
+
+    An output the block's physics model does not return is NaN (False for a boolean).
+    """
+    result = solver.solve(block.workload, block.fleet, physics=block.physics, **block.knobs)
     if out is None:
         out = {name: np.empty(block.shape, dtype=dtype) for name, dtype in plan.dtypes.items()}
     for name in plan.outputs:
-        out[name][...] = result[name]
+        out[name][...] = result[name] if name in result else (
+            False if out[name].dtype == bool else np.nan)
     out["valid"][...] = result["valid"]
     out["feasible"][...] = result["feasible"]
     np.less_equal(result["memory_footprint"], plan.memory_limits[block.fleet_label],

@@ -1,12 +1,14 @@
 """Cut a spec's grid into blocks of open-mesh knob arrays for ``solver.solve``.
 
-A block is one (workload, fleet) pair and a C-ordered slab of the remaining
-axes, at most ``block_points`` points (:data:`solver.blocks.BLOCK_POINTS` by
+A block is one (workload, fleet, physics) triple and a C-ordered slab of the
+remaining axes, at most ``block_points`` points (:data:`solver.blocks.BLOCK_POINTS` by
 default, the one default of the solver's chunks, grid blocks, ``sweep.run`` and
 the analysis slabs). Its knobs form an open mesh over *all*
-the spec's dims (the categorical ``workload`` and ``fleet`` dims have length 1),
-so ``solver.solve(block.workload, block.fleet, **block.knobs)`` returns arrays of
-exactly ``block.shape``, ready to be written at ``block.index`` of the cube.
+the spec's dims (the categorical ``workload``, ``fleet`` and ``physics`` dims have
+length 1), so ``solver.solve(block.workload, block.fleet, physics=block.physics,
+**block.knobs)`` returns arrays broadcastable to ``block.shape``, ready to be
+written at ``block.index`` of the cube. ``block.knobs`` holds only the knobs its
+physics model takes (:mod:`sweep.physics`), so its outputs span only those axes.
 Each term inside the solver is then computed on the axes it depends on.
 """
 
@@ -21,6 +23,7 @@ import numpy as np
 from solver.blocks import BLOCK_POINTS
 from solver.specs import Fleet, Workload
 
+from . import physics as physics_
 from .spec import Spec, SpecError, load_spec
 
 __all__ = ["Block", "blocks", "point", "points_per_block", "warn_renamed", "BLOCK_POINTS",
@@ -29,7 +32,7 @@ __all__ = ["Block", "blocks", "point", "points_per_block", "warn_renamed", "BLOC
 #: Former name of :data:`solver.blocks.BLOCK_POINTS` here (the same value).
 DEFAULT_BLOCK_POINTS = BLOCK_POINTS
 
-_CATEGORICAL = ("workload", "fleet")
+_CATEGORICAL = ("workload", "fleet", "physics")
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,8 @@ class Block:
     """One slab of the grid.
 
     ``index`` has one entry per dim: a slice into the cube. ``shape`` is the
-    block's shape over all dims. ``knobs`` maps solve keywords to arrays
-    broadcastable to ``shape`` (fixed knobs as scalars).
+    block's shape over all dims. ``knobs`` maps the keywords of the model
+    ``physics`` to arrays broadcastable to ``shape`` (fixed knobs as scalars).
     """
 
     index: tuple
@@ -48,6 +51,7 @@ class Block:
     workload: Workload
     fleet: Fleet
     knobs: dict
+    physics: str = physics_.DEFAULT_PHYSICS
 
     @property
     def size(self) -> int:
@@ -124,6 +128,7 @@ def blocks(spec: Spec, block_points: int = BLOCK_POINTS, *,
     workload_labels = (spec.axis("workload").values if "workload" in dims
                        else tuple(spec.workloads))
     fleet_labels = spec.axis("fleet").values if "fleet" in dims else tuple(spec.fleets)
+    models = tuple(spec.physics)
 
     # Split from the outside in: a dim whose inner dims already exceed the budget
     # is taken one index at a time; the first dim one of whose slices fits is cut
@@ -162,22 +167,22 @@ def blocks(spec: Spec, block_points: int = BLOCK_POINTS, *,
                    for d, a in zip(dims, spec.axes)]
     for w_index, w_label in enumerate(workload_labels):
         for f_index, f_label in enumerate(fleet_labels):
-            for slab in numeric_slabs():
-                index, block_shape, knobs = [], [], dict(spec.fixed)
-                for i, dim in enumerate(dims):
-                    if dim == "workload":
-                        lo, hi = w_index, w_index + 1
-                    elif dim == "fleet":
-                        lo, hi = f_index, f_index + 1
-                    else:
-                        lo, hi = slab[i]
-                        knobs[dim] = _axis_array(axis_values[i], ndim, i, lo, hi)
-                    index.append(slice(lo, hi))
-                    block_shape.append(hi - lo)
-                yield Block(index=tuple(index), shape=tuple(block_shape),
-                            workload_label=w_label, fleet_label=f_label,
-                            workload=spec.workloads[w_label], fleet=spec.fleets[f_label],
-                            knobs=knobs)
+            for p_index, model in enumerate(models):
+                for slab in numeric_slabs():
+                    at = {"workload": w_index, "fleet": f_index, "physics": p_index}
+                    index, block_shape, knobs = [], [], dict(spec.fixed)
+                    for i, dim in enumerate(dims):
+                        if dim in _CATEGORICAL:
+                            lo, hi = at[dim], at[dim] + 1
+                        else:
+                            lo, hi = slab[i]
+                            knobs[dim] = _axis_array(axis_values[i], ndim, i, lo, hi)
+                        index.append(slice(lo, hi))
+                        block_shape.append(hi - lo)
+                    yield Block(index=tuple(index), shape=tuple(block_shape),
+                                workload_label=w_label, fleet_label=f_label,
+                                workload=spec.workloads[w_label], fleet=spec.fleets[f_label],
+                                knobs=physics_.knobs_for(model, knobs), physics=model)
 
 
 def point(spec, coords: dict) -> tuple:
@@ -186,11 +191,22 @@ def point(spec, coords: dict) -> tuple:
     ``spec`` is a :class:`Spec`, a dict or a TOML path (as :func:`load_spec`
     takes); ``coords`` maps dims to values (as in a cube's coordinates); fixed
     knobs are added, so ``solver.solve(workload, fleet, **knobs)`` prices that point.
+    When the spec's physics is not the default, or ``physics`` is a dim, the
+    knobs carry ``physics`` and only the knobs of that model.
     """
     spec = load_spec(spec)
     coords = dict(coords)
     workload = spec.workload_spec(coords.pop("workload", None))
     fleet = spec.fleet_spec(coords.pop("fleet", None))
+    model = coords.pop("physics", None)
+    if model is None:
+        if len(spec.physics) != 1:
+            raise SpecError(f"the spec has {len(spec.physics)} physics models; name one of "
+                            f"{', '.join(spec.physics)}")
+        model = spec.physics[0]
     knobs = {**spec.fixed, **{k: (v.item() if hasattr(v, "item") else v)
                               for k, v in coords.items()}}
+    knobs = physics_.knobs_for(str(model), knobs)
+    if str(model) != physics_.DEFAULT_PHYSICS or "physics" in spec.dims:
+        knobs["physics"] = str(model)
     return workload, fleet, knobs

@@ -5,6 +5,7 @@ values), the fixed knob values, constraints and the outputs to keep::
 
     workload = "Llama3_70B"            # or a list: then "workload" is an axis
     fleet = "Training_1K"              # or a list: then "fleet" is an axis
+    physics = "mlsysim"                # optional: or "megatron", or a list: an axis
     outputs = ["mfu", "step_latency_total", "memory_footprint"]   # optional
     catalog = "my_cluster.toml"        # optional: your own workloads and fleets
                                        # (solver.catalog.load_file), relative to the spec
@@ -33,7 +34,9 @@ floats with neither ``step`` nor ``num`` is continuous: a search samples it, a
 sweep refuses it. Numbers must be finite; whole-number knobs take whole numbers
 below 2**53 (``2.0`` is 2, ``2.5`` is refused); booleans are not numbers. Every
 name is a ``solver.solve`` keyword, plus ``dp_size`` (the cluster is then sized by
-the layout) and ``workload``/``fleet``. The memory limit is read by the one
+the layout) and ``workload``/``fleet``; with ``physics`` naming other models
+(:mod:`solver.physics`), a knob of any of them, passed only to the models that
+take it (the rule is in :mod:`sweep.physics`). The memory limit is read by the one
 parser, :func:`sweep.limits.parse_memory_limit`: a bare number in (1, 1e6) is
 refused (``80`` surely means ``"80 GB"`` or the fraction 0.8, not 80 bytes).
 """
@@ -50,12 +53,13 @@ import numpy as np
 
 import solver
 from solver import catalog
-from solver.knobs import KNOBS
-from solver.outputs import OUTPUTS
+from solver.outputs import REGISTRY
 from solver.specs import Fleet, Workload
 
+from . import physics as physics_
 from ._reader import Reader, SpecError, suggest
-from .axes import MAX_AXIS_VALUES, Axis, divisors, knob_value, parse_axis, powers_of_two
+from .axes import (MAX_AXIS_VALUES, Axis, divisors, knob_of, knob_value, parse_axis,
+                   powers_of_two)
 from .limits import MemoryLimit, MemoryLimitError, parse_memory_limit
 
 __all__ = [
@@ -72,8 +76,8 @@ __all__ = [
     "MAX_AXIS_VALUES",
 ]
 
-TOP_KEYS = ("name", "workload", "fleet", "axes", "fixed", "constraints", "outputs", "catalog",
-            "dtype", "description")
+TOP_KEYS = ("name", "workload", "fleet", "physics", "axes", "fixed", "constraints", "outputs",
+            "catalog", "dtype", "description")
 CONSTRAINT_KEYS = ("memory_limit", "max_accelerators")
 _DTYPES = ("float64", "float32")
 #: The data package the example specs are installed as (``configs/sweeps`` in the source tree).
@@ -102,6 +106,8 @@ class Spec:
     description: str = ""
     source: str = "<dict>"
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: The physics models (one, or several: then ``physics`` is an axis).
+    physics: tuple = (physics_.DEFAULT_PHYSICS,)
 
     @property
     def dims(self) -> tuple:
@@ -146,6 +152,10 @@ class Spec:
         if self.limit is None:
             return capacity
         return self.limit.resolve(capacity)
+
+    def knobs_for(self, physics: str, knobs: Mapping) -> dict:
+        """The entries of ``knobs`` model ``physics`` takes (:func:`sweep.physics.knobs_for`)."""
+        return physics_.knobs_for(physics, knobs)
 
     def to_json(self) -> str:
         """The spec as given (names, not objects), as JSON: provenance for a cube."""
@@ -246,10 +256,12 @@ def _builtin_for(path: Path):
     return None
 
 
-def load_spec(spec, *, source: Optional[str] = None) -> Spec:
+def load_spec(spec, *, source: Optional[str] = None, physics=None) -> Spec:
     """Read and check a spec from a dict, a TOML file path, or a :class:`Spec`.
 
-    A relative path that does not exist but names a built-in example spec
+    ``physics`` (a model name or a list of names) overrides the spec's
+    ``physics`` key (the command line's ``--physics``). A relative path that
+    does not exist but names a built-in example spec
     (``"default"``, ``"search_llama70b.toml"``, ``"configs/sweeps/default.toml"``)
     reads the copy installed with the package (see :func:`builtin_specs`).
 
@@ -258,19 +270,27 @@ def load_spec(spec, *, source: Optional[str] = None) -> Spec:
     SpecError
         Naming the file and key, what was expected and what came.
     """
+    def parse(raw, where, base):
+        if physics is not None:
+            raw = {**raw, "physics": list(physics) if isinstance(physics, tuple) else physics}
+        return _parse(raw, where, base)
+
     if isinstance(spec, Spec):
-        return spec
+        if physics is None:
+            return spec
+        own = Path(spec.source).parent if Path(spec.source).exists() else Path.cwd()
+        return parse(dict(spec.raw), spec.source, own)
     if isinstance(spec, (str, Path)):
         path = Path(spec)
         builtin = None if path.exists() else _builtin_for(path)
         if builtin is not None:
             raw = catalog.read_toml(builtin, f"configs/sweeps/{builtin.name}", error=SpecError,
                                     what="spec file")
-            return _parse(raw, source or f"configs/sweeps/{builtin.name}", base=Path.cwd())
+            return parse(raw, source or f"configs/sweeps/{builtin.name}", base=Path.cwd())
         raw = catalog.read_toml(path, str(path), error=SpecError, what="spec file")
-        return _parse(raw, source or str(path), base=path.parent)
+        return parse(raw, source or str(path), base=path.parent)
     if isinstance(spec, Mapping):
-        return _parse(dict(spec), source or "<dict>", base=Path.cwd())
+        return parse(dict(spec), source or "<dict>", base=Path.cwd())
     raise SpecError(f"a spec is a dict, a TOML path or a Spec, but got {type(spec).__name__}")
 
 
@@ -286,7 +306,8 @@ def _parse(raw, source, base) -> Spec:
     extra_workloads, extra_fleets = _own_catalog(reader, raw, base)
     workloads = _resolve_many(reader, "workload", raw["workload"], "workload", extra_workloads)
     fleets = _resolve_many(reader, "fleet", raw["fleet"], "fleet", extra_fleets)
-    axes = _axes(reader, raw, workloads, fleets)
+    models = _physics(reader, raw.get("physics", physics_.DEFAULT_PHYSICS))
+    axes = _axes(reader, raw, workloads, fleets, models)
     limit, max_acc = _constraints(reader, raw.get("constraints", {}))
     dtype = raw.get("dtype", "float64")
     if dtype not in _DTYPES:
@@ -298,10 +319,26 @@ def _parse(raw, source, base) -> Spec:
     if not isinstance(description, str):
         reader.fail("description", "a string", description)
     return Spec(workloads=workloads, fleets=fleets, axes=axes,
-                fixed=_fixed(reader, raw.get("fixed", {}), raw.get("axes", {})),
-                outputs=_outputs(reader, raw.get("outputs", list(OUTPUTS))), limit=limit,
+                fixed=_fixed(reader, raw.get("fixed", {}), raw.get("axes", {}), models),
+                outputs=_outputs(reader, raw.get("outputs"), models), limit=limit,
                 max_accelerators=max_acc, dtype=dtype, name=name, description=description,
-                source=source, raw=raw)
+                source=source, raw=raw, physics=models)
+
+
+def _physics(reader, given) -> tuple:
+    """``physics``: one model name or a list of distinct names (an axis when several)."""
+    items = list(given) if isinstance(given, (list, tuple)) else [given]
+    if not items:
+        reader.fail("physics", "a physics model name or a list of names", given)
+    for i, item in enumerate(items):
+        where = "physics" if not isinstance(given, (list, tuple)) else f"physics[{i}]"
+        try:
+            physics_.check_name(item)
+        except ValueError as err:
+            raise SpecError(f"{reader.where(where)}: {err}") from None
+    if len(set(items)) != len(items):
+        reader.fail("physics", "distinct physics models", given)
+    return tuple(items)
 
 
 def _own_catalog(reader, raw, base) -> tuple:
@@ -319,8 +356,8 @@ def _own_catalog(reader, raw, base) -> tuple:
     return loaded.get("workloads", {}), loaded.get("fleets", {})
 
 
-def _axes(reader, raw, workloads, fleets) -> tuple:
-    """The ``workload``/``fleet`` axes (when several are listed), then ``[axes]``'s."""
+def _axes(reader, raw, workloads, fleets, models) -> tuple:
+    """The ``workload``/``fleet``/``physics`` axes (when several are listed), then ``[axes]``'s."""
     axes_raw = raw.get("axes", {})
     if not isinstance(axes_raw, Mapping):
         reader.fail("axes", "a table of knob = values", axes_raw)
@@ -329,34 +366,44 @@ def _axes(reader, raw, workloads, fleets) -> tuple:
                                 ("fleet", raw["fleet"], fleets)):
         if isinstance(values, (list, tuple)) and len(specs_) > 1:
             axes.append(Axis(name=key, kind=key, values=tuple(specs_)))
-    axes += [parse_axis(reader, name, given, workloads, fleets)
+    if len(models) > 1:
+        axes.append(Axis(name="physics", kind="physics", values=models))
+    axes += [parse_axis(reader, name, given, workloads, fleets, models)
              for name, given in axes_raw.items()]
     return tuple(axes)
 
 
-def _fixed(reader, fixed_raw, axes_raw) -> dict:
+def _fixed(reader, fixed_raw, axes_raw, models) -> dict:
     """``[fixed]``: knob -> checked value (a knob may not be fixed and swept)."""
     if not isinstance(fixed_raw, Mapping):
         reader.fail("fixed", "a table of knob = value", fixed_raw)
     fixed = {}
     for name, value in fixed_raw.items():
-        if name not in KNOBS:
-            reader.unknown(name, list(KNOBS), where="fixed")
+        if name == "physics":
+            reader.fail("fixed.physics", "physics at the top of the spec (physics = "
+                                         "\"megatron\")", value)
+        knob_of(reader, name, models, where="fixed")
         if name in axes_raw:
             reader.fail(f"fixed.{name}", "a knob that is not also an axis", value)
-        fixed[name] = knob_value(reader, f"fixed.{name}", name, value)
+        fixed[name] = knob_value(reader, f"fixed.{name}", name, value, models=models)
     return fixed
 
 
-def _outputs(reader, outputs) -> tuple:
-    """``outputs``: distinct names of the output registry."""
+def _outputs(reader, outputs, models) -> tuple:
+    """``outputs``: distinct names of the models' outputs (all of them by default)."""
+    known = physics_.union_outputs(models)
+    if outputs is None:
+        return known
     if not isinstance(outputs, (list, tuple)) or not outputs:
         reader.fail("outputs", "a non-empty list of output names", outputs)
     for name in outputs:
         if not isinstance(name, str):
             reader.fail("outputs", "a list of output names (strings)", outputs)
-        if name not in OUTPUTS:
-            reader.unknown(name, list(OUTPUTS), where="outputs")
+        if name not in known:
+            if name in REGISTRY:
+                reader.fail("outputs", f"outputs of the physics {', '.join(models)}",
+                            f"{name!r}, an output of {', '.join(REGISTRY[name].physics)} only")
+            reader.unknown(name, list(known), where="outputs")
     if len(set(outputs)) != len(outputs):
         twice = sorted({n for n in outputs if outputs.count(n) > 1})
         reader.fail("outputs", "distinct output names", f"{', '.join(twice)} more than once")

@@ -78,7 +78,14 @@ def _price(spec, coords: Mapping) -> dict:
     workload, fleet, knobs = grid.point(spec, coords)
     out = solver.solve(workload, fleet, **knobs)
     values = {name: float(np.asarray(v)) for name, v in out.items() if np.asarray(v).dtype != bool}
-    values["components"] = step_components(out, knobs.get("straggler_factor", 1.0))
+    if knobs.get("physics") == "megatron":  # its own terms (they exclude the step overhead)
+        values["components"] = {name: float(out[f"{key}_latency"]) for name, key in (
+            ("compute", "compute"), ("exposed DP communication", "dp_communication"),
+            ("TP communication", "tp_communication"), ("CP communication", "cp_communication"),
+            ("PP communication", "pp_communication"), ("EP communication", "ep_communication"),
+            ("pipeline bubble", "pipeline_bubble"), ("optimizer", "optimizer"))}
+    else:
+        values["components"] = step_components(out, knobs.get("straggler_factor", 1.0))
     values["n_accelerators"] = round(float(n_accelerators(out, knobs)))
     return values
 
@@ -107,7 +114,8 @@ def explain_runner_up(spec, winner: Mapping, runner_up: Mapping) -> str:
                if _fmt(winner[d]) != _fmt(runner_up[d])]
     loss = (first["mfu"] - second["mfu"]) / first["mfu"] * 100
     step = second["step_latency_total"] - first["step_latency_total"]
-    diffs = {k: second["components"][k] - first["components"][k] for k in first["components"]}
+    diffs = {k: second["components"].get(k, 0.0) - first["components"].get(k, 0.0)
+             for k in {**first["components"], **second["components"]}}
     biggest = max((abs(v) for v in diffs.values()), default=0.0)
     shown = sorted((kv for kv in diffs.items()
                     if abs(kv[1]) > max(1e-7, 0.02 * biggest)), key=lambda kv: -abs(kv[1]))[:4]

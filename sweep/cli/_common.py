@@ -29,7 +29,7 @@ _PROG = "layout-sweep"
 _GB = 1e9
 
 
-_SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "dp_size")
+_SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "cp_size", "dp_size")
 
 
 _CATALOG_KINDS = ("workloads", "fleets", "accelerators", "nodes", "fabrics")

@@ -8,7 +8,10 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from solver.outputs import n_accelerators
+
 from ..cube import MASKS
+
 from ._common import _PROG, _SPLIT_DIMS, UsageError, _one_line, _suggest
 from .format import _fmt, _plain
 
@@ -154,13 +157,18 @@ def _rows(points, dims, values) -> list:
     return [{name: _plain(data[name][i]) for name in names} for i in range(n)]
 
 
-def _with_dp(row: dict, fixed: Mapping) -> dict:
-    """Add the derived ``dp_size`` (accelerators / (TP*PP*EP)) to a row that lacks it."""
+def _with_dp(row: dict, fixed: Mapping, physics=None) -> dict:
+    """Add the derived ``dp_size`` (accelerators / model-parallel ranks) to a row that lacks it.
+
+    The model-parallel ranks are TP*PP*EP for mlsysim, TP*PP*CP for megatron
+    (:func:`solver.outputs.n_accelerators`); the row's ``physics``, else ``physics``.
+    """
     if "dp_size" in row or "n_accelerators" not in row:
         return row
-    model_parallel = 1
-    for name in ("tp_size", "pp_size", "ep_size"):
-        model_parallel *= int(_plain(row.get(name, fixed.get(name, 1))))
+    model = row.get("physics", physics) or "mlsysim"
+    knobs = {name: int(_plain(row.get(name, fixed.get(name, 1))))
+             for name in ("tp_size", "pp_size", "ep_size", "cp_size")}
+    model_parallel = int(n_accelerators({"dp_size": 1}, knobs, physics=str(model)))
     count = _plain(row["n_accelerators"])
     if isinstance(count, float) and not np.isfinite(count):
         return row

@@ -8,8 +8,8 @@ import numpy as np
 
 from .. import analysis
 from ..analysis import explain_runner_up
-from ..spec import load_spec
-from ._common import _GB, _SPLIT_DIMS, EXIT_OK, _check_output, _progress
+from ..spec import builtin_spec, load_spec
+from ._common import DEFAULT_SPEC, _GB, _SPLIT_DIMS, EXIT_OK, _check_output, _progress
 from .cubes import _rows, _split_first, _with_dp
 from .format import _TABLE_VALUES, _human_bytes, _layout_table, _plain
 
@@ -20,7 +20,7 @@ def _best_per_split(cube, k: int) -> list:
     """The best admissible layout of each parallel split (by MFU), best first, at most ``k``."""
     from ..analysis import best_along
 
-    splits = [d for d in ("workload", "fleet") + _SPLIT_DIMS if d in cube.dims]
+    splits = [d for d in ("workload", "fleet", "physics") + _SPLIT_DIMS if d in cube.dims]
     if not splits:
         return _rows(analysis.top_k(cube, objective="mfu", k=k), list(cube.dims), cube.data_vars)
     best = best_along(cube, splits, objective="mfu")
@@ -45,11 +45,22 @@ def _best_per_split(cube, k: int) -> list:
     return rows
 
 
+#: The spec of ``--physics megatron`` without ``--spec`` (the default spec's knobs are mlsysim's).
+MEGATRON_SPEC = "megatron_llama70b"
+
+
+def _spec_for(args):
+    """The spec the main job sweeps: ``--spec``, or the default of the physics model."""
+    if getattr(args, "physics", None) == "megatron" and args.spec == str(DEFAULT_SPEC):
+        return builtin_spec(MEGATRON_SPEC)
+    return args.spec
+
+
 def command(args) -> int:
     """The main job: sweep in memory, best layout per split, why #2 loses, save the cube."""
     import sweep
 
-    spec = load_spec(args.spec)
+    spec = load_spec(_spec_for(args), physics=args.physics)
     output = None if args.no_save else _check_output(args.output, "-o")
     started = time.perf_counter()
     cube = sweep.run(spec, n_jobs=args.jobs, progress=_progress(args))
@@ -61,14 +72,14 @@ def command(args) -> int:
     limits = ", ".join(f"{spec.memory_limit_for(f) / _GB:.0f} GB" for f in spec.fleets.values())
     if spec.max_accelerators is not None:
         limits += f", at most {spec.max_accelerators} accelerators"
-    print(f"{spec.name}: {workload} on {fleets}")
+    print(f"{spec.name}: {workload} on {fleets}; physics {' + '.join(spec.physics)}")
     print(f"{spec.size:,} layouts priced in {elapsed:.2f} s ({spec.size / elapsed:,.0f} "
           f"layouts/s); {admissible:,} admissible (valid split, memory <= {limits})")
     rows = _best_per_split(cube, args.top)
     if not rows:
         print("no admissible layout: raise the memory limit or widen the axes")
     else:
-        rows = [_with_dp(r, dict(spec.fixed)) for r in rows]
+        rows = [_with_dp(r, dict(spec.fixed), spec.physics[0]) for r in rows]
         dims = _split_first(list(cube.dims), rows[0])
         values = [v for v in _TABLE_VALUES if v in rows[0]]
         units = {v: cube[v].attrs.get("units") for v in values}

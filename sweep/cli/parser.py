@@ -7,6 +7,7 @@ import warnings
 
 import solver
 from solver.outputs import MAXIMIZE, MINIMIZE
+from solver.physics import PHYSICS
 
 from ..limits import MemoryLimit, parse_memory_limit
 from ._common import (_CATALOG_KINDS, _PLOT_KINDS, _PROG, _SAMPLERS, DEFAULT_CUBE, DEFAULT_SPEC,
@@ -31,6 +32,11 @@ def _one_of(choices, what):
             f"expected {what} ({', '.join(choices)}), but got {text!r}{_suggest(text, choices)}")
     convert.__name__ = what
     return convert
+
+
+#: ``--physics``: a model of :data:`solver.physics.PHYSICS`.
+_PHYSICS_TYPE = _one_of(tuple(PHYSICS), "a physics model")
+_PHYSICS_HELP = " or ".join(PHYSICS)
 
 
 def _positive_int(text) -> int:
@@ -161,6 +167,9 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
     parser.add_argument("-o", "--output", dest="main_output", default=DEFAULT_CUBE, metavar="CUBE",
                         help=f"main job: where to write the cube (default: {DEFAULT_CUBE})")
     parser.add_argument("--no-save", action="store_true", help="main job: do not write the cube")
+    parser.add_argument("--physics", dest="main_physics", type=_PHYSICS_TYPE, metavar="MODEL",
+                        help=f"main job: the physics model ({_PHYSICS_HELP}); megatron without "
+                        "--spec sweeps the built-in megatron_llama70b spec")
     parser.add_argument("-k", "--top", dest="main_top", type=_positive_int, default=10, metavar="K",
                         help="main job: splits shown (default: 10)")
     parser.add_argument("--jobs", dest="main_jobs", type=_jobs, default=1, metavar="N",
@@ -182,6 +191,8 @@ def _add_run(commands):
     run.add_argument("spec", metavar="SPEC", help="a sweep spec (TOML)")
     run.add_argument("-o", "--output", help="the cube file (default: <spec name>.nc)")
     run.add_argument("--jobs", type=_jobs, default=1, help="worker processes (-1: every core)")
+    run.add_argument("--physics", type=_PHYSICS_TYPE, metavar="MODEL",
+                     help=f"the physics model ({_PHYSICS_HELP}), instead of the spec's")
     run.add_argument("--resume", action="store_true",
                      help="continue an interrupted sweep from <output>.partial")
     run.add_argument("--block-points", type=_positive_int, default=None, metavar="N",
@@ -201,6 +212,8 @@ def _add_search(commands):
     search.add_argument("--trials", type=_positive_int, help="sampled mode: a fixed budget of "
                         "optuna trials (the classic ask/tell loop); default: stop by evidence")
     search.add_argument("--seed", type=int, help="seeds the sampler")
+    search.add_argument("--physics", type=_PHYSICS_TYPE, metavar="MODEL",
+                        help=f"the physics model ({_PHYSICS_HELP}), instead of the spec's")
     search.add_argument("--memory-limit", type=_memory_limit, metavar="LIMIT",
                         help="'72 GB', bytes, or a fraction of the accelerator's memory (0.9); "
                              "default: the spec's")

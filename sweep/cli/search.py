@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import warnings
 
-from solver.outputs import DERIVED, OUTPUTS, objective_names
+from solver.outputs import DERIVED, REGISTRY, objective_names
 
 from ..spec import SpecError, load_spec
 from ._common import EXIT_OK, UsageError, _progress, _suggest
@@ -27,7 +27,7 @@ def _search_rows(result) -> tuple:
 
 
 def _units(name) -> str:
-    entry = OUTPUTS.get(name) or DERIVED.get(name)
+    entry = REGISTRY.get(name) or DERIVED.get(name)
     return entry.units if entry else ""
 
 
@@ -67,7 +67,7 @@ def command(args) -> int:
         raise UsageError(f"--objective: expected an output of solver.solve or a derived "
                          f"quantity ({', '.join(choices)}), but got {args.objective!r}"
                          f"{_suggest(args.objective, choices)}")
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec, physics=args.physics)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "no feasible layout": the summary says
         try:

@@ -36,6 +36,14 @@ def _show_facts(attrs) -> list:
     return lines
 
 
+def _physics_models(attrs) -> dict:
+    """``physics_models`` of a cube (model -> its provenance), {} for an older cube."""
+    try:
+        return json.loads(attrs.get("physics_models", "{}"))
+    except ValueError:
+        return {}
+
+
 def command(args) -> int:
     """``show``: dims, variables, masks (with counts) and provenance of a cube."""
     cube = _open_cube(args.cube, args.allow_partial)
@@ -65,12 +73,14 @@ def command(args) -> int:
                      cube[name].attrs.get("long_name", "")])
     print(format_table(["mask", "points", "share", "meaning"], rows, left=(0, 3)))
     print("\nprovenance:")
-    for key in ("reference", "package", "package_version", "spec_name", "spec_source",
+    for key in ("physics", "reference", "package", "package_version", "spec_name", "spec_source",
                 "date_created", "history", "memory_limit", "max_accelerators"):
         if key in attrs:
             print(f"  {key}: {attrs[key]}")
     if "fixed" in attrs:
         print(f"  fixed: {attrs['fixed']}")
+    for model, facts in _physics_models(attrs).items():
+        print(f"  physics {model}: " + "; ".join(f"{k} {v}" for k, v in facts.items()))
     if "spec" in attrs:
         print("  spec:")
         try:

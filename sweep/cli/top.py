@@ -30,7 +30,8 @@ def command(args) -> int:
                             constraints=constraints, allow_partial=args.allow_partial)
     dims = list(cube.dims)
     values = [objective] + [v for v in _TABLE_VALUES if v != objective and v in cube.data_vars]
-    rows = [_with_dp(r, _fixed(cube)) for r in _rows(points, dims, values)]
+    rows = [_with_dp(r, _fixed(cube), cube.attrs.get("physics"))
+            for r in _rows(points, dims, values)]
     if rows:
         dims = _split_first(dims, rows[0])
     narrowed = [f"{d}={_fmt(v)}" for d, v in select.items()] + \

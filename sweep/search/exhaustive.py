@@ -44,7 +44,8 @@ def _reduce_block(setup: _Setup, block, k: int) -> _Reduced:
     """Price one block; keep its k best admissible points (or its Pareto set)."""
     spec = setup.spec
     n_obj = len(setup.objectives)
-    priced = _price(setup, block.workload_label, block.fleet_label, block.knobs)
+    priced = _price(setup, block.workload_label, block.fleet_label,
+                    {**block.knobs, "physics": block.physics})
     shape = block.shape
     local = np.flatnonzero(np.broadcast_to(priced.feasible, shape))
     n_admissible = len(local)

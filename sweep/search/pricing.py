@@ -18,6 +18,7 @@ import solver
 from solver import outputs as outputs_
 from solver.specs import Fleet
 
+from .. import physics as physics_
 from ..limits import parse_memory_limit
 from ..spec import Spec
 
@@ -157,7 +158,8 @@ def _quantity(name, out, knobs, limit):
     if name == "memory_headroom":
         return outputs_.memory_headroom(out, limit)
     if name == "exposed_dp_time":
-        return outputs_.exposed_dp_time(out, knobs.get("straggler_factor", 1.0))
+        return outputs_.exposed_dp_time(out, knobs.get("straggler_factor", 1.0),
+                                        knobs.get("physics"))
     return out[name]
 
 
@@ -165,10 +167,10 @@ def _price(setup: _Setup, workload_label, fleet_label, knobs) -> _Priced:
     """Solve a batch (flat arrays or an open mesh) and score it."""
     spec = setup.spec
     workload, fleet = spec.workloads[workload_label], spec.fleets[fleet_label]
-    knobs = {**spec.fixed, **knobs}
+    knobs = {"physics": spec.physics[0], **spec.fixed, **knobs}  # or the physics axis' values
     if setup.derive is not None:
         knobs.update(setup.derive(knobs, workload, fleet))
-    out = solver.solve(workload, fleet, **knobs)
+    out = physics_.solve(workload, fleet, knobs["physics"], knobs)
     shape = out["valid"].shape
     valid = np.asarray(out["valid"])
     limit = setup.limits[fleet_label]
@@ -240,7 +242,9 @@ def price_trials(setup: _Setup, space, batch_params: Sequence[Mapping]):
 def _layout_knobs(setup: _Setup, layout: Mapping[str, Any]) -> dict:
     """Solve keywords of one layout: fixed knobs, axis values, derived knobs (plain values)."""
     spec = setup.spec
-    knobs = {**spec.fixed, **{k: v for k, v in layout.items() if k not in ("workload", "fleet")}}
+    named = {} if spec.physics == (physics_.DEFAULT_PHYSICS,) else {"physics": spec.physics[0]}
+    knobs = {**named, **spec.fixed,
+             **{k: v for k, v in layout.items() if k not in ("workload", "fleet")}}
     if setup.derive is not None:
         derived = setup.derive(dict(knobs), spec.workloads[layout["workload"]],
                                spec.fleets[layout["fleet"]])

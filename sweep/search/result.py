@@ -147,9 +147,17 @@ class SearchResult:
 
     def _breakdown_lines(self) -> list:
         b = self.breakdown
+        physics = self.best_params.get("physics", "mlsysim")
         exposed_dp = float(outputs_.exposed_dp_time(
-            b, float(self.best_params.get("straggler_factor", 1.0))))
-        return [
+            b, float(self.best_params.get("straggler_factor", 1.0)), physics))
+        first = (f"step {b['step_latency_total']:.4g} s: compute {b['compute_latency']:.4g} s, "
+                 f"exposed DP {exposed_dp:.4g}, TP {b['tp_communication_latency']:.4g}, CP "
+                 f"{b['cp_communication_latency']:.4g}, PP {b['pp_communication_latency']:.4g}, "
+                 f"EP {b['ep_communication_latency']:.4g}, bubble "
+                 f"{b['pipeline_bubble_latency']:.4g}, optimizer {b['optimizer_latency']:.4g}; "
+                 f"mfu {b['mfu']:.4f} on {b['n_accelerators']:.0f} accelerators (megatron)"
+                 if physics == "megatron" else None)
+        return [first or
             f"step {b['step_latency_total']:.4g} s: replica {b['node_latency']:.4g} s (compute "
             f"{b['node_latency_compute']:.4g}), exposed DP {exposed_dp:.4g} (of "
             f"{b['dp_communication_latency']:.4g}), TP {b['tp_communication_latency']:.4g}, "

@@ -47,7 +47,7 @@ FLOAT_MOVE = 0.05
 #: recognized only to refuse such stored studies with a clear message.
 INDEX_SUFFIX = "_index"
 
-_CATEGORICAL_KINDS = ("bool", "precision", "workload", "fleet", "topology")
+_CATEGORICAL_KINDS = ("bool", "precision", "workload", "fleet", "topology", "physics", "choice")
 
 
 @dataclass(frozen=True)

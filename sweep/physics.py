@@ -1,0 +1,145 @@
+"""The physics models of a spec: which knobs each takes, and solving with the union of outputs.
+
+A spec names one physics model (``physics = "megatron"``) or several
+(``physics = ["mlsysim", "megatron"]``: then ``physics`` is a categorical axis of
+the cube, like ``workload`` and ``fleet``). The rule for knobs:
+
+- every axis and fixed knob must be a knob of at least one of the spec's models,
+  and its values must be valid for every one of them that takes it;
+- a knob is passed only to the models that take it (``micro_batch_size``,
+  ``recompute``, ``cp_size``, ``sequence_parallel``, ... only to megatron;
+  ``microbatch_count``, ``activation_recomputation``, ``efficiency``, ... only to
+  mlsysim), so the other model's outputs are constant along that axis;
+- the outputs are the union of the models' outputs (:func:`union_outputs`); an
+  output a model does not return is NaN (False for a boolean) in its slice.
+
+    >>> knobs_for("mlsysim", {"tp_size": 2, "cp_size": 2})
+    {'tp_size': 2}
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping
+
+import numpy as np
+
+import solver
+from solver import knobs as knobs_
+from solver.outputs import REGISTRY, outputs_of
+from solver.physics import DEFAULT_PHYSICS, PHYSICS, megatron
+
+__all__ = ["DEFAULT_PHYSICS", "MODELS", "knobs_of", "choices", "knobs_for", "union_outputs",
+           "union_knobs", "check_name", "convert", "solve", "fill_missing", "provenance"]
+
+#: The physics model names (:data:`solver.physics.PHYSICS`).
+MODELS = tuple(PHYSICS)
+
+_KNOBS = {"mlsysim": knobs_.KNOBS, "megatron": megatron.KNOBS}
+#: Values of the knobs of kind ``"choice"`` (megatron's ``recompute`` and ``precision``).
+_CHOICES = {("megatron", "recompute"): megatron.RECOMPUTE,
+            ("megatron", "precision"): megatron.PRECISIONS}
+
+
+def check_name(name) -> str:
+    """``name`` if it is a physics model, else ``ValueError`` naming the models and the closest."""
+    solver.physics.model(name)
+    return name
+
+
+def knobs_of(physics: str) -> Mapping[str, knobs_.Knob]:
+    """Knob name -> :class:`solver.knobs.Knob` of the model ``physics``."""
+    return _KNOBS[check_name(physics)]
+
+
+def union_knobs(models) -> tuple:
+    """Knob names of any of ``models``, first model's first."""
+    return tuple(dict.fromkeys(n for m in models for n in knobs_of(m)))
+
+
+def choices(physics: str, name: str) -> tuple:
+    """The values a knob of kind ``"choice"`` takes."""
+    return _CHOICES[(physics, name)]
+
+
+def convert(physics: str, name: str, value):
+    """``value`` of knob ``name`` checked and converted as model ``physics`` does.
+
+    Raises
+    ------
+    ValueError
+        Naming the knob, what it accepts and the value.
+    """
+    knob = knobs_of(physics)[name]
+    if knob.kind == "choice":
+        allowed = choices(physics, name)
+        for v in np.ravel(np.asarray(value, dtype=object)):
+            if not isinstance(v, str) or v.lower() not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))} "
+                                 f"(physics {physics!r}), but got {v!r}")
+        return value.lower() if isinstance(value, str) else value
+    return knobs_._CONVERT[knob.kind](knob, value)
+
+
+def knobs_for(physics: str, knobs: Mapping) -> dict:
+    """The entries of ``knobs`` model ``physics`` takes (the rule of this module)."""
+    taken = knobs_of(physics)
+    return {k: v for k, v in knobs.items() if k in taken}
+
+
+def union_outputs(models) -> tuple:
+    """Output names of any of ``models``, in the first model's order, then the others' new ones."""
+    return tuple(dict.fromkeys(n for m in models for n in outputs_of(m)))
+
+
+def fill_missing(result: Mapping, names, shape=()) -> dict:
+    """``result`` with every output of ``names`` it lacks as NaN (False for a boolean)."""
+    out = dict(result)
+    for name in names:
+        if name not in out:
+            out[name] = np.full(shape, False if REGISTRY[name].is_boolean else np.nan)
+    return out
+
+
+def solve(workload, fleet, physics, knobs: Mapping, names=None) -> dict:
+    """``solver.solve`` by model ``physics`` with the knobs it takes; outputs ``names`` filled.
+
+    Parameters
+    ----------
+    workload, fleet : solver specs
+    physics : str or array_like of str
+        One model, or one per point (broadcasting with the knobs): each point is
+        then taken from its own model's solve.
+    knobs : mapping
+        Knobs of any model (each model gets the ones it takes).
+    names : sequence of str, optional
+        Outputs to return (missing ones NaN or False); the union of the models
+        named by ``physics`` by default.
+    """
+    labels = np.asarray(physics)
+    models = [str(m) for m in np.unique(labels)] if labels.ndim else [str(labels)]
+    for m in models:
+        check_name(m)
+    names = tuple(names) if names is not None else union_outputs(models)
+    results = {}
+    for m in models:
+        result = solver.solve(workload, fleet, physics=m, **knobs_for(m, knobs))
+        results[m] = fill_missing(result, names, np.shape(result["valid"]))
+    if labels.ndim == 0:
+        return {n: results[models[0]][n] for n in names}
+    out = {}
+    for n in names:
+        value = results[models[0]][n]
+        for m in models[1:]:
+            value = np.where(labels == m, results[m][n], value)
+        out[n] = np.broadcast_to(value, np.broadcast_shapes(np.shape(value), labels.shape))
+    return out
+
+
+def provenance(physics: str) -> dict:
+    """Attributes saying what model ``physics`` is (and its constants, for megatron)."""
+    if physics == "mlsysim":
+        return {"reference": solver.REFERENCE}
+    return {"reference": "solver.physics.megatron (Megatron-Core training step, fitted constants)",
+            "constants": json.dumps(megatron.CONSTANTS, sort_keys=True),
+            "constants_provenance": json.dumps(megatron.CONSTANTS_PROVENANCE, sort_keys=True)}
