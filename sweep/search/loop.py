@@ -135,6 +135,19 @@ def _n_counted(study) -> int:
     return len(study.get_trials(deepcopy=False, states=_COUNTED))
 
 
+def _is_surplus(study, number: int, n_trials: int) -> bool:
+    """Whether trial ``number`` would take the study past ``n_trials`` counted trials.
+
+    Workers check the count and then ask, so two of them can both see room for the
+    last trial. The storage numbers trials atomically, so the trials numbered below
+    ``number`` that count (running or complete) say exactly whether this one fits;
+    one that does not is told PRUNED, unpriced, and the study keeps exactly
+    ``n_trials`` complete trials.
+    """
+    earlier = [t for t in study.get_trials(deepcopy=False, states=_COUNTED) if t.number < number]
+    return len(earlier) >= n_trials
+
+
 def _ask_batch(study, space: SearchSpace, size: int, n_trials: int, owner: str) -> list:
     """Up to ``size`` new trials (fewer if other workers fill the budget meanwhile)."""
     sampler = study.sampler
@@ -145,6 +158,9 @@ def _ask_batch(study, space: SearchSpace, size: int, n_trials: int, owner: str) 
         if batch and _n_counted(study) >= n_trials:
             break
         trial = study.ask(space.distributions)
+        if _is_surplus(study, trial.number, n_trials):
+            study.tell(trial, state=TrialState.PRUNED)
+            break
         trial.set_user_attr(OWNER_KEY, owner)
         if isinstance(sampler, LocalMovesSampler) and sampler.is_local(trial.number):
             trial.set_user_attr(ORIGIN_KEY, "local")
