@@ -43,7 +43,7 @@ import solver
 from solver.blocks import BLOCK_POINTS
 
 from . import cube as cube_
-from . import grid, storage
+from . import grid, preflight, storage
 from .spec import Spec, load_spec
 
 __all__ = ["run", "BLOCK_POINTS", "PROGRESS_MIN_POINTS", "TASK_BYTES"]
@@ -328,6 +328,18 @@ def _price_in_parallel(todo: list, plan: _Plan, writer, arrays, bar, results) ->
             bar.update(math.prod(s.stop - s.start for s in index))
 
 
+def _preflight(spec: Spec, cube_layout, *, path, serial: bool, n_jobs: int, backend,
+               block_points: int) -> None:
+    """Refuse a sweep that memory (in memory) or the disk (streamed) cannot hold."""
+    if path is None:
+        local = serial or (backend or "loky") in _SHARED_BACKENDS
+        with joblib.parallel_config(backend=backend or "loky"):
+            workers = 1 if serial or not local else max(1, joblib.effective_n_jobs(n_jobs))
+        preflight.check_memory(spec, cube_layout, block_points=block_points, workers=workers)
+    elif not storage.partial_path(path).exists():  # a resume needs less than a new sweep
+        preflight.check_disk(spec, cube_layout, path)
+
+
 def _destination(spec: Spec, cube_layout, *, path, serial: bool, backend, block_points: int,
                  resume: bool) -> tuple:
     """``(writer, arrays, shared)``: where the blocks go (a file, arrays, or shared arrays)."""
@@ -388,6 +400,9 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     SpecError
         For an unreadable spec, a continuous axis, a space with no valid split,
         or a resume of blocks staged by another spec.
+    sweep.preflight.ResourceError
+        Before anything is priced, for an in-memory cube the memory left cannot
+        hold, or a streamed one the disk cannot (with the numbers and the fix).
     FileExistsError
         If blocks are staged at ``path`` and ``resume`` is False, or another
         process is writing them.
@@ -409,6 +424,8 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     serial = n_jobs == 1 and backend is None
     if not serial:
         _check_backend(backend)
+    _preflight(spec, cube_layout, path=path, serial=serial, n_jobs=n_jobs, backend=backend,
+               block_points=block_points)
 
     writer, arrays, shared = _destination(spec, cube_layout, path=path, serial=serial,
                                           backend=backend, block_points=block_points,

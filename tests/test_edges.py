@@ -204,3 +204,95 @@ def test_workers_exit_within_seconds_of_a_killed_parent(tmp_path):
         for k in workers:  # nothing of ours is left behind, even when the test fails
             if _alive(k):
                 os.kill(k, signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------- pre-flight checks
+
+def test_a_cube_too_big_for_the_address_space_is_refused_with_the_numbers():
+    import resource
+
+    def cap():  # 12 GiB of address space, as a batch scheduler would grant
+        resource.setrlimit(resource.RLIMIT_AS, (12 * 2 ** 30, 12 * 2 ** 30))
+    done = subprocess.run([sys.executable, "-m", "sweep", "--spec",
+                           str(ROOT / "configs/sweeps/search_llama70b.toml"), "--no-save"],
+                          preexec_fn=cap, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd="/tmp")
+    # Before: "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 19.7 GiB", exit 1.
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    for text in ("an in-memory sweep of 'search_llama70b' needs about 484.9 GiB",
+                 "2,642,411,520 points x 197 B of cube",
+                 "the address-space limit (RLIMIT_AS) of 12.0 GiB leaves",
+                 "search_llama70b.toml -o cube.nc"):
+        assert text in done.stderr, done.stderr
+
+
+def test_memory_check_counts_cube_and_temporaries(monkeypatch):
+    from sweep import preflight
+
+    spec = sweep.load_spec(BIG)
+    assert sweep.cube.layout(spec).bytes_per_point() == 16  # 3 float32 outputs, 4 masks
+    need = 16 * spec.size + preflight.SOLVE_BYTES_PER_POINT * spec.size  # one block: all
+    monkeypatch.setattr(preflight, "available_memory", lambda: (need - 1, "a test's budget"))
+    with pytest.raises(preflight.ResourceError,
+                       match=r"needs about 0\.0 GiB \(107,520 points x 16 B of cube.*only 0\.0 "
+                             r"GiB is available \(a test's budget\): stream it"):
+        sweep.run(BIG, block_points=2 ** 17)
+    monkeypatch.setattr(preflight, "available_memory", lambda: (need, "a test's budget"))
+    assert sweep.run(BIG, block_points=2 ** 17).sizes["tp_size"] == 7
+
+
+def test_a_disk_too_small_is_refused_before_anything_is_staged(monkeypatch, tmp_path, capsys):
+    from sweep import preflight
+    from sweep.cli import main
+
+    monkeypatch.setattr(preflight, "free_disk", lambda folder: 100_000)
+    path = tmp_path / "big.nc"
+    with pytest.raises(preflight.ResourceError,
+                       match=r"a streamed sweep of 'sweep' needs up to 0\.00 GiB of disk \(its "
+                             r"0\.00 GiB cube compressed at least 4x, staged in big\.nc\.partial "
+                             r".* has 0\.00 GiB free"):
+        sweep.run(BIG, path=path)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(preflight, "free_disk", lambda folder: 2 * 16 * 107_520 // 4)
+    sweep.run(BIG, path=path).close()  # exactly enough
+    spec = tmp_path / "big.toml"
+    spec.write_text(LONG_SPEC)
+    monkeypatch.setattr(preflight, "free_disk", lambda folder: 100_000)
+    code = main(["run", str(spec), "-o", str(tmp_path / "long.nc"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert "needs up to" in err and "GiB free" in err
+
+
+def test_staged_blocks_are_compressed(monkeypatch, tmp_path):
+    import zipfile
+
+    from sweep.storage import partial_path
+
+    real = evaluate._evaluate_block
+    count = {"n": 0}
+
+    def stop_after_three(*args, **kwargs):
+        count["n"] += 1
+        if count["n"] > 3:
+            raise KeyboardInterrupt("stopped")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(evaluate, "_evaluate_block", stop_after_three)
+    path = tmp_path / "c.nc"
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run(BIG, path=path, block_points=10_000)
+    staged = sorted(partial_path(path).glob("blocks-*.npz"))
+    assert staged
+    raw = compressed = 0
+    for file in staged:
+        with zipfile.ZipFile(file) as archive:
+            for info in archive.infolist():
+                assert info.compress_type == zipfile.ZIP_DEFLATED, info
+                raw += info.file_size
+                compressed += info.compress_size
+    assert compressed < raw / 3, (compressed, raw)  # before: stored, compressed == raw
+    monkeypatch.setattr(evaluate, "_evaluate_block", real)
+    resumed = sweep.run(BIG, path=path, resume=True)
+    xr.testing.assert_identical(sweep.run(BIG), resumed.load())
+    resumed.close()
