@@ -19,7 +19,12 @@ batches of blocks to the client's workers; with ``backend="dask"``, ``n_jobs=1``
 back to this process, which writes the cube (or the file), so no worker needs
 to see the output path. Local workers (loky, multiprocessing, threading) building
 an in-memory cube write their blocks in place instead, into the cube's arrays
-mapped from files in ``/dev/shm``, so no result is pickled back.
+mapped from files in ``/dev/shm`` (or in the temporary directory when
+``/dev/shm`` has no room: never a ``SIGBUS``), so no result is pickled back.
+Worker processes exit within a second of this process's death.
+
+Before anything is priced, a cube memory cannot hold (in memory) or the disk
+cannot (streamed) is refused with the numbers (:mod:`sweep.preflight`).
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ from . import cube as cube_
 from . import grid, preflight, storage
 from .spec import Spec, load_spec
 
-__all__ = ["run", "BLOCK_POINTS", "PROGRESS_MIN_POINTS", "TASK_BYTES"]
+__all__ = ["run", "BLOCK_POINTS", "PROGRESS_MIN_POINTS", "TASK_BYTES", "SHARED_MEMORY_DIR",
+           "PARENT_POLL_SECONDS"]
 #: With ``progress=None``, a bar is shown on a terminal for sweeps this large.
 PROGRESS_MIN_POINTS = 5_000_000
 #: Bytes of results a parallel task returns at most (bounds memory in flight).
