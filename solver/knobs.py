@@ -262,6 +262,9 @@ def _as_precision(knob, value):
     if isinstance(value, Precisions):
         return value
     array = _array(knob, value)
+    if array.size == 0:
+        raise ValueError(f"precision must be a string or a non-empty array of strings such as "
+                         f"['bf16', 'fp8'], but got an empty array (shape {array.shape})")
     if array.dtype.kind not in "UO":
         raise ValueError(f"precision must be a string or an array of strings, but got {value!r:.80}")
     raw, codes = _factorize(array)

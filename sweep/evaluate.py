@@ -19,16 +19,24 @@ batches of blocks to the client's workers; with ``backend="dask"``, ``n_jobs=1``
 back to this process, which writes the cube (or the file), so no worker needs
 to see the output path. Local workers (loky, multiprocessing, threading) building
 an in-memory cube write their blocks in place instead, into the cube's arrays
-mapped from files in ``/dev/shm``, so no result is pickled back.
+mapped from files in ``/dev/shm`` (or in the temporary directory when
+``/dev/shm`` has no room: never a ``SIGBUS``), so no result is pickled back.
+Worker processes exit within a second of this process's death.
+
+Before anything is priced, a cube memory cannot hold (in memory) or the disk
+cannot (streamed) is refused with the numbers (:mod:`sweep.preflight`).
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -40,10 +48,11 @@ import solver
 from solver.blocks import BLOCK_POINTS
 
 from . import cube as cube_
-from . import grid, storage
+from . import grid, preflight, storage
 from .spec import Spec, load_spec
 
-__all__ = ["run", "BLOCK_POINTS", "PROGRESS_MIN_POINTS", "TASK_BYTES"]
+__all__ = ["run", "BLOCK_POINTS", "PROGRESS_MIN_POINTS", "TASK_BYTES", "SHARED_MEMORY_DIR",
+           "PARENT_POLL_SECONDS"]
 #: With ``progress=None``, a bar is shown on a terminal for sweeps this large.
 PROGRESS_MIN_POINTS = 5_000_000
 #: Bytes of results a parallel task returns at most (bounds memory in flight).
@@ -108,22 +117,85 @@ def _evaluate_task(blocks: list, plan: _Plan) -> list:
 _SHARED_BACKENDS = ("loky", "multiprocessing", "threading")
 
 
+#: Where the shared arrays of a parallel in-memory sweep go first (a RAM-backed tmpfs);
+#: the environment variable ``SWEEP_SHARED_MEMORY`` overrides it.
+SHARED_MEMORY_DIR = "/dev/shm"
+
+
+def _free_bytes(directory) -> int:
+    """Bytes an unprivileged process may still write under ``directory`` [B]."""
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize
+
+
+def _shared_directories() -> list:
+    """Candidate folders of the shared arrays, best first: the tmpfs, then the temp dir."""
+    shm = os.environ.get("SWEEP_SHARED_MEMORY") or SHARED_MEMORY_DIR
+    found = [shm] if os.path.isdir(shm) and os.access(shm, os.W_OK) else []
+    return found + [tempfile.gettempdir()]
+
+
+def _reserve(fd: int, nbytes: int) -> None:
+    """Allocate ``nbytes`` of the file now, so that a full folder raises ``ENOSPC`` here
+    instead of a ``SIGBUS`` when a worker writes into the mapping later."""
+    if nbytes and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+            return
+        except OSError as err:
+            if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
+                raise
+    os.ftruncate(fd, nbytes)  # cannot reserve here: the free-space check must do
+
+
 class _SharedArrays:
-    """The cube's arrays in memory-mapped files (``/dev/shm`` when there is one).
+    """The cube's arrays in memory-mapped files (``/dev/shm`` when there is room).
 
     Local workers open them and write their blocks in place, so no result is
     pickled back and copied again; the files are removed at the end and the
-    arrays live on in this process's mapping.
+    arrays live on in this process's mapping. The files are allocated up front
+    (``posix_fallocate``) in the first folder with room for them, the tmpfs
+    :data:`SHARED_MEMORY_DIR` and then the temporary directory (a file-backed
+    mapping), so a small ``/dev/shm`` never kills a worker with ``SIGBUS``.
+
+    Raises
+    ------
+    OSError
+        ``ENOSPC`` if no folder can hold the arrays (the message gives the numbers).
     """
 
     def __init__(self, dtypes: Mapping, shape: tuple):
-        shm = "/dev/shm"
-        base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-        self.directory = tempfile.mkdtemp(prefix="sweep-", dir=base)
         self.files, self.arrays = {}, {}
+        count = math.prod(shape)
+        self.nbytes = sum(np.dtype(dtype).itemsize * count for dtype in dtypes.values())
+        tried = []
+        for base in _shared_directories():
+            free = _free_bytes(base)
+            tried.append(f"{base} has {free / 2**20:,.0f} MiB free")
+            if free < self.nbytes:
+                continue
+            self.directory = tempfile.mkdtemp(prefix="sweep-", dir=base)
+            try:
+                self._allocate(dtypes, shape, count)
+                return
+            except OSError as err:
+                self.close()
+                if err.errno != errno.ENOSPC:
+                    raise
+                self.files, self.arrays = {}, {}
+        raise OSError(errno.ENOSPC,
+                      f"a parallel in-memory sweep shares its cube through files, and expected "
+                      f"a folder with {self.nbytes / 2**20:,.0f} MiB free, but "
+                      f"{'; '.join(tried)}: stream it to a file instead (path=..., or "
+                      f"`-o cube.nc` on the command line), or price it in this process "
+                      f"(n_jobs=1)")
+
+    def _allocate(self, dtypes: Mapping, shape: tuple, count: int) -> None:
         for name, dtype in dtypes.items():
             path = os.path.join(self.directory, f"{name}.bin")
-            self.arrays[name] = np.asarray(np.memmap(path, dtype=dtype, mode="w+", shape=shape))
+            with open(path, "wb") as fh:
+                _reserve(fh.fileno(), np.dtype(dtype).itemsize * count)
+            self.arrays[name] = np.asarray(np.memmap(path, dtype=dtype, mode="r+", shape=shape))
             self.files[name] = (path, np.dtype(dtype).str, tuple(shape))
 
     def close(self):
@@ -179,15 +251,49 @@ def _check_backend(backend: Optional[str]) -> None:
                 f"but found none: {err}") from None
 
 
+#: Seconds between a worker's checks that the process that started it is alive.
+PARENT_POLL_SECONDS = 0.5
+#: Backends whose workers are processes this one starts (they must not outlive it).
+_PROCESS_BACKENDS = ("loky", "multiprocessing")
+
+
+def _watch_parent(parent: int, every: float = PARENT_POLL_SECONDS) -> None:
+    """Worker initializer: end this worker within ``every`` seconds of ``parent``'s death.
+
+    A daemon thread polls ``os.getppid()``: once the parent is gone (a ``SIGKILL``
+    from a job scheduler, say) the worker is re-parented and exits at once, so
+    no orphan holds memory, and the resource tracker, whose pipe the workers
+    hold open, exits with them. Polling works on every POSIX system and is
+    immune to what ``prctl(PR_SET_PDEATHSIG)`` gets wrong (it fires when the
+    *thread* that forked the worker ends, and loky forks from its own threads).
+    """
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    if os.getppid() != parent:  # died before this worker was initialized
+        os._exit(1)
+    threading.Thread(target=watch, name="sweep-parent-watchdog", daemon=True).start()
+
+
+def _backend_options(backend: str) -> dict:
+    """``joblib.parallel_config`` options of ``backend``: the parent watchdog for processes."""
+    if backend in _PROCESS_BACKENDS:
+        return {"initializer": _watch_parent, "initargs": (os.getpid(),)}
+    return {}
+
+
 def _parallel(tasks: list, plan: _Plan, n_jobs: int, backend: Optional[str], files=None):
     """Results of every task, in order, computed by joblib workers.
 
     With ``files`` (shared arrays) the workers write in place and return no data.
+    Worker processes end within seconds of this process's death (:func:`_watch_parent`).
     """
     backend = backend or "loky"
     if backend == "dask" and n_jobs == 1:
         n_jobs = -1
-    with joblib.parallel_config(backend=backend):
+    with joblib.parallel_config(backend=backend, **_backend_options(backend)):
         parallel = joblib.Parallel(n_jobs=n_jobs, return_as="generator",
                                    pre_dispatch="2*n_jobs", batch_size=1)
         if files is None:
@@ -230,6 +336,18 @@ def _price_in_parallel(todo: list, plan: _Plan, writer, arrays, bar, results) ->
                 for name, value in values.items():
                     arrays[name][index] = value
             bar.update(math.prod(s.stop - s.start for s in index))
+
+
+def _preflight(spec: Spec, cube_layout, *, path, serial: bool, n_jobs: int, backend,
+               block_points: int) -> None:
+    """Refuse a sweep that memory (in memory) or the disk (streamed) cannot hold."""
+    if path is None:
+        local = serial or (backend or "loky") in _SHARED_BACKENDS
+        with joblib.parallel_config(backend=backend or "loky"):
+            workers = 1 if serial or not local else max(1, joblib.effective_n_jobs(n_jobs))
+        preflight.check_memory(spec, cube_layout, block_points=block_points, workers=workers)
+    elif not storage.partial_path(path).exists():  # a resume needs less than a new sweep
+        preflight.check_disk(spec, cube_layout, path)
 
 
 def _destination(spec: Spec, cube_layout, *, path, serial: bool, backend, block_points: int,
@@ -292,6 +410,9 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     SpecError
         For an unreadable spec, a continuous axis, a space with no valid split,
         or a resume of blocks staged by another spec.
+    sweep.preflight.ResourceError
+        Before anything is priced, for an in-memory cube the memory left cannot
+        hold, or a streamed one the disk cannot (with the numbers and the fix).
     FileExistsError
         If blocks are staged at ``path`` and ``resume`` is False, or another
         process is writing them.
@@ -313,6 +434,8 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
     serial = n_jobs == 1 and backend is None
     if not serial:
         _check_backend(backend)
+    _preflight(spec, cube_layout, path=path, serial=serial, n_jobs=n_jobs, backend=backend,
+               block_points=block_points)
 
     writer, arrays, shared = _destination(spec, cube_layout, path=path, serial=serial,
                                           backend=backend, block_points=block_points,

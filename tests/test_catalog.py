@@ -23,7 +23,6 @@ def _entries(group):
 @pytest.fixture(scope="module")
 def registry():
     """{kind: {registry attribute name: mlsysim object}}."""
-    pytest.importorskip("mlsysim")
     from mlsysim.hardware.registry import Hardware
     from mlsysim.models.registry import Models
     from mlsysim.systems.registry import Systems
@@ -93,7 +92,6 @@ def test_workload_kinds_follow_mlsysim_classes(registry):
 
 
 def test_from_mlsysim_refuses_other_types():
-    pytest.importorskip("mlsysim")
     from solver.adapters import from_mlsysim
 
     with pytest.raises(TypeError, match="got builtins.str"):

@@ -1,7 +1,8 @@
 """Knob validation: every refused value raises ValueError naming the knob and the value.
 
-A value no configuration could have is refused loudly (DESIGN.md, "The contract of
-solver.solve"); an impossible *split* is reported as valid=False instead (test_solve.py).
+A value no configuration could have is refused loudly (the "Raises" section of
+``solver.solve``, solver/physics/__init__.py); an impossible *split* is reported
+as valid=False instead (test_solve.py).
 """
 
 from __future__ import annotations
@@ -101,6 +102,16 @@ def test_nan_in_array_is_reported():
     assert_names_value(str(info.value), "efficiency", math.nan)
     with pytest.raises(ValueError, match="tp_size"):
         solver.solve(WL, FL, tp_size=np.array([1.0, np.nan]))
+
+
+@pytest.mark.parametrize("empty", [np.array([], dtype=str), np.array([], dtype=object), [],
+                                   np.empty((0, 3), dtype="<U4")], ids=["str", "object", "list",
+                                                                         "2d"])
+def test_empty_precision_array_names_the_knob(empty):
+    # Before: numpy's "cannot reshape array of size 0 into shape (0,newaxis)".
+    with pytest.raises(ValueError, match=r"^precision must be a string or a non-empty array of "
+                                         r"strings .*, but got an empty array"):
+        solver.solve(WL, FL, precision=empty)
 
 
 def test_bool_arrays_refused_for_numeric_knobs():

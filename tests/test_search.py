@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import signal
@@ -404,8 +403,6 @@ def test_rdb_storage_resumes(tmp_path):
 
 # --------------------------------------------------------------------------- reference optimizer
 
-needs_mlsysim = pytest.mark.skipif(importlib.util.find_spec("mlsysim") is None,
-                                   reason="the reference, mlsysim 0.3.0, is not installed")
 
 SCENARIOS = [("Llama3_70B", "Training_1K", 1024), ("Mixtral_8x7B", "Training_1K", 1024),
              ("Llama3_70B", "Research_256", 256), ("Mixtral_8x7B", "Research_256", 256)]
@@ -427,7 +424,6 @@ def references():
     return {s: _reference(*s) for s in SCENARIOS}
 
 
-@needs_mlsysim
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: f"{s[0]}-{s[1]}")
 def test_reference_optimizer_reproduced(scenario, references):
     ref = references[scenario]
@@ -444,7 +440,6 @@ def test_reference_optimizer_reproduced(scenario, references):
         assert mine["step_time"] == pytest.approx(theirs["step_time"].m_as("s"), rel=1e-9)
 
 
-@needs_mlsysim
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: f"{s[0]}-{s[1]}")
 def test_wider_space_never_worse_than_reference(scenario, references):
     ref = references[scenario]

@@ -1,7 +1,7 @@
 """solver.solve: hand values, analytic limits, invalid splits, broadcasting, shapes, precision.
 
 Parity with mlsysim lives in test_parity.py; here every expected number is
-derived by hand from the formulas (DESIGN.md, solver/*.py docstrings) on round
+derived by hand from the formulas (solver/*.py docstrings) on round
 hand-built specs, or is an identity / limit that must hold whatever the model.
 """
 

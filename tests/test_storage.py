@@ -132,9 +132,13 @@ def test_interrupted_sweep_resumes(monkeypatch, tmp_path):
 def test_resume_returns_a_finished_file(monkeypatch, tmp_path):
     path = tmp_path / "done.nc"
     sweep.run(SPEC, path=path).close()
+    before = path.stat().st_mtime_ns, path.stat().st_ino
+    expected = sweep.run(SPEC)  # priced in memory, before any evaluation is made to raise
     _interrupt_after(monkeypatch, 0)  # any evaluation would raise
     again = sweep.run(SPEC, path=path, resume=True)
-    xr.testing.assert_identical(sweep.open_cube(path), again)
+    assert (path.stat().st_mtime_ns, path.stat().st_ino) == before  # the file was not rewritten
+    assert not again["mfu"].variable._in_memory  # the finished file, opened lazily
+    xr.testing.assert_identical(expected, again.load())
     again.close()
 
 

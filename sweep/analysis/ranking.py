@@ -77,12 +77,42 @@ def _candidates(cube, names, signs, where, constraints, slab_points):
         yield values[finite], flat[finite] + offset
 
 
-def _take(cube, dims, index, out_dims, keep_coords=()):
+def _read_slab(variable, key):
+    """One read of a (lazily opened) variable: ``variable[key]`` as a numpy array."""
+    return np.asarray(variable[key].values)
+
+
+def _gather(variable, idx, shape, block_points):
+    """``variable``'s values at integer positions ``idx`` (one array per dim), over ``shape``.
+
+    A lazily opened variable is read in slabs of about ``block_points`` points
+    along its first dim (at least one index of it), only the slabs that hold a
+    wanted point and each once: as many reads as slabs at most, whatever the
+    number of points (the scans of :func:`_slabs` read the same slabs).
+    """
+    flat = [np.ravel(np.broadcast_to(i, shape)).astype(np.int64) for i in idx]
+    first, n0 = flat[0], variable.shape[0]
+    inner = int(np.prod(variable.shape[1:], dtype=np.int64))
+    step = max(1, block_points // max(1, inner))
+    out = np.empty(len(first), dtype=variable.dtype)
+    slab_of = first // step
+    order = np.argsort(slab_of, kind="stable")
+    for group in np.split(order, np.flatnonzero(np.diff(slab_of[order])) + 1):
+        if not len(group):
+            continue
+        lo = int(slab_of[group[0]]) * step
+        slab = _read_slab(variable, (slice(lo, min(lo + step, n0)),))
+        out[group] = slab[(first[group] - lo,) + tuple(i[group] for i in flat[1:])]
+    return out.reshape(shape)
+
+
+def _take(cube, dims, index, out_dims, keep_coords=(), block_points=BLOCK_POINTS):
     """Every data variable (and each dim's coordinate) at integer positions.
 
     ``index`` maps each of ``dims`` to an integer array of one shape, over
     ``out_dims``. Dims in ``keep_coords`` stay coordinates (they are ``out_dims``);
-    the others become variables named like the dim.
+    the others become variables named like the dim. Lazily opened variables are
+    read in slabs of ``block_points`` points (see :func:`_gather`).
     """
     shape = np.shape(next(iter(index.values()))) if index else ()
     data_vars = {}
@@ -91,25 +121,24 @@ def _take(cube, dims, index, out_dims, keep_coords=()):
             continue
         coord = cube[d]
         data_vars[d] = xr.Variable(out_dims, np.asarray(coord.values)[index[d]], coord.attrs)
-    count = int(np.prod(shape, dtype=np.int64))
     for name, var in cube.data_vars.items():
         idx = tuple(index[d] for d in var.dims)
-        if var.variable._in_memory:
-            values = np.asarray(var.values)[idx] if idx else np.broadcast_to(var.values, shape)
-        else:  # lazily opened: read the points one by one, never the bounding box
-            flat_idx = [np.ravel(i) for i in idx]
-            values = np.array([var.variable[tuple(int(i[j]) for i in flat_idx)].values
-                               for j in range(count)], dtype=var.dtype).reshape(shape)
+        if not idx:
+            values = np.broadcast_to(np.asarray(var.values), shape)
+        elif var.variable._in_memory:
+            values = np.asarray(var.values)[idx]
+        else:  # lazily opened: a slab at a time, never a point at a time
+            values = _gather(var.variable, idx, shape, block_points)
         data_vars[name] = xr.Variable(out_dims, np.array(values), var.attrs)
     coords = {d: cube[d].variable for d in keep_coords}
     return xr.Dataset(data_vars, coords=coords, attrs=dict(cube.attrs))
 
 
-def _points(cube, flat, point_dim):
+def _points(cube, flat, point_dim, block_points=BLOCK_POINTS):
     dims = _cube_dims(cube)
     shape = tuple(cube.sizes[d] for d in dims)
     positions = np.unravel_index(np.asarray(flat, dtype=np.int64), shape) if dims else ()
-    return _take(cube, dims, dict(zip(dims, positions)), (point_dim,))
+    return _take(cube, dims, dict(zip(dims, positions)), (point_dim,), block_points=block_points)
 
 
 def _sign(direction):
@@ -181,7 +210,7 @@ def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
             values, flat = values[keep], flat[keep]
         order = np.lexsort((flat, values))[:k]
         best_values, best_flat = values[order], flat[order]
-    result = _points(cube, best_flat, "rank")
+    result = _points(cube, best_flat, "rank", block_points)
     return result.assign_coords(rank=np.arange(1, len(best_flat) + 1))
 
 
@@ -264,7 +293,7 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
     index = {d: i.reshape(group_shape) for d, i in zip(
         dims, np.unravel_index(np.arange(groups), group_shape))}
     index.update({d: best_at[:, n].reshape(group_shape) for n, d in enumerate(others)})
-    result = _take(cube, all_dims, index, dims, keep_coords=dims)
+    result = _take(cube, all_dims, index, dims, keep_coords=dims, block_points=block_points)
     found = found.reshape(group_shape)
     if not found.all():
         result = result.where(xr.DataArray(found, dims=dims))
@@ -341,4 +370,4 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
     keep = _front(values)
     values, flat = values[keep], flat[keep]
     order = np.lexsort((flat,) + tuple(values[:, i] for i in reversed(range(len(names)))))
-    return _points(cube, flat[order], "point")
+    return _points(cube, flat[order], "point", slab_points)

@@ -8,8 +8,9 @@ import numpy as np
 
 from .. import analysis
 from ..analysis import explain_runner_up
+from ..preflight import ResourceError
 from ..spec import builtin_spec, load_spec
-from ._common import DEFAULT_SPEC, _GB, _SPLIT_DIMS, EXIT_OK, _check_output, _progress
+from ._common import DEFAULT_SPEC, _GB, _SPLIT_DIMS, EXIT_OK, UsageError, _check_output, _progress
 from .cubes import _rows, _split_first, _with_dp
 from .format import _TABLE_VALUES, _human_bytes, _layout_table, _plain
 
@@ -63,7 +64,11 @@ def command(args) -> int:
     spec = load_spec(_spec_for(args), physics=args.physics)
     output = None if args.no_save else _check_output(args.output, "-o")
     started = time.perf_counter()
-    cube = sweep.run(spec, n_jobs=args.jobs, progress=_progress(args))
+    try:
+        cube = sweep.run(spec, n_jobs=args.jobs, progress=_progress(args))
+    except ResourceError as err:  # refused before pricing: too big for this machine's memory
+        fix = f"`{args.prog} run {args.spec} -o"
+        raise UsageError(str(err).replace("`run SPEC -o", fix)) from None
     elapsed = time.perf_counter() - started
     workload = " + ".join(spec.workloads)
     fleets = " + ".join(f"{k} ({f.total_accelerators} x {f.node.accelerator.name})"

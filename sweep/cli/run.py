@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ..preflight import ResourceError
 from ..spec import load_spec
 from ._common import EXIT_INTERRUPTED, EXIT_OK, UsageError, _check_output, _progress
 from .format import _human_bytes
@@ -30,6 +31,8 @@ def command(args) -> int:
         return EXIT_INTERRUPTED
     except FileExistsError as err:  # staged blocks of an earlier run, and no --resume
         raise UsageError(f"{err} (on the command line: add --resume)") from None
+    except ResourceError as err:  # refused before pricing: the disk cannot hold it
+        raise UsageError(str(err)) from None
     elapsed = time.perf_counter() - started
     shape = " x ".join(f"{d} {n}" for d, n in zip(spec.dims, spec.shape))
     admissible = int(cube["admissible"].sum())

@@ -357,7 +357,7 @@ class Staging:
         tmp = aside(target)
         try:
             with open(tmp, "wb") as fh:
-                np.savez(fh, **arrays)
+                np.savez_compressed(fh, **arrays)  # ~10x smaller staging (#12.6)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
