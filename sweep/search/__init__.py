@@ -120,7 +120,7 @@ import optuna
 
 from solver.blocks import BLOCK_POINTS
 
-from ..spec import load_spec
+from ..spec import SpecError, load_spec
 from .exhaustive import exact as _exact
 from .local import DEFAULT_REFINE, LocalMovesSampler
 from .loop import SAMPLERS, SIGNATURE_KEY, STALE_AFTER, make_sampler, quiet_optuna, run, signature
@@ -129,13 +129,14 @@ from .pricing import (DEFAULT_DIRECTIONS, DERIVED, PENALTY, _Setup, parse_object
 from .reference import ReferenceSpace, reference_optimizer_space, reproduce_reference_optimizer
 from .result import SearchResult, study_result
 from .space import SearchSpace, build_space
-from .storage import open_storage
+from .storage import StorageError, open_storage
 
 __all__ = [
     "search",
     "SearchResult",
     "resolve_memory_limit",
     "open_storage",
+    "StorageError",
     "DEFAULT_DIRECTIONS",
     "DERIVED",
     "PENALTY",
@@ -288,7 +289,7 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     batch_size = _whole("batch_size", DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
     space = build_space(spec)
     if not space.params:
-        raise ValueError(f"spec {spec.name!r} has no axis with more than one value: nothing to "
+        raise SpecError(f"spec {spec.name!r} has no axis with more than one value: nothing to "
                          f"search (price it with solver.solve)")
     n_trials = _whole("n_trials", (space.size if sampler == "grid" else DEFAULT_TRIALS)
                       if n_trials is None else n_trials)
@@ -337,6 +338,6 @@ def _open_study(setup, space, sampler, *, seed, batch_size, refine, storage, stu
     if stored is None:
         study.set_user_attr(SIGNATURE_KEY, sig)
     elif stored != sig:
-        raise ValueError(f"study {study_name!r} in this storage was created for another "
+        raise StorageError(f"study {study_name!r} in this storage was created for another "
                          f"space or objectives: expected {stored}, but got {sig}")
     return study
