@@ -70,7 +70,7 @@ def command(args) -> int:
         try:
             result = search_mod.search(spec, **_search_options(search_mod.search, args))
         except search_mod.StorageError as err:  # --storage, or a stored study of another space
-            raise UsageError(f"search: --storage: {err}") from None
+            raise UsageError(f"search: {err}") from None
     print(result.summary())
     if result.top:
         rows, dims = _search_rows(result)

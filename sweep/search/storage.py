@@ -286,11 +286,19 @@ def _importable(module: str) -> bool:
 
 
 def with_driver(url: str) -> str:
-    """``url`` with the installed PostgreSQL driver: ``postgresql://`` means psycopg2 to
-    SQLAlchemy; where only psycopg 3 (the ``[postgres]`` extra) is installed, it becomes
-    ``postgresql+psycopg://``."""
-    if url.startswith("postgresql://") and not _importable("psycopg2") \
-            and _importable("psycopg"):
+    """``url`` with an installed PostgreSQL driver.
+
+    ``postgresql://`` means SQLAlchemy's default driver (psycopg2 before
+    SQLAlchemy 2.1, psycopg 3 from 2.1); where that one is absent but psycopg 3
+    (the ``[postgres]`` extra) is installed, the URL becomes
+    ``postgresql+psycopg://``. Any other URL is returned as is.
+    """
+    if not url.startswith("postgresql://"):
+        return url
+    from sqlalchemy.engine import make_url
+
+    default = make_url(url).get_dialect().driver
+    if default != "psycopg" and not _importable(default) and _importable("psycopg"):
         return "postgresql+psycopg://" + url[len("postgresql://"):]
     return url
 
@@ -309,8 +317,8 @@ def _open_rdb(url: str):
     import sqlalchemy.exc
     from optuna.storages import RDBStorage
 
-    url = with_driver(url)
     shown = _shown(url)
+    url = with_driver(url)
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         db = Path(url[len("sqlite:///"):])
         if not db.parent.is_dir():
@@ -320,7 +328,7 @@ def _open_rdb(url: str):
     try:
         return RDBStorage(url)
     except ImportError as err:
-        driver = err.name or str(err)
+        driver = getattr(err.__cause__, "name", None) or err.name or str(err)  # optuna wraps it
         raise StorageError(f"storage {shown!r}: needs the database driver {driver!r}, which "
                            f"is not installed (for PostgreSQL: pip install "
                            f"'layout-sweep[postgres]', then postgresql:// works)") from None
