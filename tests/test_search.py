@@ -488,7 +488,9 @@ def test_journal_forms_open_the_same_file(tmp_path):
     path = tmp_path / "a.log"
     for form in (str(path), f"journal://{path}", path):
         assert isinstance(open_storage(form), JournalStorage)
-    assert open_storage("sqlite:///x.db") == "sqlite:///x.db"
+    from optuna.storages import RDBStorage
+
+    assert isinstance(open_storage(f"sqlite:///{tmp_path}/x.db"), RDBStorage)  # opened here
 
 
 def test_nothing_feasible_is_reported_not_raised():

@@ -32,8 +32,10 @@ in :mod:`~sweep.cli.parser`, text in :mod:`~sweep.cli.format`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import warnings
 from typing import Optional, Sequence
 
 from solver.catalog import CatalogError
@@ -41,7 +43,8 @@ from solver.catalog import CatalogError
 from ..analysis import explain_runner_up, step_components
 from ..limits import MemoryLimitError
 from ..spec import SpecError
-from . import catalog, main_job, plot, run, search, show, top
+from ..search.storage import JournalWarning
+from . import catalog, cubes, main_job, plot, run, search, show, top
 from ._common import (_PROG, DEFAULT_CUBE, DEFAULT_SPEC, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
                       UsageError, _one_line)
 from .format import format_table
@@ -75,6 +78,23 @@ def _dispatch(args) -> int:
     return _COMMANDS[args.command](args)
 
 
+@contextlib.contextmanager
+def _warning_lines(prog: str):
+    """Show a :class:`JournalWarning` (a repaired journal) as one ``prog: warning:`` line."""
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, JournalWarning):
+            print(f"{prog}: warning: {_one_line(message)}", file=sys.stderr, flush=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", JournalWarning)
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: Optional[Sequence[str]] = None, *, prog: str = _PROG) -> int:
     """Run the command line; return the exit status.
 
@@ -91,13 +111,15 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: str = _PROG) -> int:
         0 on success, 2 for a user error (one line on stderr), 130 when interrupted.
     """
     parser = build_parser(prog)
+    cubes.OPENED.clear()
     try:
         try:
             args = parser.parse_args(argv)
         except SystemExit as done:  # --help, --version
             return int(done.code or 0)
         args.prog = prog
-        return _dispatch(args)
+        with _warning_lines(prog):
+            return _dispatch(args)
     except (UsageError, SpecError, CatalogError, MemoryLimitError) as err:
         message = _one_line(err)
         if not message.startswith(prog):
@@ -111,5 +133,10 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: str = _PROG) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+    except (RuntimeError, AttributeError, OSError) as err:  # only a damaged cube's data
+        if not cubes.damaged(err):
+            raise
+        print(f"{prog}: error: {cubes.damaged_message(err)}", file=sys.stderr)
+        return EXIT_USAGE
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import traceback
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -14,6 +15,33 @@ from ..cube import MASKS
 
 from ._common import _PROG, _SPLIT_DIMS, UsageError, _one_line, _suggest
 from .format import _fmt, _plain
+
+
+#: The cube files this command opened, latest last (:func:`damaged` names them).
+OPENED: list = []
+
+#: Where the netCDF library's own code runs: an error raised there is the file's, not ours.
+_NETCDF_CODE = ("netCDF4", "h5py", "h5netcdf")
+
+
+def damaged(err: BaseException) -> bool:
+    """Whether ``err`` was raised inside the netCDF library while reading a file.
+
+    ``RuntimeError: NetCDF: HDF error`` (a corrupt data chunk, read lazily by
+    any command) or ``AttributeError: NetCDF: Can't open HDF5 attribute`` (a
+    corrupt header); an error raised by this project's code is not.
+    """
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and any(name in frames[-1].filename for name in _NETCDF_CODE)
+
+
+def damaged_message(err: BaseException) -> str:
+    """The one line for a cube whose data the netCDF library cannot read."""
+    path = OPENED[-1] if OPENED else "the cube file"
+    detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return (f"{path}: expected a readable cube, but the netCDF library cannot read its data "
+            f"({detail}): the file is damaged (cut short or changed since it was written); "
+            f"copy it again, or re-create it with `{_PROG} run SPEC -o {path}`")
 
 
 def _open_cube(path, allow_partial: bool = False):
@@ -37,6 +65,11 @@ def _open_cube(path, allow_partial: bool = False):
                          f"--allow-partial to look at the points priced so far") from None
     except (OSError, ValueError) as err:
         raise UsageError(_unreadable(path, err)) from None
+    except (AttributeError, RuntimeError) as err:  # a corrupt header, if netCDF says so
+        if not damaged(err):
+            raise
+        raise UsageError(_unreadable(path, err)) from None
+    OPENED.append(path)
     _check_masks(path, cube)
     return cube
 
@@ -56,6 +89,10 @@ def _check_foreign(path) -> None:
     try:
         dataset = xr.open_dataset(path, engine=ENGINE)
     except (OSError, ValueError) as err:
+        raise UsageError(_unreadable(path, err)) from None
+    except (AttributeError, RuntimeError) as err:
+        if not damaged(err):
+            raise
         raise UsageError(_unreadable(path, err)) from None
     _check_masks(path, dataset)
     dataset.close()

@@ -7,7 +7,7 @@ import warnings
 
 from solver.outputs import DERIVED, REGISTRY, objective_names
 
-from ..spec import SpecError, load_spec
+from ..spec import load_spec
 from ._common import EXIT_OK, UsageError, _progress, _suggest
 from .format import _TABLE_VALUES, _layout_table
 
@@ -72,9 +72,7 @@ def command(args) -> int:
         warnings.simplefilter("ignore", RuntimeWarning)  # "no feasible layout": the summary says
         try:
             result = search_mod.search(spec, **_search_options(search_mod.search, args))
-        except ValueError as err:  # documented: bad sampler, storage, or a stored study's space
-            if isinstance(err, SpecError):
-                raise
+        except search_mod.StorageError as err:  # --storage, or a stored study of another space
             raise UsageError(f"search: {err}") from None
     print(result.summary())
     if result.top:

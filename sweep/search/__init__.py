@@ -128,7 +128,7 @@ import optuna
 
 from solver.blocks import BLOCK_POINTS
 
-from ..spec import load_spec
+from ..spec import SpecError, load_spec
 from .auto import DEFAULT_TIME_BUDGET, MODES, Probe, duration, mode_name
 from .exhaustive import exact as _exact
 from .local import DEFAULT_REFINE, LocalMovesSampler
@@ -138,7 +138,7 @@ from .pricing import (DEFAULT_DIRECTIONS, DERIVED, PENALTY, _Setup, parse_object
 from .reference import ReferenceSpace, reference_optimizer_space, reproduce_reference_optimizer
 from .result import SearchResult, study_result
 from .space import SearchSpace, build_space, index_encoded
-from .storage import JOURNAL_SUFFIXES, open_storage
+from .storage import JOURNAL_SUFFIXES, StorageError, open_storage
 from .subgrid import DEFAULT_PATIENCE, Evidence, refine_search
 
 __all__ = [
@@ -146,6 +146,7 @@ __all__ = [
     "SearchResult",
     "resolve_memory_limit",
     "open_storage",
+    "StorageError",
     "DEFAULT_DIRECTIONS",
     "DERIVED",
     "PENALTY",
@@ -372,7 +373,7 @@ def _sampled(setup, spec, objs, *, reason, n_trials, seed, sampler, batch_size, 
     """Sampled mode: the sub-grid search, or the classic loop of ``n_trials`` trials."""
     space = build_space(spec)
     if not space.params:
-        raise ValueError(f"spec {spec.name!r} has no axis with more than one value: nothing to "
+        raise SpecError(f"spec {spec.name!r} has no axis with more than one value: nothing to "
                          f"search (price it with solver.solve)")
     subgrid = (n_trials is None and refine is None and sampler == "tpe" and len(objs) == 1)
     batch_size = _whole("batch_size", DEFAULT_BATCH_SIZE if batch_size is None else batch_size)
@@ -438,12 +439,12 @@ def _open_study(setup, space, sampler, *, seed, batch_size, refine, storage, stu
     if stored is None:
         study.set_user_attr(SIGNATURE_KEY, sig)
     elif stored != sig and index_encoded(stored):
-        raise ValueError(f"study {study_name!r} in this storage was written with the former "
+        raise StorageError(f"study {study_name!r} in this storage was written with the former "
                          f"position encoding ({', '.join(index_encoded(stored))}: positions in "
                          f"the sorted values), but this version stores the knob values "
                          f"themselves; start a new study (another study_name or storage) and "
                          f"search again; the old study stays readable with optuna")
     elif stored != sig:
-        raise ValueError(f"study {study_name!r} in this storage was created for another "
+        raise StorageError(f"study {study_name!r} in this storage was created for another "
                          f"space or objectives: expected {stored}, but got {sig}")
     return study

@@ -18,6 +18,7 @@ import uuid
 import optuna
 from optuna.trial import TrialState
 
+from ..spec import SpecError
 from .local import LocalMovesSampler
 from .pricing import _Setup, price_trials
 from .space import SearchSpace
@@ -51,7 +52,7 @@ def make_sampler(sampler, seed, space: SearchSpace, batch_size):
         return optuna.samplers.RandomSampler(seed=seed)
     if sampler == "grid":
         if not space.is_discrete:
-            raise ValueError("sampler='grid' needs listed values on every axis, but the spec has "
+            raise SpecError("sampler='grid' needs listed values on every axis, but the spec has "
                              "a continuous range (give it a step or num)")
         return _BatchGridSampler(space.grid(), seed=seed)
     raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)} or an optuna sampler, "
@@ -207,8 +208,7 @@ def _adopt(study, space, setup, bar) -> int:
     whole = [t for t in stale if names <= set(t.params)]
     for t in stale:
         if not names <= set(t.params):
-            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError, RuntimeError,
-                                     ValueError):
+            with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
                 study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
     n = _tell_adopted(study, setup, space, whole)
     if bar is not None:

@@ -1,0 +1,135 @@
+"""Faults at the edges of the command line: one line and status 2 for what the user can fix,
+the traceback for a bug.
+
+A damaged cube is a real cube with bytes flipped inside a compressed data chunk
+(the header still reads); the storage URLs name a missing directory or a
+missing driver.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import xarray as xr
+
+from sweep import cli
+from sweep.cli import cubes
+from sweep.cube import MASKS
+
+SPEC = """\
+name = "mid"
+workload = "Llama3_70B"
+fleet = "Training_1K"
+outputs = ["mfu", "step_latency_total", "memory_footprint", "effective_throughput", "feasible"]
+
+[axes]
+tp_size = [1, 2, 4, 8]
+pp_size = [1, 2, 4, 8]
+microbatch_count = { from = 1, to = 64 }
+zero_stage = [0, 1, 2, 3]
+
+[fixed]
+batch_size = 1024
+
+[constraints]
+memory_limit = "72 GB"
+"""
+
+
+def _call(capsys, argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A 4,096-layout spec, its cube, and a copy whose mask data cannot be read."""
+    root = tmp_path_factory.mktemp("edges")
+    spec = root / "mid.toml"
+    spec.write_text(SPEC)
+    cube = root / "mid.nc"
+    assert cli.main(["run", str(spec), "-o", str(cube), "--no-progress"]) == 0
+    return {"root": root, "spec": spec, "cube": cube, "bad": _damage(cube, root / "bad.nc")}
+
+
+def _reads_every_mask(path) -> bool:
+    """Whether the header opens (else None) and every mask's data reads."""
+    try:
+        ds = xr.open_dataset(path, engine="netcdf4")
+    except Exception:  # noqa: BLE001 - the header itself was hit: try another offset
+        return None
+    try:
+        for name in MASKS:
+            ds[name].values.sum()
+        return True
+    except RuntimeError as err:
+        assert "NetCDF" in str(err)
+        return False
+    finally:
+        ds.close()
+
+
+def _damage(cube, out):
+    """A copy of ``cube`` with 64 bytes flipped in the middle of a data chunk of a mask."""
+    data = cube.read_bytes()
+    for offset in range(len(data) // 4, len(data) - 64, 512):
+        copy = bytearray(data)
+        copy[offset:offset + 64] = bytes(b ^ 0xFF for b in copy[offset:offset + 64])
+        out.write_bytes(bytes(copy))
+        if _reads_every_mask(out) is False:
+            return out
+    raise AssertionError(f"no offset of {cube} damaged a mask's data and not the header")
+
+
+@pytest.mark.parametrize("argv", [
+    ["show"], ["top"], ["top", "--where", "feasible"],
+    ["plot", "--kind", "heatmap", "--x", "tp_size", "--y", "pp_size"]])
+def test_a_damaged_cube_is_one_line(files, capsys, argv):
+    extra = ["-o", files["root"] / "x.png"] if argv[0] == "plot" else []
+    code, out, err = _call(capsys, [argv[0], files["bad"], *argv[1:], *extra])
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert f"{files['bad']}: expected a readable cube" in err
+    assert "NetCDF: HDF error" in err and "damaged" in err and "layout-sweep run" in err
+    assert _call(capsys, [argv[0], files["cube"], *argv[1:], *extra])[0] == 0  # the original
+
+
+@pytest.mark.parametrize("storage, named", [
+    ("/nonexistent/s.log", "/nonexistent does not exist"),
+    ("sqlite:////nonexistent/x.db", "/nonexistent does not exist"),
+    ("postgresql://nobody:secret@127.0.0.1:9/x", "needs the database driver"),
+])
+def test_storage_that_cannot_open_is_one_line(files, capsys, monkeypatch, storage, named):
+    monkeypatch.setitem(sys.modules, "psycopg2", None)  # no PostgreSQL driver at all
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    code, out, err = _call(capsys, ["search", files["spec"], "--trials", "4", "--storage",
+                                    storage, "--no-progress"])
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert named in err
+    assert storage.replace("secret", "***") in err and "secret" not in err
+
+
+@pytest.mark.parametrize("error", [ValueError, RuntimeError])
+def test_a_bug_in_search_keeps_its_traceback(files, monkeypatch, error):
+    def broken(storage):
+        raise error("an internal bug")
+
+    # The modules (sweep.search is also the name of the function the package exports).
+    monkeypatch.setattr(importlib.import_module("sweep.search.storage"), "open_storage", broken)
+    monkeypatch.setattr(importlib.import_module("sweep.search"), "open_storage", broken)
+    with pytest.raises(error, match="an internal bug"):
+        cli.main(["search", str(files["spec"]), "--trials", "4", "--no-progress"])
+
+
+@pytest.mark.parametrize("error", [ValueError, RuntimeError, AttributeError])
+def test_a_bug_reading_a_cube_keeps_its_traceback(files, monkeypatch, error):
+    def broken(path, dataset):
+        raise error("an internal bug")
+
+    monkeypatch.setattr(cubes, "_check_masks", broken)
+    with pytest.raises(error, match="an internal bug"):
+        cli.main(["top", str(files["cube"])])
