@@ -59,7 +59,7 @@ def test_top_k_matches_brute_force(seed, largest):
     points.sort(key=lambda p: -p[1]["mfu"] if largest else p[1]["mfu"])
     for k, slab in ((1, 7), (5, 30), (1000, 1 << 20)):
         got = sweep.top_k(cube, objective="mfu", k=k, block_points=slab,
-                          direction="maximize" if largest else "minimize")
+                          direction="maximize" if largest else "minimize", collapse_ties=False)
         want = points[:k]
         assert got.sizes["rank"] == len(want)
         assert got["rank"].values.tolist() == list(range(1, len(want) + 1))
@@ -68,6 +68,47 @@ def test_top_k_matches_brute_force(seed, largest):
         np.testing.assert_array_equal(got["mfu"], [p[1]["mfu"] for p in want])
         np.testing.assert_array_equal(got["n_accelerators"], [p[1]["n_accelerators"] for p in want])
         assert got["admissible"].all()
+
+
+def _brute_groups(cube, points):
+    """``points`` (sorted) grouped by equal data variables: [(first point, members)], in order."""
+    names = list(cube.data_vars)
+    dims = tuple(cube["mfu"].dims)
+    arrays = {n: cube[n].broadcast_like(cube["mfu"]).transpose(*dims).values for n in names}
+    groups = {}
+    for p in points:
+        idx = tuple(p[0][d] for d in dims)
+        key = tuple(str(arrays[n][idx]) for n in names)
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("k", [1, 3, 1000])
+def test_top_k_collapses_layouts_equal_in_every_output(seed, k):
+    # Ties: integer outputs in 0..4 on 4 dims, so many layouts agree in everything.
+    cube = _random_cube(seed, ties=True).drop_vars(["memory_footprint"])
+    cube["n_accelerators"] = cube["n_accelerators"] % 2
+    points = [p for p in _brute_points(cube.assign(memory_footprint=cube["mfu"] * 0),
+                                       cube["admissible"]) if not np.isnan(p[1]["mfu"])]
+    points.sort(key=lambda p: -p[1]["mfu"])
+    groups = _brute_groups(cube, points)[:k]
+    got = sweep.top_k(cube, objective="mfu", k=k, block_points=13)
+    assert got.sizes["rank"] == len(groups)
+    dims = ("tp_size", "pp_size", "microbatch_count", "zero_stage")
+    for i, members in enumerate(groups):
+        first = members[0][0]
+        assert [int(got[d][i]) for d in dims] == [int(cube[d].values[first[d]]) for d in dims]
+        assert int(got["ties"][i]) == len(members)
+        listed = dict(part.split("=") for part in str(got["equivalent"][i].values).split("; ")
+                      if part)
+        for d in dims:
+            seen = sorted({int(cube[d].values[m[0][d]]) for m in members})
+            assert listed.get(d) == ("|".join(map(str, seen)) if len(seen) > 1 else None)
+    assert len({tuple(float(got[n][i]) for n in ("mfu", "step_latency_total", "n_accelerators"))
+                for i in range(got.sizes["rank"])}) <= got.sizes["rank"]
+    raw = sweep.top_k(cube, objective="mfu", k=k, collapse_ties=False)
+    assert "equivalent" not in raw and raw.sizes["rank"] == min(k, len(points))
 
 
 def test_top_k_constraints_and_where():
