@@ -344,3 +344,11 @@ def test_explain_empty_from_counts_alone():
     assert "relax within the memory limit" in str(err)
     two = {"total": 5, "removed": {"a": 2, "b": 3}, "relaxed": {"a": 0, "b": 0}}
     assert "relax two or more" in sweep.analysis.explain_empty(two)
+    # Physics is not a limit to relax: the split and the accelerator's memory say widen the axes.
+    physics = {"total": 5, "removed": {"fits memory": 5}, "relaxed": {"fits memory": 5}}
+    assert sweep.analysis.explain_empty(physics).endswith(
+        "fits memory removed 5; no limit relaxed alone gives a point: widen the axes (splits, "
+        "ZeRO stages, recomputation) or relax two or more")
+    one = {"total": 5, "removed": {"a": 5}, "relaxed": {"a": 1}}
+    assert sweep.analysis.explain_empty(one).endswith("relax a: 1 layout passes every other "
+                                                      "condition")

@@ -24,7 +24,6 @@ rather than holding a cube) can build it too and reuse :func:`explain_empty`:
 
 from __future__ import annotations
 
-import json
 from typing import Mapping, Optional
 
 import numpy as np
@@ -176,17 +175,17 @@ def explain_empty(counts: Mapping, what: str = "layout") -> str:
     removed = {k: int(v) for k, v in dict(counts.get("removed", {})).items()}
     if total == 0:
         return f"no admissible {what}: there are no points to consider (an empty selection)"
-    shown = [f"{name} removed {n:,}" for name, n in removed.items() if n]
+    shown = [f"{name} removed {n:,}" for name, n in removed.items()]
     text = f"no admissible {what} among {total:,} points: " + (", ".join(shown) or "none removed")
     relaxed = {k: int(v) for k, v in dict(counts.get("relaxed", {})).items() if int(v) > 0}
-    if relaxed:
-        best = max(relaxed, key=lambda k: relaxed[k])
-        text += (f"; relax {best}: {relaxed[best]:,} {what}s pass every other condition")
-    elif removed:
-        text += "; no single condition relaxed gives a point: relax two or more, or widen the axes"
+    # The split and the accelerator's memory are physics, not a limit: widen the axes instead.
+    choices = {k: v for k, v in relaxed.items() if k not in (VALID, FEASIBLE)}
+    if choices:
+        best = max(choices, key=lambda k: choices[k])
+        n = choices[best]
+        verb = f"{what}s pass" if n != 1 else f"{what} passes"
+        text += f"; relax {best}: {n:,} {verb} every other condition"
+    elif relaxed or removed:
+        text += ("; no limit relaxed alone gives a point: widen the axes (splits, ZeRO stages, "
+                 "recomputation) or relax two or more")
     return text
-
-
-def counts_json(counts: Mapping) -> str:
-    """``counts`` as a JSON string (for a dataset attribute: netCDF takes no dicts)."""
-    return json.dumps({k: v for k, v in counts.items()})
