@@ -63,8 +63,7 @@ def command(args) -> int:
         dims = _split_first(dims, rows[0])
     narrowed = [f"{d}={_fmt(v)}" for d, v in select.items()] + \
         [f"{k} <= {_constraint_text(k, v)}" for k, v in constraints.items()]
-    what = "distinct " if collapse else ""
-    print(f"top {len(rows)} {what}of {count:,} {where} layouts by {objective} "
+    print(f"top {len(rows)} of {count:,} {where} layouts by {objective} "
           f"({'largest' if direction == MAXIMIZE else 'smallest'} first)"
           + (f", {', '.join(narrowed)}" if narrowed else "") + f": {args.cube}")
     if rows:
