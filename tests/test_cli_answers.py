@@ -11,7 +11,6 @@ import pytest
 
 import sweep
 from sweep import cli
-from sweep.cli.format import _memory_size
 
 BASE = """\
 name = "{name}"
@@ -144,5 +143,7 @@ def test_show_prints_memory_in_the_unit_it_names(ties, capsys):
     assert code == 0, err
     assert "NVIDIA H100 (85.9 GB = 80 GiB)" in out
     assert "memory_limit: Training_1K 72 GB" in out
+    from sweep.cli.format import _memory_size
+
     assert _memory_size(141 * 2**30) == "151 GB = 141 GiB"
     assert _memory_size(72e9) == "72 GB"
