@@ -147,3 +147,16 @@ def test_show_prints_memory_in_the_unit_it_names(ties, capsys):
 
     assert _memory_size(141 * 2**30) == "151 GB = 141 GiB"
     assert _memory_size(72e9) == "72 GB"
+
+
+def test_search_shows_layouts_equal_in_every_output_as_one_row(ties, capsys):
+    code, out, err = _call(capsys, ["search", ties["spec"], "--exact", "-k", "24",
+                                    "--no-progress"])
+    assert code == 0, err
+    table = out.split("distinct layouts by mfu:")[1]
+    rows = [line for line in table.splitlines() if re.match(r"\s*\d+ ", line)]
+    cube = sweep.open_cube(ties["cube"])
+    splits = int(cube["admissible"].any(["microbatch_count", "v_stages"]).sum())
+    cube.close()
+    assert len(rows) == splits
+    assert "microbatch_count=1|2|4|8, v_stages=1|2" in table.splitlines()[1]

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import xarray as xr
 
-__all__ = ["collapse", "EQUIVALENT", "TIES", "parse_equivalent"]
+__all__ = ["collapse", "collapse_rows", "EQUIVALENT", "TIES", "parse_equivalent"]
 
 #: The variable of a collapsed ranking listing the equivalent knob values.
 EQUIVALENT = "equivalent"
@@ -100,4 +100,37 @@ def parse_equivalent(text: str) -> dict:
         dim, sep, listed = part.strip().partition("=")
         if sep:
             out[dim] = listed
+    return out
+
+
+def _sorted_texts(values) -> list:
+    """Distinct values as text, numbers in numeric order, others in order of appearance."""
+    distinct = list(dict.fromkeys(values))
+    try:
+        distinct.sort(key=float)
+    except (TypeError, ValueError):
+        pass
+    return [_text(v) for v in distinct]
+
+
+def collapse_rows(rows: Sequence[dict], dims: Sequence[str], values: Sequence[str]) -> list:
+    """Rows (dicts) equal in every one of ``values`` as one row, like :func:`collapse`.
+
+    For rankings held as rows rather than a dataset (a search's top layouts).
+    The first row of each group is kept, in order; each of ``dims`` that differs
+    within the group shows every value: ``"1|2|4"``; ``ties`` counts the rows.
+    """
+    groups: dict = {}
+    for row in rows:
+        key = tuple(_key(row.get(v)) for v in values)
+        groups.setdefault(key, []).append(row)
+    out = []
+    for members in groups.values():
+        first = dict(members[0])
+        for d in dims:
+            seen = [m[d] for m in members if d in m]
+            if len({_text(v) for v in seen}) > 1:
+                first[d] = "|".join(_sorted_texts(seen))
+        first[TIES] = len(members)
+        out.append(first)
     return out
