@@ -31,11 +31,6 @@ memory_limit = "72 GB"
 """
 
 
-@pytest.fixture(autouse=True)
-def _fixed_date(monkeypatch):
-    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1764460800")
-
-
 def _spec(root, name, axes, fixed="", constraints=""):
     path = root / f"{name}.toml"
     path.write_text(BASE.format(name=name, axes=axes, fixed=fixed, constraints=constraints))
@@ -48,17 +43,13 @@ def ties(tmp_path_factory):
     root = tmp_path_factory.mktemp("answers")
     spec = _spec(root, "ties", "tp_size = [2, 4, 8]\npp_size = [1]\n"
                  "microbatch_count = [1, 2, 4, 8]\nv_stages = [1, 2]", "zero_stage = 3")
-    cube = root / "ties.nc"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SOURCE_DATE_EPOCH", "1764460800")
-        assert cli.main(["run", str(spec), "-o", str(cube), "--no-progress"]) == 0
+    cube = sweep.save(sweep.run(sweep.load_spec(spec)), root / "ties.nc")
     return {"root": root, "spec": spec, "cube": cube}
 
 
-def _call(capsys, argv):
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+def _call(capsys, argv) -> tuple:
+    """``(exit status, stdout, stderr)`` of the command line run in-process."""
+    return (cli.main(list(map(str, argv))), *capsys.readouterr())
 
 
 def test_top_with_no_admissible_layout_says_why_and_exits_3(ties, capsys):
