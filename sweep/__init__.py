@@ -11,7 +11,8 @@ A cube's dims are named like ``solver.solve``'s keywords, so any point goes
 straight back to the solver (``sweep.grid.point(spec, coords)``).
 """
 
-from .analysis import best_along, explain_runner_up, pareto_front, step_components, top_k
+from .analysis import (NoAdmissibleError, best_along, explain_runner_up, pareto_front,
+                       step_components, top_k)
 from .evaluate import run
 from .spec import Spec, SpecError, divisors, load_spec, powers_of_two
 from .storage import IncompleteCubeError, open_cube, save
@@ -29,6 +30,7 @@ __all__ = [
     "top_k",
     "best_along",
     "pareto_front",
+    "NoAdmissibleError",
     "explain_runner_up",
     "step_components",
     "search",

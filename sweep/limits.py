@@ -5,7 +5,7 @@ A memory limit is one of:
 - a size with a unit: ``"80 GB"`` (GB = 1e9 B), ``"80 GiB"`` (2**30 B), ``"80e9 B"``;
 - a fraction in (0, 1] of the accelerator's memory: ``0.9`` (or ``"0.9"``);
 - a number of bytes, accepted as a bare number only when it is at least
-  :data:`MIN_BARE_BYTES` (``7.2e10``): a bare ``80`` is far more likely to mean
+  :data:`MIN_BARE_BYTES` (``1e6``, 1 MB): a bare ``80`` is far more likely to mean
   80 GB than 80 bytes, so it is refused with that suggestion.
 
 Zero, negative and non-finite limits are refused, and so are bare numbers in

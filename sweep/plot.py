@@ -12,7 +12,9 @@ Each function takes a cube (in memory or opened lazily with
 
 The dims not plotted are reduced (``reduce="max"`` by default) over the points
 ``where`` selects (``admissible`` by default, see :func:`sweep.analysis.mask`),
-or pinned with ``select={"zero_stage": 1}``. Bytes are shown in GB (1e9 B).
+or pinned with ``select={"zero_stage": 1}``; with no selected point at all a
+plot raises :class:`sweep.analysis.NoAdmissibleError`, saying why. Bytes are
+shown in GB (1e9 B).
 
 matplotlib is an optional dependency (the ``plot`` extra) imported only when a
 plot is drawn. Figures are built without :mod:`matplotlib.pyplot` (no global
@@ -90,6 +92,13 @@ def reduce_to(cube: xr.Dataset, var: str, dims, *, reduce: str = "max", where=No
     -------
     xarray.DataArray
         Over ``dims``; NaN where no point is selected.
+
+    Raises
+    ------
+    sweep.analysis.NoAdmissibleError
+        When no point at all is selected: its message says how many points
+        each condition removed and which to relax (so do :func:`heatmap`,
+        :func:`line` and :func:`pareto`).
     """
     if reduce not in REDUCTIONS:
         raise ValueError(f"reduce must be one of {', '.join(REDUCTIONS)}, but got {reduce!r}")
@@ -103,7 +112,7 @@ def reduce_to(cube: xr.Dataset, var: str, dims, *, reduce: str = "max", where=No
     cube = _select(cube, select)
     for dim in dims:
         _check_dim(cube, dim, "a plotted dim")
-    selected = analysis.mask(cube, where, constraints)
+    selected = _selected(cube, where, constraints)
     values = cube[var].astype(np.float64).where(selected)
     others = [d for d in values.dims if d not in dims]
     with warnings.catch_warnings():
@@ -111,6 +120,14 @@ def reduce_to(cube: xr.Dataset, var: str, dims, *, reduce: str = "max", where=No
         reduced = getattr(values, reduce)(dim=others, skipna=True) if others else values
     reduced = reduced.expand_dims([d for d in dims if d not in reduced.dims])
     return reduced.transpose(*dims)
+
+
+def _selected(cube: xr.Dataset, where, constraints) -> xr.DataArray:
+    """The mask of the plotted points; none is a :class:`sweep.analysis.NoAdmissibleError`."""
+    selected = analysis.mask(cube, where, constraints)
+    if not bool(selected.any()):
+        raise analysis.NoAdmissibleError(analysis.admissible_counts(cube, where, constraints))
+    return selected
 
 
 def _scale(cube: xr.Dataset, var: str) -> float:
@@ -348,7 +365,7 @@ def pareto(cube: xr.Dataset, x: str = "memory_footprint", y: str = "mfu", *,
         _check_var(cube, name, what)
     directions = {x: _direction(x), y: _direction(y), **dict(directions or {})}
     cube = _select(cube, select)
-    selected = analysis.mask(cube, where, constraints)
+    selected = _selected(cube, where, constraints)
     cloud_x, cloud_y = _flat(cube, (x, y), selected)
     front = analysis.pareto_front(cube, {x: directions[x], y: directions[y]}, where=selected,
                                   constraints=constraints)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -59,7 +60,7 @@ def test_top_k_matches_brute_force(seed, largest):
     points.sort(key=lambda p: -p[1]["mfu"] if largest else p[1]["mfu"])
     for k, slab in ((1, 7), (5, 30), (1000, 1 << 20)):
         got = sweep.top_k(cube, objective="mfu", k=k, block_points=slab,
-                          direction="maximize" if largest else "minimize")
+                          direction="maximize" if largest else "minimize", collapse_ties=False)
         want = points[:k]
         assert got.sizes["rank"] == len(want)
         assert got["rank"].values.tolist() == list(range(1, len(want) + 1))
@@ -68,6 +69,47 @@ def test_top_k_matches_brute_force(seed, largest):
         np.testing.assert_array_equal(got["mfu"], [p[1]["mfu"] for p in want])
         np.testing.assert_array_equal(got["n_accelerators"], [p[1]["n_accelerators"] for p in want])
         assert got["admissible"].all()
+
+
+def _brute_groups(cube, points):
+    """``points`` (sorted) grouped by equal data variables: [(first point, members)], in order."""
+    names = list(cube.data_vars)
+    dims = tuple(cube["mfu"].dims)
+    arrays = {n: cube[n].broadcast_like(cube["mfu"]).transpose(*dims).values for n in names}
+    groups = {}
+    for p in points:
+        idx = tuple(p[0][d] for d in dims)
+        key = tuple(str(arrays[n][idx]) for n in names)
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("k", [1, 3, 1000])
+def test_top_k_collapses_layouts_equal_in_every_output(seed, k):
+    # Ties: integer outputs in 0..4 on 4 dims, so many layouts agree in everything.
+    cube = _random_cube(seed, ties=True).drop_vars(["memory_footprint"])
+    cube["n_accelerators"] = cube["n_accelerators"] % 2
+    points = [p for p in _brute_points(cube.assign(memory_footprint=cube["mfu"] * 0),
+                                       cube["admissible"]) if not np.isnan(p[1]["mfu"])]
+    points.sort(key=lambda p: -p[1]["mfu"])
+    groups = _brute_groups(cube, points)[:k]
+    got = sweep.top_k(cube, objective="mfu", k=k, block_points=13)
+    assert got.sizes["rank"] == len(groups)
+    dims = ("tp_size", "pp_size", "microbatch_count", "zero_stage")
+    for i, members in enumerate(groups):
+        first = members[0][0]
+        assert [int(got[d][i]) for d in dims] == [int(cube[d].values[first[d]]) for d in dims]
+        assert int(got["ties"][i]) == len(members)
+        listed = dict(part.split("=") for part in str(got["equivalent"][i].values).split("; ")
+                      if part)
+        for d in dims:
+            seen = sorted({int(cube[d].values[m[0][d]]) for m in members})
+            assert listed.get(d) == ("|".join(map(str, seen)) if len(seen) > 1 else None)
+    assert len({tuple(float(got[n][i]) for n in ("mfu", "step_latency_total", "n_accelerators"))
+                for i in range(got.sizes["rank"])}) <= got.sizes["rank"]
+    raw = sweep.top_k(cube, objective="mfu", k=k, collapse_ties=False)
+    assert "equivalent" not in raw and raw.sizes["rank"] == min(k, len(points))
 
 
 def test_top_k_constraints_and_where():
@@ -224,3 +266,89 @@ def test_memory_limit_as_fraction_of_capacity(real_cube):
     assert (got["memory_footprint"] <= 0.5 * capacity).all()
     assert float(got["mfu"][0]) == float(real_cube["mfu"].where(
         real_cube["admissible"] & (real_cube["memory_footprint"] <= 0.5 * capacity)).max())
+
+
+def test_a_where_mask_is_read_by_its_labels(real_cube, tmp_path):
+    # Issue #11.2: a mask over tp_size 4 and 8 was read by position (as tp_size 1 and 2).
+    where = real_cube["admissible"].sel(tp_size=[4, 8])
+    admissible_48 = real_cube["admissible"] & real_cube["tp_size"].isin([4, 8])
+    best = float(real_cube["mfu"].where(admissible_48).max())
+    got = sweep.top_k(real_cube, k=5, where=where)
+    assert set(got["tp_size"].values.tolist()) <= {4, 8} and got["admissible"].all()
+    assert float(got["mfu"][0]) == best
+    np.testing.assert_array_equal(mask(real_cube, where).transpose(*admissible_48.dims),
+                                  admissible_48)
+    per_seq = sweep.best_along(real_cube, "seq_len", where=where)
+    assert set(per_seq["tp_size"].values.tolist()) <= {4, 8}
+    front = sweep.pareto_front(real_cube, where=where)
+    assert set(front["tp_size"].values.tolist()) <= {4, 8} and front["admissible"].all()
+    # A mask in another order is the same mask; so is one read lazily in small blocks.
+    reversed_ = real_cube["admissible"].isel(tp_size=slice(None, None, -1))
+    xr.testing.assert_identical(sweep.top_k(real_cube, k=5, where=reversed_),
+                                sweep.top_k(real_cube, k=5))
+    lazy = sweep.open_cube(sweep.save(real_cube, tmp_path / "aligned.nc"))
+    xr.testing.assert_identical(got, sweep.top_k(lazy, k=5, where=where, block_points=500))
+    lazy.close()
+    # A mask over a dim the cube lacks, or without labels and of another length, is refused.
+    with pytest.raises(ValueError, match="expected dims of the cube .* the dim 'v_stages'"):
+        sweep.top_k(real_cube, where=xr.DataArray([True, False], dims="v_stages"))
+    with pytest.raises(ValueError, match="to have coordinates, or the cube's 4 points"):
+        sweep.top_k(real_cube, where=xr.DataArray([True, False], dims="tp_size"))
+
+
+def test_plots_read_a_where_mask_by_its_labels(real_cube):
+    pytest.importorskip("matplotlib")
+    from sweep.plot import reduce_to
+
+    where = real_cube["admissible"].sel(tp_size=[4, 8])
+    got = reduce_to(real_cube, "mfu", ("tp_size",), where=where)
+    assert np.isnan(got.sel(tp_size=[1, 2])).all()
+    expected = real_cube["mfu"].where(real_cube["admissible"]).max(
+        [d for d in real_cube["mfu"].dims if d != "tp_size"]).sel(tp_size=[4, 8])
+    np.testing.assert_array_equal(got.sel(tp_size=[4, 8]), expected)
+
+
+def test_an_empty_answer_says_which_condition_removed_the_points(real_cube):
+    # Issue #11.3: at most 8 accelerators: every layout here uses 64 or more.
+    got = sweep.top_k(real_cube, constraints={"max_accelerators": 8})
+    assert got.sizes["rank"] == 0
+    counts = json.loads(got.attrs["empty_counts"])
+    admissible = int(real_cube["admissible"].sum())
+    assert counts["total"] == int(np.prod(list(real_cube.sizes.values())))
+    assert counts["removed"]["accelerator budget (<= 8)"] == admissible
+    assert sum(counts["removed"].values()) == counts["total"]
+    assert counts["removed"]["valid split"] == int((~real_cube["valid"]).sum())
+    assert counts["relaxed"]["accelerator budget (<= 8)"] == admissible
+    why = got.attrs["why_empty"]
+    assert why.startswith(f"no admissible layout among {counts['total']:,} points: ")
+    assert f"accelerator budget (<= 8) removed {admissible:,}" in why
+    assert f"relax accelerator budget (<= 8): {admissible:,} layouts pass" in why
+    assert int(real_cube["n_accelerators"].where(real_cube["admissible"]).min()) > 8
+    # best_along and pareto_front say the same.
+    assert sweep.best_along(real_cube, "seq_len", constraints={"max_accelerators": 8}
+                            ).attrs["why_empty"] == why
+    assert sweep.pareto_front(real_cube, constraints={"max_accelerators": 8}
+                              ).attrs["why_empty"] == why
+    # A non-empty answer carries no such attribute.
+    assert "why_empty" not in sweep.top_k(real_cube, k=1).attrs
+
+
+def test_explain_empty_from_counts_alone():
+    counts = {"total": 10, "removed": {"valid split": 4, "within the memory limit": 6},
+              "relaxed": {"valid split": 0, "within the memory limit": 3}}
+    assert sweep.analysis.explain_empty(counts, "trial") == (
+        "no admissible trial among 10 points: valid split removed 4, within the memory limit "
+        "removed 6; relax within the memory limit: 3 trials pass every other condition")
+    err = sweep.analysis.NoAdmissibleError(counts)
+    assert isinstance(err, ValueError) and err.counts == counts
+    assert "relax within the memory limit" in str(err)
+    two = {"total": 5, "removed": {"a": 2, "b": 3}, "relaxed": {"a": 0, "b": 0}}
+    assert "relax two or more" in sweep.analysis.explain_empty(two)
+    # Physics is not a limit to relax: the split and the accelerator's memory say widen the axes.
+    physics = {"total": 5, "removed": {"fits memory": 5}, "relaxed": {"fits memory": 5}}
+    assert sweep.analysis.explain_empty(physics).endswith(
+        "fits memory removed 5; no limit relaxed alone gives a point: widen the axes (splits, "
+        "ZeRO stages, recomputation) or relax two or more")
+    one = {"total": 5, "removed": {"a": 5}, "relaxed": {"a": 1}}
+    assert sweep.analysis.explain_empty(one).endswith("relax a: 1 layout passes every other "
+                                                      "condition")

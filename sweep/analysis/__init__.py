@@ -27,8 +27,19 @@ opened with ``sweep.open_cube(..., allow_partial=True)``, whose unpriced points
 are NaN and never admissible) is refused unless ``allow_partial=True``: an
 answer from part of the space is then asked for, not stumbled upon.
 
+A DataArray ``where`` is read by its coordinates (:func:`aligned`), never by
+position. :func:`top_k` collapses layouts equal in every output into one row
+(``equivalent`` lists the knobs' other values). An answer with no selected
+point carries ``attrs["why_empty"]``: how many points each condition removed
+and which to relax (:func:`admissible_counts`, :func:`explain_empty`, reused by
+the search; :class:`NoAdmissibleError` carries the counts where an empty
+answer cannot be given, as in a plot).
+
 Modules: :mod:`~sweep.analysis.masks` (which points count),
 :mod:`~sweep.analysis.ranking` (top-k, best per slice, Pareto front),
+:mod:`~sweep.analysis.ties` (equal outputs as one row),
+:mod:`~sweep.analysis.empty` (why an answer is empty),
+:mod:`~sweep.analysis.scenarios` (scenario axes against layout knobs),
 :mod:`~sweep.analysis.explain` (step-time components, why #1 wins).
 """
 
@@ -36,12 +47,16 @@ from __future__ import annotations
 
 import warnings
 
+from .empty import NoAdmissibleError, admissible_counts, explain_empty
 from .explain import explain_runner_up, step_components
-from .masks import mask
+from .masks import aligned, mask
 from .ranking import BLOCK_POINTS, DEFAULT_OBJECTIVES, best_along, pareto_front, top_k
+from .scenarios import SCENARIO_DIMS, layout_dims, scenario_dims
 
-__all__ = ["top_k", "best_along", "pareto_front", "mask", "explain_runner_up",
-           "step_components", "BLOCK_POINTS", "DEFAULT_OBJECTIVES"]
+__all__ = ["top_k", "best_along", "pareto_front", "mask", "aligned", "explain_runner_up",
+           "step_components", "BLOCK_POINTS", "DEFAULT_OBJECTIVES", "NoAdmissibleError",
+           "admissible_counts", "explain_empty", "SCENARIO_DIMS", "scenario_dims",
+           "layout_dims"]
 
 
 def __getattr__(name):

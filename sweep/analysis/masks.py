@@ -4,6 +4,10 @@
 default) and narrows it by ``memory_limit`` (through the one memory-limit
 parser, :func:`sweep.limits.parse_memory_limit`), ``max_accelerators``, and
 ``(low, high)`` bounds on any data variable.
+
+A mask given as a DataArray is read by its coordinates, never by position
+(:func:`aligned`): ``where=cube.admissible.sel(tp_size=[4, 8])`` selects the
+points with tp_size 4 or 8, and the points it does not cover are not selected.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from ..cube import COMPLETE
 from ..limits import parse_memory_limit
 from ..storage import IncompleteCubeError
 
-__all__ = ["mask"]
+__all__ = ["mask", "aligned"]
 
 
 def _check_complete(cube, allow_partial: bool) -> None:
@@ -66,6 +70,47 @@ def _memory_limit(cube, value):
     return limit.resolve(_capacities(cube))
 
 
+def aligned(cube: xr.Dataset, where: xr.DataArray) -> xr.DataArray:
+    """``where`` on the cube's coordinates: reindexed by label, False where it has no value.
+
+    A dim of ``where`` without coordinates is read by position and must then
+    have the cube's length; a dim the cube holds as a scalar coordinate (after
+    ``cube.sel(dim=value)``) is selected at that value. A dim the cube lacks is a
+    :class:`ValueError`.
+
+    Parameters
+    ----------
+    cube : xarray.Dataset
+    where : xarray.DataArray
+        Boolean.
+
+    Returns
+    -------
+    xarray.DataArray
+        Boolean, over the dims of ``where`` that are dims of the cube, with the
+        cube's coordinates on each.
+    """
+    for d in where.dims:
+        if d in cube.dims:
+            if d not in where.indexes and where.sizes[d] != cube.sizes[d]:
+                raise ValueError(f"where: expected its dim {d!r} to have coordinates, or the "
+                                 f"cube's {cube.sizes[d]} points, but got {where.sizes[d]} points "
+                                 f"without coordinates")
+        elif d in cube.coords and cube[d].ndim == 0:
+            value = cube[d].values
+            if d in where.indexes and value in where.indexes[d]:
+                where = where.sel({d: value}, drop=True)
+            else:  # the cube's one value is not covered: nothing selected
+                where = xr.zeros_like(where.isel({d: 0}, drop=True))
+        else:
+            raise ValueError(f"where: expected dims of the cube ({', '.join(cube.dims)}), but "
+                             f"the mask has the dim {d!r}")
+    indexes = {d: cube.indexes[d] for d in where.dims if d in where.indexes and d in cube.indexes}
+    if any(not where.indexes[d].equals(index) for d, index in indexes.items()):
+        where = where.reindex(indexes, fill_value=False)
+    return where
+
+
 def mask(cube: xr.Dataset, where=None, constraints: Optional[Mapping] = None) -> xr.DataArray:
     """The boolean mask of the points an analysis considers.
 
@@ -73,7 +118,8 @@ def mask(cube: xr.Dataset, where=None, constraints: Optional[Mapping] = None) ->
     ----------
     cube : xarray.Dataset
     where : str or xarray.DataArray, optional
-        A boolean variable's name or a boolean DataArray; ``admissible`` (or
+        A boolean variable's name or a boolean DataArray (aligned with the
+        cube by its coordinates: see :func:`aligned`); ``admissible`` (or
         ``valid``) by default.
     constraints : mapping, optional
         ``memory_limit`` (``"72 GB"``, bytes, or a fraction of the
@@ -93,7 +139,7 @@ def mask(cube: xr.Dataset, where=None, constraints: Optional[Mapping] = None) ->
     if not isinstance(where, xr.DataArray) or where.dtype != bool:
         raise TypeError(f"where must name a boolean variable or be a boolean DataArray, "
                         f"but got {getattr(where, 'dtype', type(where).__name__)}")
-    selected = where
+    selected = aligned(cube, where) if where.ndim else where
     for key, value in (constraints or {}).items():
         if key == "memory_limit":
             var = _require(cube, "memory_footprint", "memory_limit's variable")

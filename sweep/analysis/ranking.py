@@ -7,6 +7,7 @@ disk is never loaded whole. See :mod:`sweep.analysis` for what the results hold.
 
 from __future__ import annotations
 
+import json
 from typing import Mapping, Optional
 
 import numpy as np
@@ -17,7 +18,9 @@ from solver.outputs import MAXIMIZE, better
 
 from ..pareto import nondominated
 from ._aliases import OLD_DIRECTIONS, checked_direction, direction_of, renamed
-from .masks import _check_complete, _require, mask
+from .empty import admissible_counts, explain_empty
+from .masks import _check_complete, _require, aligned, mask
+from .ties import collapse
 
 __all__ = ["top_k", "best_along", "pareto_front", "DEFAULT_OBJECTIVES", "BLOCK_POINTS"]
 
@@ -141,6 +144,17 @@ def _points(cube, flat, point_dim, block_points=BLOCK_POINTS):
     return _take(cube, dims, dict(zip(dims, positions)), (point_dim,), block_points=block_points)
 
 
+def _aligned_where(cube, where):
+    """A DataArray ``where`` aligned with the cube by label (:func:`aligned`), before slicing.
+
+    The blocks slice ``where`` by position like the cube, so it must be on the
+    cube's coordinates first; names and ``None`` pass through.
+    """
+    if isinstance(where, xr.DataArray) and where.dtype == bool:
+        return aligned(cube, where)
+    return where
+
+
 def _sign(direction):
     return -1.0 if direction == MAXIMIZE else 1.0
 
@@ -160,9 +174,9 @@ def _objective(objective, by) -> tuple:
 def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
           direction: Optional[str] = None, constraints: Optional[Mapping] = None, *,
           block_points: int = BLOCK_POINTS, allow_partial: bool = False,
-          by: Optional[str] = None, largest: Optional[bool] = None,
-          slab_points: Optional[int] = None) -> xr.Dataset:
-    """The ``k`` best points of ``cube`` by one variable.
+          collapse_ties: bool = True, by: Optional[str] = None,
+          largest: Optional[bool] = None, slab_points: Optional[int] = None) -> xr.Dataset:
+    """The ``k`` best points of ``cube`` by one variable, ties in every output collapsed.
 
     Parameters
     ----------
@@ -181,6 +195,11 @@ def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
         Points scanned at a time.
     allow_partial : bool
         Accept a cube that is not finished (``complete = 0``).
+    collapse_ties : bool
+        Layouts equal in every data variable are one row (the first in C
+        order), whose ``equivalent`` lists the other values of the knobs that
+        differ (``"microbatch_count=1|2|4|8"``) and ``ties`` counts them
+        (:mod:`sweep.analysis.ties`). False lists every layout.
     by, largest, slab_points
         Deprecated spellings of ``objective``, ``direction`` (True:
         ``"maximize"``) and ``block_points``.
@@ -189,17 +208,38 @@ def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
     -------
     xarray.Dataset
         Along dim ``rank`` (1 = best): each dim's coordinate as a variable and
-        every data variable's value. Ties go to the earlier point (C order).
+        every data variable's value (plus ``equivalent`` and ``ties`` when
+        ``collapse_ties``). Ties in the objective go to the earlier point (C
+        order). With no selected point, ``rank`` is empty and the attribute
+        ``why_empty`` says how many points each condition removed and which to
+        relax (``empty_counts``: the counts as JSON, see
+        :mod:`sweep.analysis.empty`).
     """
     _check_complete(cube, allow_partial)
+    where = _aligned_where(cube, where)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a whole number >= 1, but got {k!r}")
     objective, keyword = _objective(objective, by)
     direction = direction_of(objective, direction, largest)
     block_points = _block_points(block_points, slab_points)
     _require(cube, objective, keyword)
+    sign = _sign(direction)
+    if not collapse_ties:
+        best_values, best_flat = _best_flat(cube, objective, sign, k, where, constraints,
+                                            block_points)
+        result = _points(cube, best_flat, "rank", block_points)
+        result = result.assign_coords(rank=np.arange(1, len(best_flat) + 1))
+    else:
+        result = _distinct(cube, objective, sign, k, where, constraints, block_points)
+    if result.sizes.get("rank", 0) == 0:
+        result.attrs.update(_why_empty(cube, where, constraints))
+    return result
+
+
+def _best_flat(cube, objective, sign, k, where, constraints, block_points) -> tuple:
+    """``(values, flat)`` of the ``k`` best points (values signed to minimize), best first."""
     best_values, best_flat = np.empty(0), np.empty(0, dtype=np.int64)
-    for values, flat in _candidates(cube, [objective], [_sign(direction)], where, constraints,
+    for values, flat in _candidates(cube, [objective], [sign], where, constraints,
                                     block_points):
         values = np.concatenate([best_values, values[:, 0]])
         flat = np.concatenate([best_flat, flat])
@@ -210,8 +250,38 @@ def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
             values, flat = values[keep], flat[keep]
         order = np.lexsort((flat, values))[:k]
         best_values, best_flat = values[order], flat[order]
-    result = _points(cube, best_flat, "rank", block_points)
-    return result.assign_coords(rank=np.arange(1, len(best_flat) + 1))
+    return best_values, best_flat
+
+
+def _distinct(cube, objective, sign, k, where, constraints, block_points) -> xr.Dataset:
+    """The ``k`` best rows of distinct outputs (:func:`sweep.analysis.ties.collapse`).
+
+    The best ``8 k`` points are fetched, then 4 times more while fewer than
+    ``k`` groups are known whole: a group is whole when its objective is
+    strictly better than the last point fetched (equal outputs have equal
+    objectives), or when every selected point was fetched.
+    """
+    dims = _cube_dims(cube)
+    outputs = list(cube.data_vars)
+    order = {d: np.asarray(cube[d].values) for d in dims}
+    fetch = 8 * k
+    while True:
+        values, flat = _best_flat(cube, objective, sign, fetch, where, constraints, block_points)
+        exhausted = len(flat) < fetch
+        if not exhausted:  # drop the points tied with the last one: their group may go on
+            whole = values < values[-1]
+            values, flat = values[whole], flat[whole]
+        points = _points(cube, flat, "rank", block_points).assign_coords(rank=np.arange(1, len(flat) + 1))
+        result = collapse(points, dims, outputs, order)
+        if exhausted or result.sizes["rank"] >= k:
+            return result.isel(rank=slice(0, k))
+        fetch *= 4
+
+
+def _why_empty(cube, where, constraints) -> dict:
+    """Attributes of an empty answer: ``why_empty`` (text) and ``empty_counts`` (JSON)."""
+    counts = admissible_counts(cube, where, constraints)
+    return {"why_empty": explain_empty(counts), "empty_counts": json.dumps(counts)}
 
 
 def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
@@ -245,8 +315,11 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
         Over ``dims``: the best point's other coordinates as variables, every
         data variable's value there, and ``found`` (False where no point of
         that slice is selected; the other variables are then masked: NaN).
+        With no selected point at all, the attribute ``why_empty`` says why
+        (see :func:`top_k`).
     """
     _check_complete(cube, allow_partial)
+    where = _aligned_where(cube, where)
     objective, keyword = _objective(objective, by)
     direction = direction_of(objective, direction, largest)
     block_points = _block_points(block_points, slab_points)
@@ -298,6 +371,8 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
     if not found.all():
         result = result.where(xr.DataArray(found, dims=dims))
     result["found"] = xr.Variable(dims, found, {"long_name": "some point of the slice is selected"})
+    if not found.any():
+        result.attrs.update(_why_empty(cube, where, constraints))
     return result
 
 
@@ -348,6 +423,7 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
         point no other selected point dominates (at least as good in every
         objective, better in one). Points with equal objectives are all kept.
         Each dim's coordinate is a variable; every data variable's value.
+        With no selected point, ``why_empty`` says why (see :func:`top_k`).
 
     Notes
     -----
@@ -356,6 +432,7 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
     slab's own front is found first, so only its members meet the others.
     """
     _check_complete(cube, allow_partial)
+    where = _aligned_where(cube, where)
     slab_points = _block_points(block_points, slab_points)
     objectives = _objectives(objectives)
     names = list(objectives)
@@ -370,4 +447,7 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
     keep = _front(values)
     values, flat = values[keep], flat[keep]
     order = np.lexsort((flat,) + tuple(values[:, i] for i in reversed(range(len(names)))))
-    return _points(cube, flat[order], "point", slab_points)
+    result = _points(cube, flat[order], "point", slab_points)
+    if not len(flat):
+        result.attrs.update(_why_empty(cube, where, constraints))
+    return result

@@ -22,8 +22,10 @@ Commands::
 
 Errors in what the user gave (a missing file, a spec key, a catalog name, a
 variable, a ``--select``) print one line to stderr, naming where, what was
-expected and what came, with close matches, and exit with status 2. Success
-exits 0; an interrupt exits 130.
+expected and what came, with close matches, and exit with status 2. A ``top``
+or ``plot`` with no admissible point prints on stderr how many points each
+condition removed and which to relax, and exits with status 3. Success exits
+0; an interrupt exits 130.
 
 One module per command (``main_job``, ``run``, ``search``, ``top``, ``show``,
 ``catalog``, ``plot``), each with ``command(args) -> exit status``; the parser
@@ -40,13 +42,13 @@ from typing import Optional, Sequence
 
 from solver.catalog import CatalogError
 
-from ..analysis import explain_runner_up, step_components
+from ..analysis import NoAdmissibleError, explain_runner_up, step_components
 from ..limits import MemoryLimitError
 from ..spec import SpecError
 from ..search.storage import JournalWarning
 from . import catalog, cubes, main_job, plot, run, search, show, top
-from ._common import (_PROG, DEFAULT_CUBE, DEFAULT_SPEC, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
-                      UsageError, _one_line)
+from ._common import (_PROG, DEFAULT_CUBE, DEFAULT_SPEC, EXIT_EMPTY, EXIT_INTERRUPTED, EXIT_OK,
+                      EXIT_USAGE, UsageError, _one_line)
 from .format import format_table
 from .parser import build_parser
 
@@ -61,6 +63,7 @@ __all__ = [
     "step_components",
     "EXIT_OK",
     "EXIT_USAGE",
+    "EXIT_EMPTY",
     "EXIT_INTERRUPTED",
 ]
 
@@ -108,7 +111,8 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: str = _PROG) -> int:
     Returns
     -------
     int
-        0 on success, 2 for a user error (one line on stderr), 130 when interrupted.
+        0 on success, 2 for a user error (one line on stderr), 3 when no point
+        is admissible (why, on stderr), 130 when interrupted.
     """
     parser = build_parser(prog)
     cubes.OPENED.clear()
@@ -126,6 +130,9 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: str = _PROG) -> int:
             message = f"{prog}: error: {message}"
         print(message, file=sys.stderr)
         return EXIT_USAGE
+    except NoAdmissibleError as err:
+        print(f"{prog}: {_one_line(err)}", file=sys.stderr)
+        return EXIT_EMPTY
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..spec import builtin_spec
 
 __all__ = ["UsageError", "DEFAULT_SPEC", "DEFAULT_CUBE", "EXIT_OK", "EXIT_USAGE",
-           "EXIT_INTERRUPTED"]
+           "EXIT_EMPTY", "EXIT_INTERRUPTED"]
 
 
 #: The main job's sweep.
@@ -21,6 +21,9 @@ DEFAULT_SPEC = builtin_spec("default")
 DEFAULT_CUBE = "default_cube.nc"
 
 EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 2, 130
+
+#: No admissible point to rank or plot: the explanation is on stderr (not a usage error).
+EXIT_EMPTY = 3
 
 
 _PROG = "layout-sweep"

@@ -98,6 +98,20 @@ def _human_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def _memory_size(n: float) -> str:
+    """An accelerator's memory [B] in GB (1e9 B), with GiB alongside when it is whole GiB.
+
+    Sizes are printed in GB everywhere (the reference's convention); the
+    catalog gives memories in GiB, so ``80 GiB`` prints as ``85.9 GB = 80 GiB``,
+    never as a bare ``86 GB`` that reads like a datasheet's 80.
+    """
+    text = f"{n / 1e9:.3g} GB"
+    gib = n / 2**30
+    if gib >= 1 and abs(gib - round(gib)) < 1e-9 * gib:
+        text += f" = {round(gib)} GiB"
+    return text
+
+
 def _count(value) -> str:
     """A parameter count: ``70.6 B``, ``83 M``."""
     if not value:

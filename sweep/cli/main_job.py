@@ -1,49 +1,104 @@
-"""The main job (no command): the default sweep in memory, the best layout per split, why #1 wins."""
+"""The main job (no command): the default sweep in memory, the best layout per split, why #1 wins.
+
+Scenario axes (:data:`sweep.analysis.SCENARIO_DIMS`: workload, fleet,
+sequence length, batch, precision) describe the job, so they are answered per
+value: one block per scenario ("seq_len=4096"), each ranking the best layout of
+every parallel split (the layout knobs) by MFU, with why #1 beats #2.
+"""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
 
 from .. import analysis
-from ..analysis import explain_runner_up
+from ..analysis import NoAdmissibleError, explain_runner_up, scenario_dims
 from ..preflight import ResourceError
 from ..spec import builtin_spec, load_spec
 from ._common import DEFAULT_SPEC, _GB, _SPLIT_DIMS, EXIT_OK, UsageError, _check_output, _progress
 from .cubes import _rows, _split_first, _with_dp
-from .format import _TABLE_VALUES, _human_bytes, _layout_table, _plain
+from .format import _TABLE_VALUES, _fmt, _human_bytes, _layout_table, _plain
 
 __all__ = ["command"]
 
 
-def _best_per_split(cube, k: int) -> list:
-    """The best admissible layout of each parallel split (by MFU), best first, at most ``k``."""
-    from ..analysis import best_along
+def _row(point, names, cube) -> dict:
+    """One point of a ``best_along`` result as plain values (ints and bools as such)."""
+    row = {}
+    for name in names:
+        value = _plain(np.asarray(point[name].values))
+        dtype = cube[name].dtype
+        if dtype == bool:
+            value = bool(value)
+        elif dtype.kind in "iu":
+            value = int(value)
+        row[name] = value
+    return row
 
-    splits = [d for d in ("workload", "fleet", "physics") + _SPLIT_DIMS if d in cube.dims]
-    if not splits:
+
+def _best_per_split(cube, k: int, scenario=None) -> list:
+    """The best admissible layout of each parallel split (by MFU), best first, at most ``k``.
+
+    ``scenario`` (dim -> value) pins the scenario dims first.
+    """
+    if scenario:
+        cube = cube.sel({d: [v] for d, v in scenario.items()})
+    splits = [d for d in tuple(scenario or ()) + _SPLIT_DIMS if d in cube.dims]
+    if not any(d in _SPLIT_DIMS for d in splits):
         return _rows(analysis.top_k(cube, objective="mfu", k=k), list(cube.dims), cube.data_vars)
-    best = best_along(cube, splits, objective="mfu")
+    best = analysis.best_along(cube, splits, objective="mfu")
     flat = best.stack(_split=splits)
     found = np.asarray(flat["found"].values)
     mfu = np.asarray(flat["mfu"].values, dtype=np.float64)
     order = [i for i in np.argsort(-np.where(found, mfu, -np.inf), kind="stable") if found[i]][:k]
     names = list(cube.dims) + [v for v in cube.data_vars if v not in cube.dims]
-    rows = []
-    for i in order:
-        point = flat.isel(_split=int(i))
-        row = {}
-        for name in names:
-            value = _plain(np.asarray(point[name].values))
-            dtype = cube[name].dtype
-            if dtype == bool:
-                value = bool(value)
-            elif dtype.kind in "iu":
-                value = int(value)
-            row[name] = value
-        rows.append(row)
-    return rows
+    return [_row(flat.isel(_split=int(i)), names, cube) for i in order]
+
+
+def _scenarios(cube) -> list:
+    """Each combination of the scenario dims' values (dim -> value), in coordinate order."""
+    dims = scenario_dims(cube)
+    values = [[_plain(v) for v in cube[d].values] for d in dims]
+    return [dict(zip(dims, combo)) for combo in itertools.product(*values)]
+
+
+def _block(spec, cube, scenario, rows) -> None:
+    """Print one scenario's table of the best layout per split, and why #1 wins."""
+    rows = [_with_dp(r, dict(spec.fixed), spec.physics[0]) for r in rows]
+    dims = [d for d in _split_first(list(cube.dims), rows[0]) if d not in scenario]
+    values = [v for v in _TABLE_VALUES if v in rows[0]]
+    units = {v: cube[v].attrs.get("units") for v in values}
+    where = (", ".join(f"{d}={_fmt(v)}" for d, v in scenario.items()) + ": ") if scenario else ""
+    print()
+    print(f"{where}Best layout of each parallel split, by MFU ({len(rows)} shown):")
+    print(_layout_table(rows, dims, values, units))
+    if len(rows) > 1:
+        print(explain_runner_up(spec, rows[0], rows[1]))
+    else:
+        print("Only one split is admissible: there is no runner-up.")
+
+
+def _report(spec, cube, k) -> bool:
+    """One block per scenario (a scenario with no admissible layout says why); any found."""
+    scenarios = _scenarios(cube) if len(_scenarios(cube)) > 1 else [{}]
+    if scenarios != [{}]:
+        names = ", ".join(scenario_dims(cube))
+        print(f"\nThe layout knobs are ranked for each scenario ({names}: the job, not a "
+              f"choice), {len(scenarios)} blocks:")
+    found = False
+    for scenario in scenarios:
+        rows = _best_per_split(cube, k, scenario)
+        if rows:
+            found = True
+            _block(spec, cube, scenario, rows)
+            continue
+        sub = cube.sel({d: [v] for d, v in scenario.items()}) if scenario else cube
+        where = ", ".join(f"{d}={_fmt(v)}" for d, v in scenario.items())
+        print(f"\n{where + ': ' if where else ''}"
+              f"{analysis.explain_empty(analysis.admissible_counts(sub))}")
+    return found
 
 
 #: The spec of ``--physics megatron`` without ``--spec`` (the default spec's knobs are mlsysim's).
@@ -58,7 +113,10 @@ def _spec_for(args):
 
 
 def command(args) -> int:
-    """The main job: sweep in memory, best layout per split, why #2 loses, save the cube."""
+    """The main job: sweep in memory, best layout per split and scenario, save the cube.
+
+    Exits with status 3 (after saving) when no layout of any scenario is admissible.
+    """
     import sweep
 
     spec = load_spec(_spec_for(args), physics=args.physics)
@@ -80,26 +138,14 @@ def command(args) -> int:
     print(f"{spec.name}: {workload} on {fleets}; physics {' + '.join(spec.physics)}")
     print(f"{spec.size:,} layouts priced in {elapsed:.2f} s ({spec.size / elapsed:,.0f} "
           f"layouts/s); {admissible:,} admissible (valid split, memory <= {limits})")
-    rows = _best_per_split(cube, args.top)
-    if not rows:
-        print("no admissible layout: raise the memory limit or widen the axes")
-    else:
-        rows = [_with_dp(r, dict(spec.fixed), spec.physics[0]) for r in rows]
-        dims = _split_first(list(cube.dims), rows[0])
-        values = [v for v in _TABLE_VALUES if v in rows[0]]
-        units = {v: cube[v].attrs.get("units") for v in values}
-        print()
-        print(f"Best layout of each parallel split, by MFU ({len(rows)} shown):")
-        print(_layout_table(rows, dims, values, units))
-        print()
-        if len(rows) > 1:
-            print(explain_runner_up(spec, rows[0], rows[1]))
-        else:
-            print("Only one split is admissible: there is no runner-up.")
+    found = _report(spec, cube, args.top)
+    print()
     if args.no_save:
         print("cube not saved (--no-save)")
-        return EXIT_OK
-    path = sweep.save(cube, output)
-    print(f"wrote {path} ({_human_bytes(path.stat().st_size)}); explore it with "
-          f"`{args.prog} top {path}`, `show`, `plot`")
+    else:
+        path = sweep.save(cube, output)
+        print(f"wrote {path} ({_human_bytes(path.stat().st_size)}); explore it with "
+              f"`{args.prog} top {path}`, `show`, `plot`")
+    if not found:
+        raise NoAdmissibleError(analysis.admissible_counts(cube))
     return EXIT_OK

@@ -249,6 +249,9 @@ def _add_top(commands):
     top.add_argument("-k", type=_positive_int, default=10, help="layouts listed (default: 10)")
     _add_direction(top)
     _add_deprecated(top, "--smallest", "--minimize", "direction", nargs=0, const=MINIMIZE)
+    top.add_argument("--keep-ties", action="store_true",
+                     help="list layouts equal in every output one by one (by default they "
+                          "are one row, listing the knobs' equivalent values: 1|2|4)")
     _add_narrowing(top)
 
 

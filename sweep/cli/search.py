@@ -7,6 +7,7 @@ import warnings
 
 from solver.outputs import DERIVED, REGISTRY, objective_names
 
+from ..analysis.ties import TIES, collapse_rows
 from ..spec import load_spec
 from ._common import EXIT_OK, UsageError, _progress, _suggest
 from .format import _TABLE_VALUES, _layout_table
@@ -77,10 +78,13 @@ def command(args) -> int:
     print(result.summary())
     if result.top:
         rows, dims = _search_rows(result)
+        rows = collapse_rows(rows, dims, [k for k in rows[0] if k not in dims])
         values = [args.objective] + [v for v in _TABLE_VALUES if v != args.objective]
         values = [v for v in values if v in rows[0]]
         units = {v: _units(v) for v in values}
         print()
         print(f"top {len(rows)} distinct layouts by {args.objective}:")
         print(_layout_table(rows, dims, values, units))
+        if any(r[TIES] > 1 for r in rows):
+            print("a|b: layouts with these values are equal in every output shown")
     return EXIT_OK

@@ -10,7 +10,7 @@ import numpy as np
 from ..cube import MASKS
 from ._common import _GB, EXIT_OK
 from .cubes import _open_cube
-from .format import _count, _human_bytes, _pretty_json, _values_text, format_table
+from .format import _count, _human_bytes, _memory_size, _pretty_json, _values_text, format_table
 
 __all__ = ["command"]
 
@@ -31,7 +31,7 @@ def _show_facts(attrs) -> list:
         node = f["node"]
         lines.append(f"  fleet {key}: {f['count']} x {node['accelerators_per_node']} "
                      f"{node['accelerator']['name']} "
-                     f"({node['accelerator']['memory_capacity'] / _GB:.0f} GB) on "
+                     f"({_memory_size(node['accelerator']['memory_capacity'])}) on "
                      f"{f['fabric']['name']} ({f['fabric']['bandwidth'] / _GB:.0f} GB/s)")
     return lines
 
@@ -42,6 +42,17 @@ def _physics_models(attrs) -> dict:
         return json.loads(attrs.get("physics_models", "{}"))
     except ValueError:
         return {}
+
+
+def _limits_text(value) -> str:
+    """The cube's ``memory_limit`` attribute (bytes per fleet, JSON) in GB: ``Training_1K 72 GB``."""
+    try:
+        limits = json.loads(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if not isinstance(limits, dict):
+        limits = {"": limits}
+    return ", ".join(f"{k} {float(v) / _GB:.4g} GB".strip() for k, v in limits.items())
 
 
 def command(args) -> int:
@@ -75,7 +86,9 @@ def command(args) -> int:
     print("\nprovenance:")
     for key in ("physics", "reference", "package", "package_version", "spec_name", "spec_source",
                 "date_created", "history", "memory_limit", "max_accelerators"):
-        if key in attrs:
+        if key == "memory_limit" and key in attrs:
+            print(f"  {key}: {_limits_text(attrs[key])}")
+        elif key in attrs:
             print(f"  {key}: {attrs[key]}")
     if "fixed" in attrs:
         print(f"  fixed: {attrs['fixed']}")

@@ -14,7 +14,6 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-import solver
 from solver import outputs as outputs_
 from solver.specs import Fleet
 

@@ -1,0 +1,153 @@
+"""Answers the command line gives (issue #11): empty answers say why, ties are one row,
+scenarios are answered per value, sizes carry the right unit.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import sweep
+from sweep import cli
+
+BASE = """\
+name = "{name}"
+workload = "Llama3_70B"
+fleet = "Training_1K"
+outputs = ["mfu", "step_latency_total", "memory_footprint", "feasible"]
+
+[axes]
+{axes}
+
+[fixed]
+batch_size = 1024
+{fixed}
+
+[constraints]
+memory_limit = "72 GB"
+{constraints}
+"""
+
+
+def _spec(root, name, axes, fixed="", constraints=""):
+    path = root / f"{name}.toml"
+    path.write_text(BASE.format(name=name, axes=axes, fixed=fixed, constraints=constraints))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ties(tmp_path_factory):
+    """pp_size 1 only: microbatch_count and v_stages change nothing (8 layouts per split)."""
+    root = tmp_path_factory.mktemp("answers")
+    spec = _spec(root, "ties", "tp_size = [2, 4, 8]\npp_size = [1]\n"
+                 "microbatch_count = [1, 2, 4, 8]\nv_stages = [1, 2]", "zero_stage = 3")
+    cube = sweep.save(sweep.run(sweep.load_spec(spec)), root / "ties.nc")
+    return {"root": root, "spec": spec, "cube": cube}
+
+
+def _call(capsys, argv) -> tuple:
+    """``(exit status, stdout, stderr)`` of the command line run in-process."""
+    return (cli.main(list(map(str, argv))), *capsys.readouterr())
+
+
+def test_top_with_no_admissible_layout_says_why_and_exits_3(ties, capsys):
+    # Issue #11.3: every layout of this fixed fleet uses 1024 accelerators.
+    code, out, err = _call(capsys, ["top", ties["cube"], "--max-accelerators", "512"])
+    assert code == cli.EXIT_EMPTY == 3
+    assert out == ""
+    cube = sweep.open_cube(ties["cube"])
+    kept = int(cube["admissible"].sum())
+    assert kept > 0
+    assert f"no admissible layout among {int(np.prod(list(cube.sizes.values())))} points" in err
+    assert f"accelerator budget (<= 512) removed {kept}" in err
+    assert f"relax accelerator budget (<= 512): {kept} layouts pass every other condition" in err
+    cube.close()
+    code, out, err = _call(capsys, ["top", ties["cube"], "--max-accelerators", "512",
+                                    "--select", "tp_size=4"])
+    assert code == 3 and "(with tp_size=4): no admissible layout among 8 points" in err
+
+
+def test_plot_with_no_admissible_layout_says_why_and_exits_3(ties, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    for kind in ("heatmap", "pareto"):
+        code, out, err = _call(capsys, ["plot", ties["cube"], "--kind", kind, "--x",
+                                        "tp_size" if kind == "heatmap" else "memory_footprint",
+                                        "--y", "v_stages" if kind == "heatmap" else "mfu",
+                                        "--max-accelerators", "512", "-o", tmp_path / "x.png"])
+        assert code == 3, err
+        assert "accelerator budget (<= 512) removed" in err and not (tmp_path / "x.png").exists()
+
+
+def test_main_job_with_no_admissible_layout_exits_3_after_saving(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path, "none", "tp_size = [4, 8]\npp_size = [1, 2]",
+                 constraints="max_accelerators = 512")
+    code, out, err = _call(capsys, ["--spec", spec, "-o", tmp_path / "none.nc"])
+    assert code == 3
+    assert "accelerator budget (<= 512, the spec's) removed" in out + err
+    assert (tmp_path / "none.nc").exists()
+
+
+def test_top_shows_layouts_equal_in_every_output_as_one_row(ties, capsys):
+    # Issue #11.6: with pp_size 1, microbatch_count and v_stages change no output.
+    code, out, err = _call(capsys, ["top", ties["cube"], "-k", "10"])
+    assert code == 0, err
+    cube = sweep.open_cube(ties["cube"])
+    splits = int(cube["admissible"].any(["microbatch_count", "v_stages"]).sum())
+    assert out.startswith(f"top {splits} of {int(cube['admissible'].sum())} admissible")
+    assert "microbatch_count=1|2|4|8, v_stages=1|2" in out
+    table = [line for line in out.splitlines() if re.match(r"\s*\d+ ", line)]
+    assert len(table) == splits
+    best = sweep.top_k(cube, k=1)
+    assert int(best["ties"][0]) == 8 and str(best["equivalent"][0].values) == (
+        "microbatch_count=1|2|4|8; v_stages=1|2")
+    code, out, err = _call(capsys, ["top", ties["cube"], "-k", "10", "--keep-ties"])
+    assert len([line for line in out.splitlines() if re.match(r"\s*\d+ ", line)]) == 10
+    cube.close()
+
+
+def test_main_job_answers_each_sequence_length(tmp_path, capsys, monkeypatch):
+    # Issue #11.7: seq_len describes the job; the best layout is given for each value.
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path, "seq", "tp_size = [4, 8]\npp_size = [2, 4]\nseq_len = [1024, 2048]",
+                 "zero_stage = 3")
+    code, out, err = _call(capsys, ["--spec", spec, "--no-save"])
+    assert code == 0, err
+    cube = sweep.run(sweep.load_spec(spec))
+    best = sweep.best_along(cube, "seq_len")
+    for seq_len in (1024, 2048):
+        block = out.split(f"seq_len={seq_len}: Best layout of each parallel split")[1]
+        block = block.split("seq_len=")[0]
+        mfu = float(best["mfu"].sel(seq_len=seq_len))
+        first = [line for line in block.splitlines() if line.startswith("1 ")][0]
+        assert f"{mfu:.4f}" in first
+        assert "seq_len" not in block.splitlines()[2]  # not a column of the table
+        assert "Why #1 wins" in block
+    assert "(seq_len: the job, not a choice), 2 blocks" in out
+
+
+def test_show_prints_memory_in_the_unit_it_names(ties, capsys):
+    # Issue #11.9: 80 GiB printed as "86 GB" read like a datasheet's 80.
+    code, out, err = _call(capsys, ["show", ties["cube"]])
+    assert code == 0, err
+    assert "NVIDIA H100 (85.9 GB = 80 GiB)" in out
+    assert "memory_limit: Training_1K 72 GB" in out
+    from sweep.cli.format import _memory_size
+
+    assert _memory_size(141 * 2**30) == "151 GB = 141 GiB"
+    assert _memory_size(72e9) == "72 GB"
+
+
+def test_search_shows_layouts_equal_in_every_output_as_one_row(ties, capsys):
+    code, out, err = _call(capsys, ["search", ties["spec"], "--exact", "-k", "24",
+                                    "--no-progress"])
+    assert code == 0, err
+    table = out.split("distinct layouts by mfu:")[1]
+    rows = [line for line in table.splitlines() if re.match(r"\s*\d+ ", line)]
+    cube = sweep.open_cube(ties["cube"])
+    splits = int(cube["admissible"].any(["microbatch_count", "v_stages"]).sum())
+    cube.close()
+    assert len(rows) == splits
+    assert "microbatch_count=1|2|4|8, v_stages=1|2" in table.splitlines()[1]

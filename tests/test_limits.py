@@ -1,0 +1,99 @@
+"""Memory limits (issue #11.1): one parser, reached through every public entry point.
+
+Refused everywhere with a suggestion: a negative or zero size, a size that
+overflows, and a bare number in (1, 1e6) (``80`` is far more likely 80 GB than
+80 bytes). Accepted with the right bytes: ``"80 GiB"``, ``"80e9 B"``, a
+fraction ``0.9`` of the accelerator's memory, and bare bytes ``8e10``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import solver
+import sweep
+from sweep import cli
+from sweep.limits import MemoryLimitError
+
+#: 2 x 2 x 2 = 8 layouts of Llama3_70B on 1024 H100s (80 GiB each).
+SPEC = {"name": "limits", "workload": "Llama3_70B", "fleet": "Training_1K",
+        "outputs": ["mfu", "step_latency_total", "memory_footprint", "feasible"],
+        "axes": {"tp_size": [4, 8], "pp_size": [4, 8], "zero_stage": [1, 3]},
+        "fixed": {"batch_size": 1024}}
+CAPACITY = solver.catalog.fleet("Training_1K").node.accelerator.memory_capacity
+
+REFUSED = [("-5 GB", "finite size > 0"), ("0 GB", "finite size > 0"),
+           ("1e400 GB", "finite size > 0"), (80, "did you mean '80 GB'"),
+           ("80", "did you mean '80 GB'"), (0, "a limit is finite and > 0"),
+           (-0.5, "a limit is finite and > 0")]
+ACCEPTED = [("80 GiB", 80 * 2**30), ("80e9 B", 80e9), (0.9, 0.9 * CAPACITY), (8e10, 8e10),
+            ("72 GB", 72e9)]
+
+
+def _spec(limit):
+    return {**SPEC, "constraints": {"memory_limit": limit}}
+
+
+@pytest.fixture(scope="module")
+def cube():
+    return sweep.run(SPEC)
+
+
+@pytest.mark.parametrize("limit, message", REFUSED)
+def test_search_refuses(limit, message):
+    with pytest.raises(MemoryLimitError, match=message):
+        sweep.search(SPEC, mode="exact", memory_limit=limit)
+
+
+@pytest.mark.parametrize("limit, message", REFUSED)
+def test_a_spec_refuses(limit, message):
+    with pytest.raises(ValueError, match=message) as caught:
+        sweep.load_spec(_spec(limit))
+    assert "memory_limit" in str(caught.value)
+
+
+@pytest.mark.parametrize("limit, message", REFUSED)
+def test_top_k_refuses(cube, limit, message):
+    with pytest.raises(MemoryLimitError, match=message):
+        sweep.top_k(cube, constraints={"memory_limit": limit})
+
+
+@pytest.mark.parametrize("limit", ["80", "-5 GB", "0 GB", "1e400 GB", "5e5"])
+def test_the_command_line_refuses(tmp_path, capsys, limit):
+    path = sweep.save(sweep.run(SPEC), tmp_path / "limits.nc")
+    for argv in (["top", str(path), "--memory-limit", limit],
+                 ["search", "unused.toml", "--memory-limit", limit]):
+        assert cli.main(argv) == cli.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert "--memory-limit" in err and "expected" in err and "but got" in err
+        if limit in ("80", "5e5"):
+            assert f"did you mean '{float(limit):g} GB'" in err
+
+
+@pytest.mark.parametrize("limit, size", ACCEPTED)
+def test_accepted_everywhere_with_the_right_bytes(cube, limit, size):
+    spec = sweep.load_spec(_spec(limit))
+    assert spec.memory_limit_for(spec.fleets["Training_1K"]) == pytest.approx(size, rel=1e-12)
+    result = sweep.search(SPEC, mode="exact", memory_limit=limit)
+    assert list(result.memory_limits.values()) == [pytest.approx(size, rel=1e-12)]
+    got = sweep.top_k(cube, k=8, constraints={"memory_limit": limit}, collapse_ties=False)
+    fits = cube["admissible"] & (cube["memory_footprint"] <= size)
+    assert got.sizes["rank"] == int(fits.sum())
+    assert (got["memory_footprint"] <= size).all()
+
+
+def test_the_command_line_accepts_the_right_bytes(tmp_path, capsys):
+    path = sweep.save(sweep.run(SPEC), tmp_path / "limits.nc")
+    cube = sweep.open_cube(path)
+    assert int((cube["admissible"] & (cube["memory_footprint"] <= 80 * 2**30)).sum()) > 0
+    for text, size in (("80 GiB", 80 * 2**30), ("0.2", 0.2 * CAPACITY), ("3e10", 3e10)):
+        code = cli.main(["top", str(path), "--memory-limit", text, "-k", "8", "--keep-ties"])
+        out = capsys.readouterr().out
+        count = int((cube["admissible"] & (cube["memory_footprint"] <= size)).sum())
+        if count:
+            assert code == 0 and f"of {count} admissible layouts" in out
+        else:
+            assert code == cli.EXIT_EMPTY
+    assert np.isfinite(float(cube["memory_footprint"].max()))
+    cube.close()
