@@ -199,7 +199,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true",
                         help="3 known spaces, 2 seeds, one huge space with a 3x long run")
     parser.add_argument("--jobs", type=int, default=1, help="processes of the exhaustive walks")
-    parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
+    parser.add_argument("--out", "--json", type=Path, default=None, help="JSON file to write")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     if args.quick:

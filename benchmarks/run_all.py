@@ -131,6 +131,19 @@ def table(results):
     return "\n".join(lines)
 
 
+def _machine() -> dict:
+    """What this machine is: the facts a figure needs beside it."""
+    import platform
+
+    import numpy
+
+    load = os.getloadavg()
+    return {"uname": " ".join(platform.uname()), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "numpy": numpy.__version__,
+            "load_average_at_start": [round(x, 2) for x in load],
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small versions of everything")
@@ -140,8 +153,11 @@ def main(argv=None):
                         help="the full regret benchmark (5 seeds, 2 spaces, ~25 minutes)")
     args = parser.parse_args(argv)
     quick = ["--quick"] if args.quick else []
-    results = {"quick": args.quick, "cpus": os.cpu_count(),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    results = {"quick": args.quick, "search_mode": "skipped" if args.skip_search else (
+                   "full" if args.full_search else "quick"),
+               "command": " ".join(["python", "benchmarks/run_all.py", *(argv or sys.argv[1:])]),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "machine": _machine()}
 
     print("== solver.solve against the reference ==")
     n = ["--n", "100000", "--reference", "100"] if args.quick else []
@@ -154,7 +170,7 @@ def main(argv=None):
     if not args.skip_search:
         print("\n== search regret ==")
         results["search"] = _child("bench_search.py", [] if args.full_search else ["--quick"],
-                                   timeout=3600, figures=False)
+                                   timeout=4 * 3600)
     print("\n== summary ==")
     summary = table(results)
     print(summary)
