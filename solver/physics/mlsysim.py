@@ -12,7 +12,9 @@ manner of pvlib's ``ModelChain``:
    :func:`tp_communication`, :func:`ep_communication`;
 5. :func:`pipeline_bubble`;
 6. :func:`compose` -- overlap, stragglers and the fleet's outputs;
-7. :func:`~solver.physics.common.mask_invalid` -- NaN (False) where the split
+7. :func:`realizable` -- whether a framework can run the layout as stated
+   (not in the reference: it prices any microbatch count);
+8. :func:`~solver.physics.common.mask_invalid` -- NaN (False) where the split
    is impossible, once, on every output.
 
 :func:`price` runs the steps on one block of normalized knobs; :func:`solve`
@@ -68,6 +70,7 @@ __all__ = [
     "ep_communication",
     "pipeline_bubble",
     "compose",
+    "realizable",
     "NVLINK_CLASS_LATENCY",
     "FALLBACK_FABRIC_LATENCY",
     "TP_ALLREDUCES_PER_LAYER",
@@ -180,6 +183,10 @@ def price(workload: Workload, fleet: Fleet, k: dict, shape: tuple) -> dict:
                   t_bubble=t_bubble, overlap_comm=k["overlap_comm"],
                   overlap_efficiency=k["overlap_efficiency"],
                   straggler_factor=k["straggler_factor"])
+    out["realizable"] = realizable(
+        batch_size=k["batch_size"], dp_size=s.dp_size,
+        gradient_accumulation_steps=k["gradient_accumulation_steps"],
+        microbatch_count=k["microbatch_count"])
     return mask_invalid(out, s.valid, shape, OUTPUTS)
 
 
@@ -478,3 +485,57 @@ def compose(step: dict, s: Split, *, t_dp, t_tp, t_ep, bubble_fraction, t_bubble
         "bubble_fraction": bubble_fraction,
         **step,
     }
+
+
+# ------------------------------------------------------------------ 7. realizable
+
+
+def realizable(*, batch_size, dp_size, gradient_accumulation_steps, microbatch_count):
+    """Whether a training framework can run the layout as the knobs state it.
+
+    The reference prices ``batch_size // dp_size`` samples per replica per step
+    (at least 1), ``gradient_accumulation_steps`` micro-steps of
+    ``batch_size / (dp_size * gradient_accumulation_steps)`` samples each
+    (mlsysim's ``TrainingMemoryModel``), and a pipeline of ``microbatch_count``
+    microbatches, without tying them together: it prices 256 microbatches of
+    a replica holding 8 samples, or a batch smaller than DP (idle ranks). A
+    layout is realizable when the per-replica batch of each accumulation step,
+    ``batch_size / dp_size / gradient_accumulation_steps``, is a whole number
+    of samples that splits into ``microbatch_count`` whole microbatches of at
+    least one sample; that is, when
+    ``dp_size * gradient_accumulation_steps * microbatch_count`` divides
+    ``batch_size``. This implies no idle ranks (``batch_size >= dp_size``).
+    The condition is the same whatever ``pp_size``: with one stage the
+    microbatch count changes no output, and the same layout with a count that
+    divides the batch is realizable and priced the same.
+
+    Parameters
+    ----------
+    batch_size : array_like of int [1]
+        Global batch per optimizer step, in samples.
+    dp_size : array_like of int [1]
+    gradient_accumulation_steps : array_like of int [1]
+    microbatch_count : array_like of int [1]
+
+    Returns
+    -------
+    numpy.ndarray of bool
+        On the axes the four inputs span.
+
+    Examples
+    --------
+    >>> bool(realizable(batch_size=1024, dp_size=128, gradient_accumulation_steps=1,
+    ...                 microbatch_count=8))      # 8 samples per replica, 8 microbatches of 1
+    True
+    >>> bool(realizable(batch_size=1024, dp_size=128, gradient_accumulation_steps=1,
+    ...                 microbatch_count=256))    # 256 microbatches of 1/32 of a sample
+    False
+    """
+    # Successive exact divisions in int64: no product of knobs can overflow.
+    batch = np.asarray(batch_size, dtype=np.int64)
+    per_replica, rest = np.divmod(batch, np.asarray(dp_size, dtype=np.int64))
+    whole_replica = rest == 0
+    per_step, rest = np.divmod(per_replica, np.asarray(gradient_accumulation_steps, np.int64))
+    whole_step = (rest == 0) & (per_step >= 1)
+    whole_micro = per_step % np.asarray(microbatch_count, dtype=np.int64) == 0
+    return whole_replica & whole_step & whole_micro
