@@ -19,9 +19,18 @@ plus these masks and counts:
     ``tp_size``, ``pp_size``, ``ep_size`` and ``dp_size`` when ``dp_size`` is an
     axis or fixed (the cluster is sized by the layout), else ``fleet`` (or no
     dim: the fleet's size).
+``realizable``
+    A framework can run the layout: the per-replica batch of each
+    gradient-accumulation step splits into ``microbatch_count`` whole
+    microbatches, no idle ranks (:func:`solver.physics.mlsysim.realizable`).
 ``admissible``
-    ``valid & within_memory_limit & (n_accelerators <= max_accelerators)`` (the
-    last term only when the spec sets ``max_accelerators``).
+    ``valid & within_memory_limit & realizable`` and ``min_accelerators <=
+    n_accelerators <= max_accelerators`` (``realizable`` unless the spec says
+    ``require_realizable = false``; the bounds of :meth:`Spec.accelerator_range`:
+    ``max_accelerators`` is the fleet's size by default when ``dp_size`` sizes
+    the cluster). A mask, a bool in memory, is written to netCDF as ``int8``
+    with ``flag_values = [0, 1]`` and ``flag_meanings = "false true"``
+    (:mod:`sweep.storage`).
 
 The ``dp_size`` output is left out when ``dp_size`` is an axis (its coordinate
 gives it). The same layout serves the in-memory cube (:func:`allocate`, :func:`to_dataset`)
@@ -31,7 +40,8 @@ identical datasets. Attributes follow netCDF's rules: strings and numbers only
 the provenance: ``package_version``, ``reference`` (the model reproduced),
 ``spec`` (``spec.to_json()``), ``workloads`` and ``fleets`` (their facts, JSON),
 ``fixed`` (JSON), ``memory_limit`` (bytes per fleet, JSON), ``max_accelerators``
-when set, and ``date_created``/``history`` (UTC; set ``$SOURCE_DATE_EPOCH`` to fix
+and ``min_accelerators`` when bounded (an int, or JSON per fleet when the
+fleets' bounds differ), ``require_realizable`` (0 or 1), and ``date_created``/``history`` (UTC; set ``$SOURCE_DATE_EPOCH`` to fix
 them, as the tests do, so that two runs of one spec give identical cubes).
 ``complete = 1`` says every point is priced: a streamed sweep writes it last
 (:mod:`sweep.storage`), and a cube without it is refused where a finished one
@@ -66,6 +76,7 @@ __all__ = [
     "allocate",
     "to_dataset",
     "accelerator_counts",
+    "accelerators_ok",
     "check_some_valid",
     "bool_outputs",
     "COMPLETE",
@@ -79,7 +90,8 @@ MASKS = {
     "valid": OUTPUTS["valid"].long_name,
     "feasible": OUTPUTS["feasible"].long_name,
     "within_memory_limit": "memory footprint at most the spec's memory limit",
-    "admissible": "valid, within the memory limit and within max_accelerators",
+    "realizable": OUTPUTS["realizable"].long_name,
+    "admissible": "valid, within the memory limit and the accelerator bounds, realizable",
 }
 _SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "dp_size")
 _BOOL_OUTPUTS = frozenset(name for name, output in OUTPUTS.items() if output.is_boolean)
@@ -170,8 +182,14 @@ def _attrs(spec: Spec) -> dict:
         attrs["workload"] = next(iter(spec.workloads))
     if len(spec.fleets) == 1:
         attrs["fleet"] = next(iter(spec.fleets))
-    if spec.max_accelerators is not None:
-        attrs["max_accelerators"] = int(spec.max_accelerators)
+    for i, key in enumerate(("min_accelerators", "max_accelerators")):
+        bounds = {label: spec.accelerator_range(f)[i] for label, f in spec.fleets.items()}
+        if len(set(bounds.values())) == 1:
+            if None not in bounds.values():
+                attrs[key] = int(next(iter(bounds.values())))
+        else:
+            attrs[key] = json.dumps(bounds, sort_keys=True)
+    attrs["require_realizable"] = int(spec.require_realizable)
     attrs[COMPLETE] = 1
     return attrs
 
@@ -243,6 +261,31 @@ def accelerator_counts(spec: Spec) -> np.ndarray:
         return np.array([spec.fleets[label].total_accelerators for label in spec.axis("fleet").values],
                         dtype=np.int64)
     return np.array(next(iter(spec.fleets.values())).total_accelerators, dtype=np.int64)
+
+
+def accelerators_ok(spec: Spec) -> Optional[np.ndarray]:
+    """Where ``n_accelerators`` is within :meth:`Spec.accelerator_range`, or None (no bound).
+
+    Broadcastable to the cube (length 1 on the dims it does not span; it spans
+    ``n_accelerators``'s dims, and ``fleet`` when the fleets' bounds differ).
+    """
+    bounds = {label: spec.accelerator_range(f) for label, f in spec.fleets.items()}
+    if all(b == (None, None) for b in bounds.values()):
+        return None
+    dims = _accelerator_dims(spec)
+    counts = accelerator_counts(spec)
+    shape = [len(spec.axis(d)) if d in dims else 1 for d in spec.dims]
+    counts = counts.reshape(shape)
+    if len(set(bounds.values())) > 1 and "fleet" in spec.dims:
+        low, high = (np.array([b[i] or 0 for b in (bounds[f] for f in spec.axis("fleet").values)],
+                              dtype=np.float64) for i in (0, 1))
+        high[[bounds[f][1] is None for f in spec.axis("fleet").values]] = np.inf
+        fleet_shape = [len(spec.axis("fleet")) if d == "fleet" else 1 for d in spec.dims]
+        low, high = low.reshape(fleet_shape), high.reshape(fleet_shape)
+    else:
+        low, high = next(iter(bounds.values()))
+        low, high = (0 if low is None else low), (np.inf if high is None else high)
+    return (counts >= low) & (counts <= high)
 
 
 def check_some_valid(spec: Spec) -> None:

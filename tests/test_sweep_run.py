@@ -223,4 +223,4 @@ def test_cube_dtypes_come_from_the_registry(monkeypatch):
         assert (var.dtype == bool) == output.is_boolean, name
         if name not in MASKS:  # valid and feasible are masks of every cube
             assert var.attrs == {"units": output.units, "long_name": output.long_name}
-    assert sweep.cube.bool_outputs() == {"valid", "feasible", "idle_ranks"}
+    assert sweep.cube.bool_outputs() == {"valid", "feasible", "idle_ranks", "realizable"}

@@ -16,7 +16,7 @@ def command(args) -> int:
     """``run``: stream a spec's sweep into a cube file and summarize it."""
     import sweep
 
-    spec = load_spec(args.spec)
+    spec = load_spec(args.spec).with_constraints(require_realizable=args.require_realizable)
     path = _check_output(args.output or f"{spec.name}.nc", "-o")
     before = path.stat().st_mtime_ns if path.exists() else None
     started = time.perf_counter()

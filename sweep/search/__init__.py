@@ -27,8 +27,11 @@ Constraints
       fleet (or, with a ``dp_size`` axis, the layout is not whole nodes);
     * ``memory``: ``(memory_footprint - limit) / limit``, the sign of
       ``memory_footprint - limit``;
-    * ``accelerators`` (with ``max_accelerators``):
-      ``(n_accelerators - max) / max``;
+    * ``accelerators`` (with ``max_accelerators``, by default the fleet's size
+      when ``dp_size`` sizes the cluster): ``(n_accelerators - max) / max``;
+    * ``min_accelerators`` (with ``min_accelerators``): ``(min - n_accelerators) / min``;
+    * ``realizable`` (unless ``require_realizable`` is false): 0 where the
+      batch splits into whole microbatches with no idle ranks, else 1;
     * one per extra constraint function passed in ``constraints``.
 
 Impossible splits are rejected, not parameterized away
@@ -180,7 +183,8 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
            mode: str = "sample", progress=None, derive: Optional[Callable] = None,
            constraints: Optional[Mapping[str, Callable]] = None, refine: Optional[float] = None,
            block_points: Optional[int] = None, n_jobs: int = 1, top_k: Optional[int] = None,
-           max_points: Optional[int] = None) -> SearchResult:
+           max_points: Optional[int] = None,
+           require_realizable: Optional[bool] = None) -> SearchResult:
     """Search a spec's layouts for the best objective under a memory limit.
 
     Parameters
@@ -258,6 +262,10 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
         :data:`solver.blocks.BLOCK_POINTS`; ``max_points`` is its deprecated name).
     n_jobs : int
         Processes for exact mode (joblib); 1 runs in this process.
+    require_realizable : bool, optional
+        Whether a layout must be realizable (whole microbatches, no idle
+        ranks) to be admissible; None: the spec's
+        ``constraints.require_realizable`` (default true).
 
     Returns
     -------
@@ -272,7 +280,7 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     started = time.perf_counter()
     k = _whole("top_k" if top_k is not None else "k", _alias(k, top_k, "top_k", "k"))
     block_points = _alias(block_points, max_points, "max_points", "block_points")
-    spec = load_spec(spec)
+    spec = load_spec(spec).with_constraints(require_realizable=require_realizable)
     objs = parse_objectives(objective, direction, objectives)
     limits = {label: resolve_memory_limit(memory_limit, spec, fleet)
               for label, fleet in spec.fleets.items()}

@@ -182,10 +182,15 @@ def _price(setup: _Setup, workload_label, fleet_label, knobs) -> _Priced:
         "split": np.where(valid, 0.0, 1.0),
         "memory": violated_if_invalid((out["memory_footprint"] - limit) / limit),
     }
-    if spec.max_accelerators is not None:
+    low, high = spec.accelerator_range(fleet)
+    if high is not None:
         n_acc = outputs_.n_accelerators(out, knobs)
-        constraints["accelerators"] = violated_if_invalid(
-            (n_acc - spec.max_accelerators) / spec.max_accelerators)
+        constraints["accelerators"] = violated_if_invalid((n_acc - high) / high)
+    if low is not None:
+        n_acc = outputs_.n_accelerators(out, knobs)
+        constraints["min_accelerators"] = violated_if_invalid((low - n_acc) / low)
+    if spec.require_realizable:
+        constraints["realizable"] = np.where(valid & out["realizable"], 0.0, 1.0)
     for name, fn in setup.constraints.items():
         constraints[name] = violated_if_invalid(fn(out, knobs, workload, fleet))
     feasible = valid & np.isfinite(values).all(axis=0)
