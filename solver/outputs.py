@@ -11,8 +11,10 @@ once, as functions.
     >>> OUTPUTS["mfu"].units, better("mfu"), better("step_latency_total")
     ('1', 'maximize', 'minimize')
 
-Units are CF strings: ``"s"``, ``"B"``, ``"J"``, ``"s-1"``, ``"1"``
-for ratios and counts.
+Units are CF strings that UDUNITS-2 parses (the netCDF files are checked
+with ``cf_units``): ``"s"``, ``"byte"``, ``"J"``, ``"s-1"``, ``"1"`` for
+ratios, counts and masks. Read bytes with :func:`is_bytes` (older cubes
+say ``"B"``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,19 @@ __all__ = [
     "n_accelerators",
     "memory_headroom",
     "exposed_dp_time",
+    "BYTE",
+    "is_bytes",
 ]
+
+#: The UDUNITS-2 name of the byte (UDUNITS-2 does not know ``"B"``).
+BYTE = "byte"
+_BYTE_SPELLINGS = frozenset({BYTE, "bytes", "B"})
+
+
+def is_bytes(units) -> bool:
+    """Whether a ``units`` attribute says bytes (``"byte"``; ``"B"`` in older cubes)."""
+    return units in _BYTE_SPELLINGS
+
 
 #: optuna's words for the direction of an objective.
 MAXIMIZE, MINIMIZE = "maximize", "minimize"
@@ -119,12 +133,12 @@ OUTPUTS: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
     _o("node_mfu", "1", "replica model FLOPs utilization", _MAX),
     _o("node_hfu", "1", "replica hardware FLOPs utilization", _MAX),
     _o("node_energy", "J", "replica energy per step", _MIN),
-    _o("memory_footprint", "B", "training memory per accelerator", _MIN),
-    _o("memory_weights", "B", "weights per accelerator", _MIN),
-    _o("memory_gradients", "B", "gradients per accelerator", _MIN),
-    _o("memory_optimizer_state", "B", "optimizer state per accelerator", _MIN),
-    _o("memory_activations", "B", "stored activations per accelerator", _MIN),
-    _o("memory_communication_buffers", "B",
+    _o("memory_footprint", BYTE, "training memory per accelerator", _MIN),
+    _o("memory_weights", BYTE, "weights per accelerator", _MIN),
+    _o("memory_gradients", BYTE, "gradients per accelerator", _MIN),
+    _o("memory_optimizer_state", BYTE, "optimizer state per accelerator", _MIN),
+    _o("memory_activations", BYTE, "stored activations per accelerator", _MIN),
+    _o("memory_communication_buffers", BYTE,
        "gradient bucket and pipeline buffers per accelerator", _MIN),
     _o("feasible", "1", "training state fits the accelerator's memory", dtype="bool"),
 )})
@@ -132,7 +146,7 @@ OUTPUTS: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
 #: Quantities derived from the outputs and knobs (see the functions below).
 DERIVED: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
     _o("n_accelerators", "1", "accelerators in the cluster: tp*pp*ep*dp", _MIN, derived=True),
-    _o("memory_headroom", "B", "memory limit minus the footprint per accelerator", _MAX,
+    _o("memory_headroom", BYTE, "memory limit minus the footprint per accelerator", _MAX,
        derived=True),
     _o("exposed_dp_time", "s", "data-parallel time overlap does not hide", _MIN, derived=True),
 )})

@@ -28,9 +28,11 @@ plus these masks and counts:
     n_accelerators <= max_accelerators`` (``realizable`` unless the spec says
     ``require_realizable = false``; the bounds of :meth:`Spec.accelerator_range`:
     ``max_accelerators`` is the fleet's size by default when ``dp_size`` sizes
-    the cluster). A mask, a bool in memory, is written to netCDF as ``int8``
-    with ``flag_values = [0, 1]`` and ``flag_meanings = "false true"``
-    (:mod:`sweep.storage`).
+    the cluster).
+
+Every boolean data variable (the masks and boolean outputs) is a CF flag
+variable: ``flag_values = [0, 1]`` (int8) and ``flag_meanings = "false true"``;
+it is a bool in memory and an ``int8`` in the file (:mod:`sweep.storage.cf`).
 
 The ``dp_size`` output is left out when ``dp_size`` is an axis (its coordinate
 gives it). The same layout serves the in-memory cube (:func:`allocate`, :func:`to_dataset`)
@@ -80,10 +82,24 @@ __all__ = [
     "check_some_valid",
     "bool_outputs",
     "COMPLETE",
+    "FLAG_VALUES",
+    "FLAG_MEANINGS",
+    "flag_attrs",
 ]
 
 #: The attribute of a finished cube (every point priced): ``complete = 1``.
 COMPLETE = "complete"
+
+#: CF flag attributes of every boolean variable (CF-1.8 section 3.5): ``flag_values``
+#: is int8, the type of the stored variable (bools are written as int8).
+FLAG_VALUES = np.array([0, 1], dtype=np.int8)
+FLAG_MEANINGS = "false true"
+
+
+def flag_attrs() -> dict:
+    """``{"flag_values": int8 [0, 1], "flag_meanings": "false true"}`` (a fresh copy)."""
+    return {"flag_values": FLAG_VALUES.copy(), "flag_meanings": FLAG_MEANINGS}
+
 
 #: Boolean masks every cube carries, with their long names.
 MASKS = {
@@ -200,9 +216,9 @@ def _coordinate(axis) -> tuple:
         attrs = {"long_name": axis.kind if axis.kind in ("workload", "fleet") else axis.name}
         return values, attrs
     dtype = {"int": np.int64, "float": np.float64, "bool": bool}[axis.kind]
-    attrs = {"long_name": KNOBS[axis.name].why or axis.name.replace("_", " ")}
-    if axis.kind != "bool":
-        attrs["units"] = "1"
+    # Every numeric or boolean coordinate is unitless ("1"; CF 3.1 wants units on
+    # a coordinate variable, and a boolean knob's values are 0 and 1).
+    attrs = {"long_name": KNOBS[axis.name].why or axis.name.replace("_", " "), "units": "1"}
     return np.array(axis.values, dtype=dtype), attrs
 
 
@@ -322,9 +338,15 @@ def allocate(cube_layout: CubeLayout) -> dict:
 
 
 def to_dataset(cube_layout: CubeLayout, arrays: Mapping) -> xr.Dataset:
-    """The cube as an :class:`xarray.Dataset`, from arrays named like the layout's variables."""
+    """The cube as an :class:`xarray.Dataset`, from arrays named like the layout's variables.
+
+    Boolean data variables get CF's flag attributes (:func:`flag_attrs`).
+    """
+    def attrs_of(dtype, attrs):
+        return {**attrs, **flag_attrs()} if dtype == bool else dict(attrs)
+
     coords = {dim: xr.Variable((dim,), values, dict(attrs))
               for dim, (values, attrs) in cube_layout.coords.items()}
-    data_vars = {name: xr.Variable(var.dims, arrays[name], dict(var.attrs))
+    data_vars = {name: xr.Variable(var.dims, arrays[name], attrs_of(var.dtype, var.attrs))
                  for name, var in cube_layout.variables.items()}
     return xr.Dataset(data_vars, coords=coords, attrs=dict(cube_layout.attrs))
