@@ -12,8 +12,8 @@ manner of pvlib's ``ModelChain``:
    :func:`tp_communication`, :func:`ep_communication`;
 5. :func:`pipeline_bubble`;
 6. :func:`compose` -- overlap, stragglers and the fleet's outputs;
-7. :func:`realizable` -- whether a framework can run the layout as stated
-   (not in the reference: it prices any microbatch count);
+7. :func:`~solver.physics.common.realizable` -- whether a framework can run
+   the layout as stated (not in the reference: it prices any microbatch count);
 8. :func:`~solver.physics.common.mask_invalid` -- NaN (False) where the split
    is impossible, once, on every output.
 
@@ -51,7 +51,7 @@ from .. import replica as rep
 from ..outputs import OUTPUTS
 from ..replica import layer_count, pick, stored_bytes, weight_bytes, width
 from ..specs import Accelerator, Fleet, Workload
-from .common import check_specs, mask_invalid
+from .common import check_specs, mask_invalid, realizable
 
 __all__ = [
     "solve",
@@ -486,56 +486,3 @@ def compose(step: dict, s: Split, *, t_dp, t_tp, t_ep, bubble_fraction, t_bubble
         **step,
     }
 
-
-# ------------------------------------------------------------------ 7. realizable
-
-
-def realizable(*, batch_size, dp_size, gradient_accumulation_steps, microbatch_count):
-    """Whether a training framework can run the layout as the knobs state it.
-
-    The reference prices ``batch_size // dp_size`` samples per replica per step
-    (at least 1), ``gradient_accumulation_steps`` micro-steps of
-    ``batch_size / (dp_size * gradient_accumulation_steps)`` samples each
-    (mlsysim's ``TrainingMemoryModel``), and a pipeline of ``microbatch_count``
-    microbatches, without tying them together: it prices 256 microbatches of
-    a replica holding 8 samples, or a batch smaller than DP (idle ranks). A
-    layout is realizable when the per-replica batch of each accumulation step,
-    ``batch_size / dp_size / gradient_accumulation_steps``, is a whole number
-    of samples that splits into ``microbatch_count`` whole microbatches of at
-    least one sample; that is, when
-    ``dp_size * gradient_accumulation_steps * microbatch_count`` divides
-    ``batch_size``. This implies no idle ranks (``batch_size >= dp_size``).
-    The condition is the same whatever ``pp_size``: with one stage the
-    microbatch count changes no output, and the same layout with a count that
-    divides the batch is realizable and priced the same.
-
-    Parameters
-    ----------
-    batch_size : array_like of int [1]
-        Global batch per optimizer step, in samples.
-    dp_size : array_like of int [1]
-    gradient_accumulation_steps : array_like of int [1]
-    microbatch_count : array_like of int [1]
-
-    Returns
-    -------
-    numpy.ndarray of bool
-        On the axes the four inputs span.
-
-    Examples
-    --------
-    >>> bool(realizable(batch_size=1024, dp_size=128, gradient_accumulation_steps=1,
-    ...                 microbatch_count=8))      # 8 samples per replica, 8 microbatches of 1
-    True
-    >>> bool(realizable(batch_size=1024, dp_size=128, gradient_accumulation_steps=1,
-    ...                 microbatch_count=256))    # 256 microbatches of 1/32 of a sample
-    False
-    """
-    # Successive exact divisions in int64: no product of knobs can overflow.
-    batch = np.asarray(batch_size, dtype=np.int64)
-    per_replica, rest = np.divmod(batch, np.asarray(dp_size, dtype=np.int64))
-    whole_replica = rest == 0
-    per_step, rest = np.divmod(per_replica, np.asarray(gradient_accumulation_steps, np.int64))
-    whole_step = (rest == 0) & (per_step >= 1)
-    whole_micro = per_step % np.asarray(microbatch_count, dtype=np.int64) == 0
-    return whole_replica & whole_step & whole_micro
