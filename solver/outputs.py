@@ -113,8 +113,8 @@ OUTPUTS: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
     _o("valid", "1", "split is possible: TP*PP*EP divides the fleet", dtype="bool"),
     _o("dp_size", "1", "data-parallel degree"),
     _o("idle_ranks", "1", "global batch smaller than DP: ranks run one sample", dtype="bool"),
-    _o("realizable", "1", "a framework can run it: batch / dp / accumulation steps splits "
-       "into microbatch_count whole microbatches", dtype="bool"),
+    _o("realizable", "1", "a framework can run it: whole microbatches, no idle ranks",
+       dtype="bool"),
     _o("step_latency_total", "s", "training step time", _MIN),
     _o("scaling_efficiency", "1", "replica step time over total step time", _MAX),
     _o("effective_throughput", "s-1", "fleet throughput in samples per second", _MAX),
