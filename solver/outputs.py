@@ -11,8 +11,10 @@ once, as functions.
     >>> OUTPUTS["mfu"].units, better("mfu"), better("step_latency_total")
     ('1', 'maximize', 'minimize')
 
-Units are CF strings: ``"s"``, ``"B"``, ``"J"``, ``"s-1"``, ``"1"``
-for ratios and counts.
+Units are CF strings that UDUNITS-2 parses (the netCDF files are checked
+with ``cf_units``): ``"s"``, ``"byte"``, ``"J"``, ``"s-1"``, ``"1"`` for
+ratios, counts and masks. Read bytes with :func:`is_bytes` (older cubes
+say ``"B"``).
 """
 
 from __future__ import annotations
@@ -39,7 +41,19 @@ __all__ = [
     "n_accelerators",
     "memory_headroom",
     "exposed_dp_time",
+    "BYTE",
+    "is_bytes",
 ]
+
+#: The UDUNITS-2 name of the byte (UDUNITS-2 does not know ``"B"``).
+BYTE = "byte"
+_BYTE_SPELLINGS = frozenset({BYTE, "bytes", "B"})
+
+
+def is_bytes(units) -> bool:
+    """Whether a ``units`` attribute says bytes (``"byte"``; ``"B"`` in older cubes)."""
+    return units in _BYTE_SPELLINGS
+
 
 #: optuna's words for the direction of an objective.
 MAXIMIZE, MINIMIZE = "maximize", "minimize"
@@ -114,6 +128,8 @@ OUTPUTS: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
     _o("dp_size", "1", "data-parallel degree"),
     _o("idle_ranks", "1", "global batch smaller than DP: ranks run one sample", dtype="bool",
        physics=_ML),
+    _o("realizable", "1", "a framework can run it: whole microbatches, even splits, no idle "
+                          "ranks", dtype="bool"),
     _o("step_latency_total", "s", "training step time", _MIN),
     _o("scaling_efficiency", "1", "replica step time over total step time", _MAX, physics=_ML),
     _o("effective_throughput", "s-1", "fleet throughput in samples per second", _MAX),
@@ -132,22 +148,18 @@ OUTPUTS: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
     _o("node_mfu", "1", "replica model FLOPs utilization", _MAX, physics=_ML),
     _o("node_hfu", "1", "replica hardware FLOPs utilization", _MAX, physics=_ML),
     _o("node_energy", "J", "replica energy per step", _MIN, physics=_ML),
-    _o("memory_footprint", "B", "training memory per accelerator", _MIN),
-    _o("memory_weights", "B", "weights per accelerator", _MIN),
-    _o("memory_gradients", "B", "gradients per accelerator", _MIN),
-    _o("memory_optimizer_state", "B", "optimizer state per accelerator", _MIN),
-    _o("memory_activations", "B", "stored activations per accelerator", _MIN),
-    _o("memory_communication_buffers", "B",
+    _o("memory_footprint", BYTE, "training memory per accelerator", _MIN),
+    _o("memory_weights", BYTE, "weights per accelerator", _MIN),
+    _o("memory_gradients", BYTE, "gradients per accelerator", _MIN),
+    _o("memory_optimizer_state", BYTE, "optimizer state per accelerator", _MIN),
+    _o("memory_activations", BYTE, "stored activations per accelerator", _MIN),
+    _o("memory_communication_buffers", BYTE,
        "gradient bucket and pipeline buffers per accelerator", _MIN),
     _o("feasible", "1", "training state fits the accelerator's memory", dtype="bool"),
 )})
 
 #: Outputs only ``solver.solve(physics="megatron")`` returns (new terms of that model).
-#: ``realizable`` is one entry for every model that returns it (add a model to its
-#: ``physics`` when it does).
 MEGATRON_ONLY: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
-    _o("realizable", "1", "a framework can run it: whole microbatches, even splits, no idle "
-                          "ranks", dtype="bool", physics=_MG),
     _o("microbatch_count", "1", "microbatches per step per data-parallel rank", physics=_MG),
     _o("tokens_per_second_per_accelerator", "s-1", "tokens per second per accelerator", _MAX,
        physics=_MG),
@@ -188,7 +200,7 @@ def outputs_of(physics: str = "mlsysim") -> Mapping[str, Output]:
 DERIVED: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
     _o("n_accelerators", "1", "accelerators in the cluster: tp*pp*ep*dp (megatron: tp*pp*cp*dp)",
        _MIN, derived=True),
-    _o("memory_headroom", "B", "memory limit minus the footprint per accelerator", _MAX,
+    _o("memory_headroom", BYTE, "memory limit minus the footprint per accelerator", _MAX,
        derived=True),
     _o("exposed_dp_time", "s", "data-parallel time overlap does not hide", _MIN, derived=True),
 )})

@@ -21,9 +21,20 @@ plus these masks and counts:
     ``pp_size``, ``ep_size``, ``cp_size``, ``dp_size`` and ``physics`` when
     ``dp_size`` is an axis or fixed (the cluster is sized by the layout), else
     ``fleet`` (or no dim: the fleet's size).
+``realizable``
+    A framework can run the layout: the per-replica batch of each
+    gradient-accumulation step splits into ``microbatch_count`` whole
+    microbatches, no idle ranks (:func:`solver.physics.mlsysim.realizable`).
 ``admissible``
-    ``valid & within_memory_limit & (n_accelerators <= max_accelerators)`` (the
-    last term only when the spec sets ``max_accelerators``).
+    ``valid & within_memory_limit & realizable`` and ``min_accelerators <=
+    n_accelerators <= max_accelerators`` (``realizable`` unless the spec says
+    ``require_realizable = false``; the bounds of :meth:`Spec.accelerator_range`:
+    ``max_accelerators`` is the fleet's size by default when ``dp_size`` sizes
+    the cluster).
+
+Every boolean data variable (the masks and boolean outputs) is a CF flag
+variable: ``flag_values = [0, 1]`` (int8) and ``flag_meanings = "false true"``;
+it is a bool in memory and an ``int8`` in the file (:mod:`sweep.storage.cf`).
 
 The ``dp_size`` output is left out when ``dp_size`` is an axis (its coordinate
 gives it). The same layout serves the in-memory cube (:func:`allocate`, :func:`to_dataset`)
@@ -36,7 +47,8 @@ coordinate), ``physics_models`` (JSON: each model's reference, and for megatron
 its fitted ``constants`` and their ``constants_provenance``),
 ``spec`` (``spec.to_json()``), ``workloads`` and ``fleets`` (their facts, JSON),
 ``fixed`` (JSON), ``memory_limit`` (bytes per fleet, JSON), ``max_accelerators``
-when set, and ``date_created``/``history`` (UTC; set ``$SOURCE_DATE_EPOCH`` to fix
+and ``min_accelerators`` when bounded (an int, or JSON per fleet when the
+fleets' bounds differ), ``require_realizable`` (0 or 1), and ``date_created``/``history`` (UTC; set ``$SOURCE_DATE_EPOCH`` to fix
 them, as the tests do, so that two runs of one spec give identical cubes).
 ``complete = 1`` says every point is priced: a streamed sweep writes it last
 (:mod:`sweep.storage`), and a cube without it is refused where a finished one
@@ -72,20 +84,36 @@ __all__ = [
     "allocate",
     "to_dataset",
     "accelerator_counts",
+    "accelerators_ok",
     "check_some_valid",
     "bool_outputs",
     "COMPLETE",
+    "FLAG_VALUES",
+    "FLAG_MEANINGS",
+    "flag_attrs",
 ]
 
 #: The attribute of a finished cube (every point priced): ``complete = 1``.
 COMPLETE = "complete"
+
+#: CF flag attributes of every boolean variable (CF-1.8 section 3.5): ``flag_values``
+#: is int8, the type of the stored variable (bools are written as int8).
+FLAG_VALUES = np.array([0, 1], dtype=np.int8)
+FLAG_MEANINGS = "false true"
+
+
+def flag_attrs() -> dict:
+    """``{"flag_values": int8 [0, 1], "flag_meanings": "false true"}`` (a fresh copy)."""
+    return {"flag_values": FLAG_VALUES.copy(), "flag_meanings": FLAG_MEANINGS}
+
 
 #: Boolean masks every cube carries, with their long names.
 MASKS = {
     "valid": OUTPUTS["valid"].long_name,
     "feasible": OUTPUTS["feasible"].long_name,
     "within_memory_limit": "memory footprint at most the spec's memory limit",
-    "admissible": "valid, within the memory limit and within max_accelerators",
+    "realizable": OUTPUTS["realizable"].long_name,
+    "admissible": "valid, within the memory limit and the accelerator bounds, realizable",
 }
 _SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "cp_size", "dp_size")
 _BOOL_OUTPUTS = frozenset(name for name, output in REGISTRY.items() if output.is_boolean)
@@ -182,8 +210,14 @@ def _attrs(spec: Spec) -> dict:
     attrs["physics_models"] = json.dumps(models, sort_keys=True)
     if physics_.DEFAULT_PHYSICS not in spec.physics:
         attrs["reference"] = models[spec.physics[0]]["reference"]
-    if spec.max_accelerators is not None:
-        attrs["max_accelerators"] = int(spec.max_accelerators)
+    for i, key in enumerate(("min_accelerators", "max_accelerators")):
+        bounds = {label: spec.accelerator_range(f)[i] for label, f in spec.fleets.items()}
+        if len(set(bounds.values())) == 1:
+            if None not in bounds.values():
+                attrs[key] = int(next(iter(bounds.values())))
+        else:
+            attrs[key] = json.dumps(bounds, sort_keys=True)
+    attrs["require_realizable"] = int(spec.require_realizable)
     attrs[COMPLETE] = 1
     return attrs
 
@@ -195,9 +229,9 @@ def _coordinate(axis, models) -> tuple:
         return values, {"long_name": named.get(axis.kind, axis.name)}
     dtype = {"int": np.int64, "float": np.float64, "bool": bool}[axis.kind]
     why = knob_of(None, axis.name, models).why
-    attrs = {"long_name": why or axis.name.replace("_", " ")}
-    if axis.kind != "bool":
-        attrs["units"] = "1"
+    # Every numeric or boolean coordinate is unitless ("1"; CF 3.1 wants units on
+    # a coordinate variable, and a boolean knob's values are 0 and 1).
+    attrs = {"long_name": why or axis.name.replace("_", " "), "units": "1"}
     return np.array(axis.values, dtype=dtype), attrs
 
 
@@ -264,6 +298,31 @@ def accelerator_counts(spec: Spec) -> np.ndarray:
     return np.array(next(iter(spec.fleets.values())).total_accelerators, dtype=np.int64)
 
 
+def accelerators_ok(spec: Spec) -> Optional[np.ndarray]:
+    """Where ``n_accelerators`` is within :meth:`Spec.accelerator_range`, or None (no bound).
+
+    Broadcastable to the cube (length 1 on the dims it does not span; it spans
+    ``n_accelerators``'s dims, and ``fleet`` when the fleets' bounds differ).
+    """
+    bounds = {label: spec.accelerator_range(f) for label, f in spec.fleets.items()}
+    if all(b == (None, None) for b in bounds.values()):
+        return None
+    dims = _accelerator_dims(spec)
+    counts = accelerator_counts(spec)
+    shape = [len(spec.axis(d)) if d in dims else 1 for d in spec.dims]
+    counts = counts.reshape(shape)
+    if len(set(bounds.values())) > 1 and "fleet" in spec.dims:
+        low, high = (np.array([b[i] or 0 for b in (bounds[f] for f in spec.axis("fleet").values)],
+                              dtype=np.float64) for i in (0, 1))
+        high[[bounds[f][1] is None for f in spec.axis("fleet").values]] = np.inf
+        fleet_shape = [len(spec.axis("fleet")) if d == "fleet" else 1 for d in spec.dims]
+        low, high = low.reshape(fleet_shape), high.reshape(fleet_shape)
+    else:
+        low, high = next(iter(bounds.values()))
+        low, high = (0 if low is None else low), (np.inf if high is None else high)
+    return (counts >= low) & (counts <= high)
+
+
 def check_some_valid(spec: Spec) -> None:
     """Raise :class:`SpecError` if no point of the space is a valid split.
 
@@ -301,9 +360,15 @@ def allocate(cube_layout: CubeLayout) -> dict:
 
 
 def to_dataset(cube_layout: CubeLayout, arrays: Mapping) -> xr.Dataset:
-    """The cube as an :class:`xarray.Dataset`, from arrays named like the layout's variables."""
+    """The cube as an :class:`xarray.Dataset`, from arrays named like the layout's variables.
+
+    Boolean data variables get CF's flag attributes (:func:`flag_attrs`).
+    """
+    def attrs_of(dtype, attrs):
+        return {**attrs, **flag_attrs()} if dtype == bool else dict(attrs)
+
     coords = {dim: xr.Variable((dim,), values, dict(attrs))
               for dim, (values, attrs) in cube_layout.coords.items()}
-    data_vars = {name: xr.Variable(var.dims, arrays[name], dict(var.attrs))
+    data_vars = {name: xr.Variable(var.dims, arrays[name], attrs_of(var.dtype, var.attrs))
                  for name, var in cube_layout.variables.items()}
     return xr.Dataset(data_vars, coords=coords, attrs=dict(cube_layout.attrs))

@@ -66,22 +66,18 @@ class _Plan:
     outputs: tuple            # spec outputs that are not masks
     dtypes: Mapping           # full-size variable -> numpy dtype
     memory_limits: Mapping    # fleet label -> bytes
-    accelerators_ok: Optional[np.ndarray]  # n_accelerators <= max, over all dims (1s elsewhere)
+    accelerators_ok: Optional[np.ndarray]  # n_accelerators within bounds, over all dims (1s elsewhere)
+    require_realizable: bool = True
 
 
 def _make_plan(spec: Spec, cube_layout: cube_.CubeLayout) -> _Plan:
     full = {name: var.dtype for name, var in cube_layout.variables.items()
             if var.dims == cube_layout.dims}
-    accelerators_ok = None
-    if spec.max_accelerators is not None:
-        var = cube_layout.variables["n_accelerators"]
-        counts = cube_.accelerator_counts(spec)
-        shape = [len(spec.axis(d)) if d in var.dims else 1 for d in cube_layout.dims]
-        accelerators_ok = (counts <= spec.max_accelerators).reshape(shape)
     return _Plan(outputs=tuple(n for n in spec.outputs if n in full and n not in cube_.MASKS),
                  dtypes=full,
                  memory_limits={k: spec.memory_limit_for(f) for k, f in spec.fleets.items()},
-                 accelerators_ok=accelerators_ok)
+                 accelerators_ok=cube_.accelerators_ok(spec),
+                 require_realizable=spec.require_realizable)
 
 
 def _evaluate_block(block: grid.Block, plan: _Plan, out: Optional[dict] = None) -> dict:
@@ -97,10 +93,13 @@ def _evaluate_block(block: grid.Block, plan: _Plan, out: Optional[dict] = None) 
             False if out[name].dtype == bool else np.nan)
     out["valid"][...] = result["valid"]
     out["feasible"][...] = result["feasible"]
+    out["realizable"][...] = result["realizable"]
     np.less_equal(result["memory_footprint"], plan.memory_limits[block.fleet_label],
                   out=out["within_memory_limit"])
     admissible = out["admissible"]
     np.logical_and(out["valid"], out["within_memory_limit"], out=admissible)
+    if plan.require_realizable:
+        np.logical_and(admissible, out["realizable"], out=admissible)
     if plan.accelerators_ok is not None:
         ok = plan.accelerators_ok
         index = tuple(i if n > 1 else slice(None) for i, n in zip(block.index, ok.shape))
@@ -367,7 +366,8 @@ def _destination(spec: Spec, cube_layout, *, path, serial: bool, backend, block_
 
 def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         block_points: Optional[int] = None, path=None, progress: Optional[bool] = None,
-        resume: bool = False, max_points: Optional[int] = None) -> xr.Dataset:
+        resume: bool = False, max_points: Optional[int] = None,
+        require_realizable: Optional[bool] = None) -> xr.Dataset:
     """Price every point of a declared space into a labeled cube.
 
     Parameters
@@ -399,6 +399,12 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         identical to an uninterrupted run's), or return the finished file if it
         already holds this spec's sweep. Without it, staged blocks at ``path``
         are refused, never discarded.
+    require_realizable : bool, optional
+        Whether ``admissible`` requires ``realizable`` (whole microbatches, no
+        idle ranks); None: the spec's ``constraints.require_realizable``
+        (default true). False keeps the reference's raw layouts admissible
+        (parity studies); the cube says which in its ``require_realizable``
+        attribute.
 
     Returns
     -------
@@ -417,7 +423,7 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         If blocks are staged at ``path`` and ``resume`` is False, or another
         process is writing them.
     """
-    spec = load_spec(spec)
+    spec = load_spec(spec).with_constraints(require_realizable=require_realizable)
     block_points = grid.points_per_block(block_points, max_points)
     if resume and path is None:
         raise ValueError("resume=True continues a sweep streamed to a file, so it needs path=, "

@@ -31,7 +31,7 @@ from typing import Mapping, Optional
 import numpy as np
 import xarray as xr
 
-from solver.outputs import MAXIMIZE, MINIMIZE, better
+from solver.outputs import MAXIMIZE, MINIMIZE, better, is_bytes
 
 from . import analysis
 
@@ -132,14 +132,14 @@ def _selected(cube: xr.Dataset, where, constraints) -> xr.DataArray:
 
 def _scale(cube: xr.Dataset, var: str) -> float:
     """Divisor for display: bytes in GB, everything else as stored."""
-    return _GB if cube[var].attrs.get("units") == "B" else 1.0
+    return _GB if is_bytes(cube[var].attrs.get("units")) else 1.0
 
 
 def label(cube: xr.Dataset, name: str) -> str:
     """An axis label: ``"mfu: fleet model FLOPs utilization"``, with units (bytes in GB)."""
     attrs = cube[name].attrs
     units = attrs.get("units", "")
-    units = "GB" if units == "B" else units
+    units = "GB" if is_bytes(units) else units
     text = name + (f": {attrs['long_name']}" if attrs.get("long_name") else "")
     return text + (f" [{units}]" if units and units != "1" else "")
 

@@ -24,7 +24,9 @@ values), the fixed knob values, constraints and the outputs to keep::
 
     [constraints]
     memory_limit = "72 GB"        # a size, or a fraction of the accelerator's memory (0.9)
-    max_accelerators = 512
+    max_accelerators = 512        # or "none"; default: the fleet's size when dp_size sizes it
+    min_accelerators = 64         # optional
+    require_realizable = true     # default; false ranks layouts no framework can run
 
 Axis values (read by :mod:`sweep.axes`): a list, or a helper table: ``powers_of_two = N`` (1..N),
 ``divisors_of = "fleet" | "layers" | N``, ``from``/``to`` with ``step`` (default 1
@@ -39,10 +41,22 @@ the layout) and ``workload``/``fleet``; with ``physics`` naming other models
 take it (the rule is in :mod:`sweep.physics`). The memory limit is read by the one
 parser, :func:`sweep.limits.parse_memory_limit`: a bare number in (1, 1e6) is
 refused (``80`` surely means ``"80 GB"`` or the fraction 0.8, not 80 bytes).
+
+Constraints on the cluster: when ``dp_size`` is an axis or fixed, the layout
+sizes the cluster (``tp*pp*ep*dp_size`` accelerators), and ``max_accelerators``
+defaults to the fleet's own size (``fleet.total_accelerators``): the user's
+cluster bounds the layouts. A spec lifts it explicitly with a larger number
+or ``max_accelerators = "none"``. ``min_accelerators`` rules out clusters
+smaller than it. ``require_realizable`` (default true) makes ``admissible``
+require the ``realizable`` mask (the batch splits into whole microbatches, no
+idle ranks; see :func:`solver.physics.mlsysim.realizable`); set it false for
+parity studies of the reference's raw layouts (``sweep.run(...,
+require_realizable=False)``, ``--no-require-realizable`` on the command line).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -73,12 +87,15 @@ __all__ = [
     "divisors",
     "TOP_KEYS",
     "CONSTRAINT_KEYS",
+    "NO_LIMIT",
     "MAX_AXIS_VALUES",
 ]
 
 TOP_KEYS = ("name", "workload", "fleet", "physics", "axes", "fixed", "constraints", "outputs",
             "catalog", "dtype", "description")
-CONSTRAINT_KEYS = ("memory_limit", "max_accelerators")
+CONSTRAINT_KEYS = ("memory_limit", "max_accelerators", "min_accelerators", "require_realizable")
+#: ``max_accelerators = "none"``: no bound, not even the fleet's size.
+NO_LIMIT = "none"
 _DTYPES = ("float64", "float32")
 #: The data package the example specs are installed as (``configs/sweeps`` in the source tree).
 SPECS_PACKAGE = "layout_sweep_configs.sweeps"
@@ -91,7 +108,10 @@ class Spec:
 
     ``limit`` is ``constraints.memory_limit`` as parsed by
     :func:`sweep.limits.parse_memory_limit` (None: the accelerator's capacity);
-    :meth:`memory_limit_for` resolves it for one fleet.
+    :meth:`memory_limit_for` resolves it for one fleet. ``max_accelerators`` is
+    the explicit bound (None if unset or ``"none"``); :meth:`accelerator_range`
+    gives the bounds in force on one fleet (the fleet's size by default when
+    ``dp_size`` sizes the cluster, unless ``unbounded_cluster``).
     """
 
     workloads: Mapping[str, Workload]
@@ -108,6 +128,10 @@ class Spec:
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
     #: The physics models (one, or several: then ``physics`` is an axis).
     physics: tuple = (physics_.DEFAULT_PHYSICS,)
+    min_accelerators: Optional[int] = None
+    #: ``max_accelerators = "none"``: no default bound from the fleet's size.
+    unbounded_cluster: bool = False
+    require_realizable: bool = True
 
     @property
     def dims(self) -> tuple:
@@ -156,6 +180,36 @@ class Spec:
     def knobs_for(self, physics: str, knobs: Mapping) -> dict:
         """The entries of ``knobs`` model ``physics`` takes (:func:`sweep.physics.knobs_for`)."""
         return physics_.knobs_for(physics, knobs)
+
+    @property
+    def sizes_cluster(self) -> bool:
+        """Whether the layout sizes the cluster (``dp_size`` is an axis or fixed)."""
+        return "dp_size" in self.dims or "dp_size" in self.fixed
+
+    def accelerator_range(self, fleet: Fleet) -> tuple:
+        """``(min_accelerators, max_accelerators)`` in force on ``fleet`` (None: no bound).
+
+        The maximum is the spec's ``max_accelerators``; when it is unset and the
+        layout sizes the cluster, the fleet's own size (``"none"`` lifts it).
+        """
+        high = self.max_accelerators
+        if high is None and self.sizes_cluster and not self.unbounded_cluster:
+            high = fleet.total_accelerators
+        return self.min_accelerators, high
+
+    def with_constraints(self, **changes) -> "Spec":
+        """This spec with ``[constraints]`` keys changed (a value of None leaves a key as is).
+
+        The keys and values are those of the spec file (``max_accelerators``,
+        ``min_accelerators``, ``require_realizable``, ``memory_limit``), checked
+        the same way; the spec's JSON (the cube's provenance) says the new values.
+        """
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if not changes:
+            return self
+        constraints = {**self.raw.get("constraints", {}), **changes}
+        fields = _constraints(Reader(self.source), constraints)
+        return dataclasses.replace(self, raw={**self.raw, "constraints": constraints}, **fields)
 
     def to_json(self) -> str:
         """The spec as given (names, not objects), as JSON: provenance for a cube."""
@@ -308,7 +362,7 @@ def _parse(raw, source, base) -> Spec:
     fleets = _resolve_many(reader, "fleet", raw["fleet"], "fleet", extra_fleets)
     models = _physics(reader, raw.get("physics", physics_.DEFAULT_PHYSICS))
     axes = _axes(reader, raw, workloads, fleets, models)
-    limit, max_acc = _constraints(reader, raw.get("constraints", {}))
+    constraints = _constraints(reader, raw.get("constraints", {}))
     dtype = raw.get("dtype", "float64")
     if dtype not in _DTYPES:
         reader.fail("dtype", " or ".join(_DTYPES), dtype)
@@ -320,9 +374,9 @@ def _parse(raw, source, base) -> Spec:
         reader.fail("description", "a string", description)
     return Spec(workloads=workloads, fleets=fleets, axes=axes,
                 fixed=_fixed(reader, raw.get("fixed", {}), raw.get("axes", {}), models),
-                outputs=_outputs(reader, raw.get("outputs"), models), limit=limit,
-                max_accelerators=max_acc, dtype=dtype, name=name, description=description,
-                source=source, raw=raw, physics=models)
+                outputs=_outputs(reader, raw.get("outputs"), models), dtype=dtype,
+                name=name, description=description, source=source, raw=raw, physics=models,
+                **constraints)
 
 
 def _physics(reader, given) -> tuple:
@@ -410,8 +464,8 @@ def _outputs(reader, outputs, models) -> tuple:
     return tuple(outputs)
 
 
-def _constraints(reader, constraints) -> tuple:
-    """``(MemoryLimit or None, max_accelerators or None)`` of ``[constraints]``.
+def _constraints(reader, constraints) -> dict:
+    """The :class:`Spec` fields of ``[constraints]``: ``limit``, ``max_accelerators``, ...
 
     The memory limit goes through the one parser, :func:`sweep.limits.parse_memory_limit`
     (its errors become :class:`SpecError` naming the file and key).
@@ -429,8 +483,26 @@ def _constraints(reader, constraints) -> tuple:
         except MemoryLimitError as err:
             raise SpecError(str(err)) from None
     max_acc = constraints.get("max_accelerators")
-    if max_acc is not None and (isinstance(max_acc, bool) or not isinstance(max_acc, int)
-                                or not 1 <= max_acc < solver.knobs.MAX_INTEGER):
-        reader.fail("constraints.max_accelerators", "a whole number from 1 to 2**53 - 1",
-                    max_acc)
-    return limit, max_acc
+    unbounded = isinstance(max_acc, str) and max_acc.strip().lower() == NO_LIMIT
+    if unbounded:
+        max_acc = None
+    else:
+        _count(reader, "max_accelerators", max_acc, f' or "{NO_LIMIT}"')
+    min_acc = constraints.get("min_accelerators")
+    _count(reader, "min_accelerators", min_acc)
+    if min_acc is not None and max_acc is not None and min_acc > max_acc:
+        reader.fail("constraints.min_accelerators",
+                    f"at most max_accelerators ({max_acc})", min_acc)
+    realizable = constraints.get("require_realizable", True)
+    if not isinstance(realizable, bool):
+        reader.fail("constraints.require_realizable", "true or false", realizable)
+    return {"limit": limit, "max_accelerators": max_acc, "min_accelerators": min_acc,
+            "unbounded_cluster": unbounded, "require_realizable": realizable}
+
+
+def _count(reader, key, value, alternative="") -> None:
+    """Refuse an accelerator count that is not a whole number in [1, 2**53)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 1 <= value < solver.knobs.MAX_INTEGER):
+        reader.fail(f"constraints.{key}", f"a whole number from 1 to 2**53 - 1{alternative}",
+                    value)

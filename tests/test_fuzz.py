@@ -342,7 +342,7 @@ def _check_outputs(out):
     shape = valid.shape
     for name, value in out.items():
         assert value.shape == shape, name
-        if name in ("valid", "feasible", "idle_ranks"):
+        if solver.OUTPUTS[name].is_boolean:
             assert value.dtype == bool, name
         else:
             assert value.dtype == np.float64, name

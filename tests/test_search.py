@@ -113,7 +113,7 @@ def test_best_respects_memory_limit_and_is_a_valid_split():
     for t in invalid:
         assert t.value == -PENALTY and t.constraints["memory"] > 0
     for t in trials:
-        assert set(t.constraints) == {"split", "memory", "accelerators"}
+        assert set(t.constraints) == {"split", "memory", "accelerators", "realizable"}
     summary = result.summary()
     assert "mfu" in summary and "GB" in summary and "bubble" in summary
 
@@ -199,7 +199,8 @@ def _brute_force(spec_dict, limit, max_acc):
     knobs = {n: m.ravel() for n, m in zip(names, mesh)}
     out = solver.solve(spec.workload_spec(), spec.fleet_spec(), **spec.fixed, **knobs)
     n_acc = knobs["tp_size"] * knobs["pp_size"] * knobs["dp_size"]
-    feasible = out["valid"] & (out["memory_footprint"] <= limit) & (n_acc <= max_acc)
+    feasible = (out["valid"] & (out["memory_footprint"] <= limit) & (n_acc <= max_acc)
+                & out["realizable"])  # admissible requires realizable by default
     return knobs, out, n_acc, feasible
 
 

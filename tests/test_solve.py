@@ -18,7 +18,7 @@ from solver.blocks import BLOCK_POINTS
 from solver.specs import Accelerator, Fabric, Fleet, Node, Workload
 
 RTOL = 1e-12
-BOOL_OUTPUTS = ("valid", "feasible", "idle_ranks")
+BOOL_OUTPUTS = ("valid", "feasible", "idle_ranks", "realizable")
 FLOAT_OUTPUTS = tuple(name for name in solver.OUTPUTS if name not in BOOL_OUTPUTS)
 
 # ------------------------------------------------------------------ hand-built specs
@@ -784,6 +784,54 @@ def test_idle_ranks_exactly_where_batch_below_dp():
     # an idle rank still runs one sample: local batch max(1, batch // dp)
     local = np.maximum(1, batch // dp)
     np.testing.assert_allclose(out["node_throughput"] * out["node_latency"], local, rtol=1e-12)
+
+
+# ------------------------------------------------------------------ realizable
+
+
+def test_realizable_where_the_batch_splits_into_whole_microbatches():
+    # 32 accelerators at TP 8: DP 4. By hand, samples per replica per accumulation step
+    # (batch / 4 / gas) and whether they split into microbatch_count whole microbatches:
+    cases = [  # batch, gas, microbatches -> realizable
+        (32, 2, 4, True),     # 32/4/2 = 4 samples: 4 microbatches of 1
+        (32, 2, 8, False),    # 8 microbatches of half a sample
+        (32, 16, 1, False),   # 8 samples per replica cannot make 16 accumulation steps
+        (2, 1, 1, False),     # batch 2 < DP 4: idle ranks
+        (36, 1, 3, True),     # 9 samples: 3 microbatches of 3
+        (36, 1, 2, False),    # 9 samples: 2 microbatches of 4.5
+        (34, 1, 1, False),    # 34 samples do not split over 4 replicas
+        (1024, 1, 256, True),  # 256 samples per replica: 256 microbatches of 1
+    ]
+    batch, gas, micro, expected = (np.array(c) for c in zip(*cases))
+    out = solver.solve(DENSE, FOUR_NODES, batch_size=batch, tp_size=8,
+                       gradient_accumulation_steps=gas, microbatch_count=micro)
+    np.testing.assert_array_equal(out["dp_size"], 4.0)
+    np.testing.assert_array_equal(out["realizable"], expected.astype(bool))
+    assert out["realizable"].dtype == bool
+
+
+def test_realizable_follows_dp_size_and_is_false_where_invalid():
+    # The case: DP 128 with a batch of 1024 holds 8 samples per replica; 256
+    # microbatches would be 1/32 of a sample each. With dp_size sizing the cluster.
+    wl, fl = _wl("Llama3_70B"), _fl("Training_1K")
+    out = solver.solve(wl, fl, batch_size=1024, tp_size=8, pp_size=8, dp_size=np.array([128, 3]),
+                       microbatch_count=np.array([[8], [256]]))
+    np.testing.assert_array_equal(out["valid"], [[True, True], [True, True]])
+    np.testing.assert_array_equal(out["realizable"], [[True, False], [False, False]])
+    # 1024 / 3 is not whole; an impossible split is never realizable
+    bad = solver.solve(wl, fl, batch_size=1024, tp_size=3)
+    assert not bad["valid"] and not bad["realizable"]
+
+
+def test_realizable_changes_no_number():
+    # The mask is added; every priced output is the one of the same knobs (parity stays).
+    wl, fl = _wl("Llama3_8B"), _fl("Lab_64_H100")
+    micro = np.array([1, 3, 8, 256])
+    out = solver.solve(wl, fl, batch_size=64, tp_size=2, pp_size=4, microbatch_count=micro)
+    assert out["realizable"].any() and not out["realizable"].all()
+    for j, m in enumerate(micro):
+        alone = solver.solve(wl, fl, batch_size=64, tp_size=2, pp_size=4, microbatch_count=int(m))
+        assert_outputs_equal({k: v[j] for k, v in out.items()}, alone)
 
 
 # ------------------------------------------------------------------ dp_size sizes the cluster

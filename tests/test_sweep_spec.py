@@ -122,7 +122,7 @@ def test_workload_and_fleet_lists_become_axes():
     ({"axes": {"tp_size": 8}}, r"axes\.tp_size: expected a list of values or a helper table"),
     ({"dtype": "float16"}, r"dtype: expected float64 or float32, but got 'float16'"),
     ({"constraints": {"max_accelerators": 0}},
-     r"constraints\.max_accelerators: expected a whole number from 1 to 2\*\*53 - 1, but got 0"),
+     r"constraints\.max_accelerators: expected a whole number from 1 to 2\*\*53 - 1 or \"none\", but got 0"),
     # out of range
     ({"axes": {"zero_stage": [0, 4]}}, r"axes\.zero_stage\[1\]: zero_stage must be .* but got zero_stage=4"),
     ({"fixed": {"efficiency": 1.5}}, r"fixed\.efficiency: efficiency must be .* but got efficiency=1\.5"),

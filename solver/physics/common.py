@@ -1,8 +1,9 @@
-"""Steps every physics model shares: checking the specs and masking the invalid points.
+"""Steps every physics model shares: checking the specs, whether a layout can run, masking.
 
 A model prices every point, possible or not (an impossible split is priced as
 some possible stand-in, so no branch is needed), and masks the impossible ones
-once, at the end, with :func:`mask_invalid`.
+once, at the end, with :func:`mask_invalid`. Whether a training framework can
+run a layout (:func:`realizable`) does not depend on the model.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 
 from ..specs import Fleet, Workload
 
-__all__ = ["check_specs", "mask_invalid"]
+__all__ = ["check_specs", "mask_invalid", "realizable"]
 
 
 def check_specs(workload, fleet) -> None:
@@ -86,3 +87,56 @@ def mask_invalid(outputs: Mapping, valid, shape: tuple, names: Iterable[str]) ->
 def _owned(value: np.ndarray) -> bool:
     """Whether ``value`` is a writable array of its own (not a view, not read-only)."""
     return value.base is None and value.flags.writeable and value.ndim > 0
+
+
+
+
+def realizable(*, batch_size, dp_size, gradient_accumulation_steps, microbatch_count):
+    """Whether a training framework can run the layout as the knobs state it.
+
+    The reference prices ``batch_size // dp_size`` samples per replica per step
+    (at least 1), ``gradient_accumulation_steps`` micro-steps of
+    ``batch_size / (dp_size * gradient_accumulation_steps)`` samples each
+    (mlsysim's ``TrainingMemoryModel``), and a pipeline of ``microbatch_count``
+    microbatches, without tying them together: it prices 256 microbatches of
+    a replica holding 8 samples, or a batch smaller than DP (idle ranks). A
+    layout is realizable when the per-replica batch of each accumulation step,
+    ``batch_size / dp_size / gradient_accumulation_steps``, is a whole number
+    of samples that splits into ``microbatch_count`` whole microbatches of at
+    least one sample; that is, when
+    ``dp_size * gradient_accumulation_steps * microbatch_count`` divides
+    ``batch_size``. This implies no idle ranks (``batch_size >= dp_size``).
+    The condition is the same whatever ``pp_size``: with one stage the
+    microbatch count changes no output, and the same layout with a count that
+    divides the batch is realizable and priced the same.
+
+    Parameters
+    ----------
+    batch_size : array_like of int [1]
+        Global batch per optimizer step, in samples.
+    dp_size : array_like of int [1]
+    gradient_accumulation_steps : array_like of int [1]
+    microbatch_count : array_like of int [1]
+
+    Returns
+    -------
+    numpy.ndarray of bool
+        On the axes the four inputs span.
+
+    Examples
+    --------
+    >>> bool(realizable(batch_size=1024, dp_size=128, gradient_accumulation_steps=1,
+    ...                 microbatch_count=8))      # 8 samples per replica, 8 microbatches of 1
+    True
+    >>> bool(realizable(batch_size=1024, dp_size=128, gradient_accumulation_steps=1,
+    ...                 microbatch_count=256))    # 256 microbatches of 1/32 of a sample
+    False
+    """
+    # Successive exact divisions in int64: no product of knobs can overflow.
+    batch = np.asarray(batch_size, dtype=np.int64)
+    per_replica, rest = np.divmod(batch, np.asarray(dp_size, dtype=np.int64))
+    whole_replica = rest == 0
+    per_step, rest = np.divmod(per_replica, np.asarray(gradient_accumulation_steps, np.int64))
+    whole_step = (rest == 0) & (per_step >= 1)
+    whole_micro = per_step % np.asarray(microbatch_count, dtype=np.int64) == 0
+    return whole_replica & whole_step & whole_micro

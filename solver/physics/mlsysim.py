@@ -12,7 +12,9 @@ manner of pvlib's ``ModelChain``:
    :func:`tp_communication`, :func:`ep_communication`;
 5. :func:`pipeline_bubble`;
 6. :func:`compose` -- overlap, stragglers and the fleet's outputs;
-7. :func:`~solver.physics.common.mask_invalid` -- NaN (False) where the split
+7. :func:`~solver.physics.common.realizable` -- whether a framework can run
+   the layout as stated (not in the reference: it prices any microbatch count);
+8. :func:`~solver.physics.common.mask_invalid` -- NaN (False) where the split
    is impossible, once, on every output.
 
 :func:`price` runs the steps on one block of normalized knobs; :func:`solve`
@@ -49,7 +51,7 @@ from .. import replica as rep
 from ..outputs import OUTPUTS
 from ..replica import layer_count, pick, stored_bytes, weight_bytes, width
 from ..specs import Accelerator, Fleet, Workload
-from .common import check_specs, mask_invalid
+from .common import check_specs, mask_invalid, realizable
 
 __all__ = [
     "solve",
@@ -68,6 +70,7 @@ __all__ = [
     "ep_communication",
     "pipeline_bubble",
     "compose",
+    "realizable",
     "NVLINK_CLASS_LATENCY",
     "FALLBACK_FABRIC_LATENCY",
     "TP_ALLREDUCES_PER_LAYER",
@@ -180,6 +183,10 @@ def price(workload: Workload, fleet: Fleet, k: dict, shape: tuple) -> dict:
                   t_bubble=t_bubble, overlap_comm=k["overlap_comm"],
                   overlap_efficiency=k["overlap_efficiency"],
                   straggler_factor=k["straggler_factor"])
+    out["realizable"] = realizable(
+        batch_size=k["batch_size"], dp_size=s.dp_size,
+        gradient_accumulation_steps=k["gradient_accumulation_steps"],
+        microbatch_count=k["microbatch_count"])
     return mask_invalid(out, s.valid, shape, OUTPUTS)
 
 
@@ -478,3 +485,4 @@ def compose(step: dict, s: Split, *, t_dp, t_tp, t_ep, bubble_fraction, t_bubble
         "bubble_fraction": bubble_fraction,
         **step,
     }
+

@@ -124,7 +124,7 @@ def mask(cube: xr.Dataset, where=None, constraints: Optional[Mapping] = None) ->
     constraints : mapping, optional
         ``memory_limit`` (``"72 GB"``, bytes, or a fraction of the
         accelerator's memory in (0, 1], on ``memory_footprint``),
-        ``max_accelerators`` (on ``n_accelerators``), or ``(low, high)``
+        ``max_accelerators`` and ``min_accelerators`` (on ``n_accelerators``), or ``(low, high)``
         bounds on any data variable (``None`` for an open side).
 
     Returns
@@ -144,9 +144,9 @@ def mask(cube: xr.Dataset, where=None, constraints: Optional[Mapping] = None) ->
         if key == "memory_limit":
             var = _require(cube, "memory_footprint", "memory_limit's variable")
             selected = selected & (var <= _memory_limit(cube, value))
-        elif key == "max_accelerators":
-            var = _require(cube, "n_accelerators", "max_accelerators's variable")
-            selected = selected & (var <= value)
+        elif key in ("max_accelerators", "min_accelerators"):
+            var = _require(cube, "n_accelerators", f"{key}'s variable")
+            selected = selected & ((var <= value) if key == "max_accelerators" else (var >= value))
         elif key in cube.data_vars:
             if not (isinstance(value, (tuple, list)) and len(value) == 2):
                 raise ValueError(f"constraints.{key} must be (low, high) bounds (None for an "
@@ -157,6 +157,6 @@ def mask(cube: xr.Dataset, where=None, constraints: Optional[Mapping] = None) ->
             if high is not None:
                 selected = selected & (cube[key] <= high)
         else:
-            raise KeyError(f"constraints: expected memory_limit, max_accelerators or a data "
+            raise KeyError(f"constraints: expected memory_limit, max_accelerators, min_accelerators or a data "
                            f"variable ({', '.join(cube.data_vars)}), but got {key!r}")
     return selected

@@ -77,6 +77,7 @@ def _dispatch(args) -> int:
         args.output, args.top, args.jobs = args.main_output, args.main_top, args.main_jobs
         args.no_progress, args.spec = args.main_no_progress, args.main_spec
         args.physics = args.main_physics
+        args.require_realizable = args.main_require_realizable
         return main_job.command(args)
     return _COMMANDS[args.command](args)
 

@@ -182,6 +182,8 @@ def _constraints(args) -> dict:
         out["memory_limit"] = args.memory_limit
     if getattr(args, "max_accelerators", None) is not None:
         out["max_accelerators"] = args.max_accelerators
+    if getattr(args, "min_accelerators", None) is not None:
+        out["min_accelerators"] = args.min_accelerators
     return out
 
 

@@ -7,6 +7,8 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from solver.outputs import is_bytes
+
 from ..analysis.explain import _fmt, _plain  # one way to write a coordinate value
 from ._common import _GB
 
@@ -55,7 +57,7 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *,
 def _value_column(name, units=None):
     if name in _COLUMNS:
         return _COLUMNS[name]
-    if units == "B":
+    if is_bytes(units):
         return f"{name} [GB]", "{:.3g}"
     return (f"{name} [{units}]" if units and units != "1" else name), "{:.4g}"
 
@@ -66,7 +68,7 @@ def _format_value(name, value, units=None) -> str:
         return "-"
     if isinstance(value, bool):
         return "true" if value else "false"
-    scale = _GB if name == "memory_footprint" or units == "B" else 1.0
+    scale = _GB if name == "memory_footprint" or is_bytes(units) else 1.0
     return _value_column(name, units)[1].format(value / scale)
 
 

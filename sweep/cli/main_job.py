@@ -122,6 +122,7 @@ def command(args) -> int:
     spec = load_spec(_spec_for(args), physics=args.physics)
     output = None if args.no_save else _check_output(args.output, "-o")
     started = time.perf_counter()
+    spec = spec.with_constraints(require_realizable=args.require_realizable)
     try:
         cube = sweep.run(spec, n_jobs=args.jobs, progress=_progress(args))
     except ResourceError as err:  # refused before pricing: too big for this machine's memory
@@ -133,8 +134,13 @@ def command(args) -> int:
                         for k, f in spec.fleets.items())
     admissible = int(cube["admissible"].sum())
     limits = ", ".join(f"{spec.memory_limit_for(f) / _GB:.0f} GB" for f in spec.fleets.values())
-    if spec.max_accelerators is not None:
-        limits += f", at most {spec.max_accelerators} accelerators"
+    low, high = zip(*(spec.accelerator_range(f) for f in spec.fleets.values()))
+    if set(high) != {None}:
+        limits += f", at most {'/'.join(str(h) for h in sorted(set(high) - {None}))} accelerators"
+    if set(low) != {None}:
+        limits += f", at least {'/'.join(str(v) for v in sorted(set(low) - {None}))} accelerators"
+    if spec.require_realizable:
+        limits += ", realizable"
     print(f"{spec.name}: {workload} on {fleets}; physics {' + '.join(spec.physics)}")
     print(f"{spec.size:,} layouts priced in {elapsed:.2f} s ({spec.size / elapsed:,.0f} "
           f"layouts/s); {admissible:,} admissible (valid split, memory <= {limits})")

@@ -128,9 +128,24 @@ def _add_narrowing(parser):
                              "the accelerator's memory (0.9)")
     parser.add_argument("--max-accelerators", type=_positive_int, metavar="N",
                         help="at most N accelerators")
+    _add_min_accelerators(parser)
     parser.add_argument("--select", nargs="+", metavar="DIM=VALUE",
                         help="pin dims to one value each (tp_size=4 zero_stage=1)")
     _add_allow_partial(parser)
+
+
+def _add_require_realizable(parser, dest="require_realizable"):
+    parser.add_argument("--require-realizable", dest=dest, default=None,
+                        action=argparse.BooleanOptionalAction,
+                        help="admissible layouts must be realizable: the batch splits into "
+                             "whole microbatches, no idle ranks (default: the spec's "
+                             "require_realizable, true); --no-require-realizable ranks the "
+                             "reference's raw layouts (parity studies)")
+
+
+def _add_min_accelerators(parser):
+    parser.add_argument("--min-accelerators", type=_positive_int, metavar="N",
+                        help="at least N accelerators")
 
 
 def _add_allow_partial(parser):
@@ -176,6 +191,7 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
                         help="main job: worker processes (default: 1)")
     parser.add_argument("--no-progress", dest="main_no_progress", action="store_true",
                         help="main job: no progress bar")
+    _add_require_realizable(parser, dest="main_require_realizable")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     for add in (_add_run, _add_search, _add_top, _add_show, _add_catalog, _add_plot):
@@ -198,6 +214,7 @@ def _add_run(commands):
     run.add_argument("--block-points", type=_positive_int, default=None, metavar="N",
                      help="points per block (bounds memory)")
     _add_deprecated(run, "--max-points", "--block-points", "block_points", type=_positive_int)
+    _add_require_realizable(run)
     _add_progress(run)
 
 
@@ -236,6 +253,8 @@ def _add_search(commands):
                         help="layouts listed (default: 10)")
     search.add_argument("--batch-size", type=_positive_int, help="trials priced per batch")
     search.add_argument("--jobs", type=_jobs, default=1, help="processes for --exact")
+    _add_min_accelerators(search)
+    _add_require_realizable(search)
     _add_progress(search)
 
 

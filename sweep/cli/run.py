@@ -17,7 +17,8 @@ def command(args) -> int:
     """``run``: stream a spec's sweep into a cube file and summarize it."""
     import sweep
 
-    spec = load_spec(args.spec, physics=args.physics)
+    spec = load_spec(args.spec, physics=args.physics).with_constraints(
+        require_realizable=args.require_realizable)
     path = _check_output(args.output or f"{spec.name}.nc", "-o")
     before = path.stat().st_mtime_ns if path.exists() else None
     started = time.perf_counter()

@@ -68,7 +68,8 @@ def command(args) -> int:
         raise UsageError(f"--objective: expected an output of solver.solve or a derived "
                          f"quantity ({', '.join(choices)}), but got {args.objective!r}"
                          f"{_suggest(args.objective, choices)}")
-    spec = load_spec(args.spec, physics=args.physics)
+    spec = load_spec(args.spec, physics=args.physics).with_constraints(
+        min_accelerators=args.min_accelerators, require_realizable=args.require_realizable)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "no feasible layout": the summary says
         try:

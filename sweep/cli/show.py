@@ -78,14 +78,15 @@ def command(args) -> int:
     print(format_table(["name", "units", "dims", "long name"], rows, left=(0, 1, 2, 3)))
     print("\nmasks:")
     rows = []
-    for name in MASKS:
+    for name in (m for m in MASKS if m in cube):  # older cubes have no realizable mask
         count = int(cube[name].sum())
         rows.append([name, f"{count:,}", f"{100 * count / max(size, 1):.1f}%",
                      cube[name].attrs.get("long_name", "")])
     print(format_table(["mask", "points", "share", "meaning"], rows, left=(0, 3)))
     print("\nprovenance:")
     for key in ("physics", "reference", "package", "package_version", "spec_name", "spec_source",
-                "date_created", "history", "memory_limit", "max_accelerators"):
+                "date_created", "history", "memory_limit", "max_accelerators",
+                "min_accelerators", "require_realizable"):
         if key == "memory_limit" and key in attrs:
             print(f"  {key}: {_limits_text(attrs[key])}")
         elif key in attrs:

@@ -63,7 +63,8 @@ def command(args) -> int:
     if rows:
         dims = _split_first(dims, rows[0])
     narrowed = [f"{d}={_fmt(v)}" for d, v in select.items()] + \
-        [f"{k} <= {_constraint_text(k, v)}" for k, v in constraints.items()]
+        [f"{'n_accelerators >=' if k == 'min_accelerators' else k + ' <='} "
+         f"{_constraint_text(k, v)}" for k, v in constraints.items()]
     print(f"top {len(rows)} of {count:,} {where} layouts by {objective} "
           f"({'largest' if direction == MAXIMIZE else 'smallest'} first)"
           + (f", {', '.join(narrowed)}" if narrowed else "") + f": {args.cube}")

@@ -35,8 +35,11 @@ Constraints
       fleet (or, with a ``dp_size`` axis, the layout is not whole nodes);
     * ``memory``: ``(memory_footprint - limit) / limit``, the sign of
       ``memory_footprint - limit``;
-    * ``accelerators`` (with ``max_accelerators``):
-      ``(n_accelerators - max) / max``;
+    * ``accelerators`` (with ``max_accelerators``, by default the fleet's size
+      when ``dp_size`` sizes the cluster): ``(n_accelerators - max) / max``;
+    * ``min_accelerators`` (with ``min_accelerators``): ``(min - n_accelerators) / min``;
+    * ``realizable`` (unless ``require_realizable`` is false): 0 where the
+      batch splits into whole microbatches with no idle ranks, else 1;
     * one per extra constraint function passed in ``constraints``.
 
 Impossible splits are rejected, not parameterized away
@@ -194,7 +197,8 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
            constraints: Optional[Mapping[str, Callable]] = None, refine: Optional[float] = None,
            block_points: Optional[int] = None, n_jobs: int = 1, top_k: Optional[int] = None,
            max_points: Optional[int] = None, time_budget: Optional[float] = None,
-           patience: Optional[int] = None) -> SearchResult:
+           patience: Optional[int] = None,
+           require_realizable: Optional[bool] = None) -> SearchResult:
     """Search a spec's layouts for the best objective under a memory limit.
 
     Parameters
@@ -285,6 +289,10 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     patience : int, optional
         Sub-grid search: rounds without a better best after which it stops
         (default :data:`~sweep.search.subgrid.DEFAULT_PATIENCE`).
+    require_realizable : bool, optional
+        Whether a layout must be realizable (whole microbatches, no idle
+        ranks) to be admissible; None: the spec's
+        ``constraints.require_realizable`` (default true).
 
     Returns
     -------
@@ -301,7 +309,7 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     block_points = _alias(block_points, max_points, "max_points", "block_points")
     chosen = mode_name(mode)
     time_budget = _budget(time_budget)
-    spec = load_spec(spec)
+    spec = load_spec(spec).with_constraints(require_realizable=require_realizable)
     objs = parse_objectives(objective, direction, objectives)
     limits = {label: resolve_memory_limit(memory_limit, spec, fleet)
               for label, fleet in spec.fleets.items()}

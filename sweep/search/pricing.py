@@ -183,13 +183,16 @@ def _price(setup: _Setup, workload_label, fleet_label, knobs) -> _Priced:
         "split": np.where(valid, 0.0, 1.0),
         "memory": violated_if_invalid((out["memory_footprint"] - limit) / limit),
     }
-    if "realizable" in out:  # a framework can run it (when the solver reports it)
+    low, high = spec.accelerator_range(fleet)
+    if high is not None:
+        n_acc = outputs_.n_accelerators(out, knobs)
+        constraints["accelerators"] = violated_if_invalid((n_acc - high) / high)
+    if low is not None:
+        n_acc = outputs_.n_accelerators(out, knobs)
+        constraints["min_accelerators"] = violated_if_invalid((low - n_acc) / low)
+    if spec.require_realizable:  # a framework can run it: whole microbatches, no idle ranks
         constraints["realizable"] = np.where(
             valid & np.broadcast_to(np.asarray(out["realizable"], bool), shape), 0.0, 1.0)
-    if spec.max_accelerators is not None:
-        n_acc = outputs_.n_accelerators(out, knobs)
-        constraints["accelerators"] = violated_if_invalid(
-            (n_acc - spec.max_accelerators) / spec.max_accelerators)
     for name, fn in setup.constraints.items():
         constraints[name] = violated_if_invalid(fn(out, knobs, workload, fleet))
     feasible = valid & np.isfinite(values).all(axis=0)

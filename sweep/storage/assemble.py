@@ -2,8 +2,9 @@
 
 The file follows xarray's encoding conventions (bools stored as ``int8`` with
 the attribute ``dtype = "bool"``, strings as variable-length strings,
-``_FillValue = NaN`` for floats), so ``xr.open_dataset`` decodes it exactly like
-one :func:`sweep.storage.save` wrote. It says ``complete = 1`` only once its
+``_FillValue = NaN`` for float data variables) and CF's (:mod:`sweep.storage.cf`:
+bools are flag variables, coordinates have no ``_FillValue``), so
+``xr.open_dataset`` decodes it exactly like one :func:`sweep.storage.save` wrote. It says ``complete = 1`` only once its
 last block is written.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 import xarray as xr
 
 from .. import cube as cube_
+from . import cf
 from ..cube import COMPLETE
 from .staging import SMALL, layout_from_json, read_manifest, staged_blocks
 
@@ -64,7 +66,7 @@ def _define(ds, cube_layout, small: dict, chunk: tuple, complevel: int) -> None:
     """Dimensions, coordinates, variables (the small ones written) and attributes."""
     for dim, (values, attrs) in cube_layout.coords.items():
         ds.createDimension(dim, len(values))
-        var = _create_variable(ds, dim, (dim,), values.dtype, attrs, None, 0)
+        var = _create_variable(ds, dim, (dim,), values.dtype, attrs, None, 0, coordinate=True)
         _write(var, slice(None), values)
     for name, spec_var in cube_layout.variables.items():
         full = spec_var.dims == cube_layout.dims
@@ -76,8 +78,11 @@ def _define(ds, cube_layout, small: dict, chunk: tuple, complevel: int) -> None:
     ds.set_auto_maskandscale(False)
 
 
-def _create_variable(ds, name, dims, dtype, attrs, chunk, complevel):
-    """A netCDF4 variable encoded the way xarray encodes ``dtype``."""
+def _create_variable(ds, name, dims, dtype, attrs, chunk, complevel, coordinate=False):
+    """A netCDF4 variable encoded the way xarray encodes ``dtype``, CF flags on bools.
+
+    Float data variables get ``_FillValue = NaN``; a ``coordinate`` none.
+    """
     attrs = dict(attrs)
     kwargs = {}
     if complevel and dims:
@@ -85,11 +90,13 @@ def _create_variable(ds, name, dims, dtype, attrs, chunk, complevel):
     if dtype == bool:
         stored = np.int8
         attrs["dtype"] = "bool"
+        if not coordinate:
+            attrs.update(cf.flag_attrs())
     elif dtype.kind in "US":
         stored = str
     else:
         stored = dtype
-        if dtype.kind == "f":
+        if dtype.kind == "f" and not coordinate:
             kwargs["fill_value"] = np.nan
     var = ds.createVariable(name, stored, dims, **kwargs)
     var.setncatts(attrs)

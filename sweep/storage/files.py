@@ -10,6 +10,7 @@ import xarray as xr
 
 from ..cube import COMPLETE
 from ..spec import Spec
+from . import cf
 from .assemble import COMPLEVEL, compression, preview
 from .atomic import aside, partial_path, replace
 from .staging import MANIFEST, IncompleteCubeError, staged_progress
@@ -21,7 +22,7 @@ ENGINE = "netcdf4"
 
 
 def save(cube: xr.Dataset, path, *, complevel: int = COMPLEVEL) -> Path:
-    """Write ``cube`` to a compressed netCDF4 file, atomically.
+    """Write ``cube`` to a compressed netCDF4 file, atomically, CF-encoded (:mod:`sweep.storage.cf`).
 
     Parameters
     ----------
@@ -41,6 +42,7 @@ def save(cube: xr.Dataset, path, *, complevel: int = COMPLEVEL) -> Path:
     tmp = aside(path, token=True)
     encoding = {name: compression(complevel) for name, var in cube.data_vars.items()
                 if var.ndim > 0}
+    cube, encoding = cf.encode(cube, encoding)  # int8 CF flags on bools, no _FillValue on coords
     try:
         cube.to_netcdf(tmp, engine=ENGINE, format="NETCDF4", encoding=encoding)
         replace(tmp, path)
