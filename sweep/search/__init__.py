@@ -256,7 +256,8 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
         ``"auto"`` (default) starts the exhaustive walk and measures its rate
         (:mod:`sweep.search.auto`): if the whole space prices within
         ``time_budget`` it is walked to the end (the exact optimum, or the
-        exact Pareto front), else it is sampled. ``"exhaustive"`` prices
+        exact Pareto front), else it is sampled; giving ``n_trials`` or
+        ``storage`` (asking for an optuna study) samples. ``"exhaustive"`` prices
         every grid point in blocks of at most ``block_points``, keeping a
         running top-k (or Pareto set); ``n_trials``, ``sampler``, ``seed`` and
         ``storage`` are then unused. ``"sampled"`` searches with optuna: with
@@ -328,9 +329,13 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
         return result
     if chosen == "auto":
         continuous = [a.name for a in spec.axes if a.is_continuous]
+        study = [name for name, value in (("n_trials", n_trials), ("storage", storage))
+                 if value is not None]
         if continuous:
             reason = (f"sampled: the continuous axis {', '.join(continuous)} cannot be "
                       f"enumerated")
+        elif study:  # a study of trials was asked for: an exhaustive walk would ignore it
+            reason = f"sampled: an optuna study was asked for ({', '.join(study)})"
         else:
             probe = Probe(time_budget)
             result = _exact(setup, k=k, block_points=block_points, n_jobs=n_jobs,
