@@ -58,6 +58,8 @@ PRIOR = {"gemm_scale": 0.8, "fp8_gemm_scale": 1.0, "gemm_size_shift": 1.0, "gemm
          "layer_overhead": 1e-4, "scale_up_efficiency": 0.9,
          "scale_out_efficiency": 0.8, "overlap_efficiency": 0.8, "step_overhead": 0.01,
          "collective_latency": 1e-5}
+#: Overrides of PRIOR for each start of a fit (see fit_megatron).
+STARTS = ({}, {"layer_overhead": 1e-3, "step_overhead": 1e-3})
 
 
 # ------------------------------------------------------------------ data
@@ -355,9 +357,16 @@ def fit_megatron(runs, start=None):
         return np.where(np.isfinite(res), res, 10.0)
 
     lo, hi = _bounds()
-    x0 = np.clip(_to_x({**PRIOR, **(start or {})}), lo + 1e-9, hi - 1e-9)
-    sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, diff_step=1e-3, max_nfev=300)
-    return _from_x(sol.x)
+    best = None
+    # Two fixed, data-independent starts (the host launch floor off and on): the
+    # launch floor and the per-step overhead trade off on vTrain's short steps, and a
+    # single start can settle in the worse basin. The lower cost wins.
+    for alt in STARTS:
+        x0 = np.clip(_to_x({**PRIOR, **alt, **(start or {})}), lo + 1e-9, hi - 1e-9)
+        sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, diff_step=1e-3, max_nfev=300)
+        if best is None or sol.cost < best.cost:
+            best = sol
+    return _from_x(best.x)
 
 
 def fit_mlsysim(runs):
