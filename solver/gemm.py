@@ -15,7 +15,10 @@ References
     0.95, >= 16: 0.9, >= 1: 0.6, smaller: 0.1) at 312 TFLOP/s; memory
     efficiency by transfer size (>= 100 MB: 0.9, >= 10 MB: 0.75, >= 1 MB: 0.6).
 [2] NVIDIA, "Matrix multiplication background user's guide" (Deep Learning
-    Performance documentation): tile and wave quantization of small GEMMs.
+    Performance documentation): tile and wave quantization of small GEMMs;
+    arithmetic intensity grows with every dimension, so a GEMM with a short
+    reduction dimension K is less efficient than one of the same FLOPs with a
+    long one.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ __all__ = [
     "GEMM_CURVE_EFFICIENCY",
     "MEMORY_EFFICIENCY",
     "gemm_size_efficiency",
+    "gemm_depth_efficiency",
     "gemm_time",
     "memory_bound_time",
 ]
@@ -66,7 +70,30 @@ def gemm_size_efficiency(flops, peak_flops, *, size_shift=1.0):
     return np.interp(x, _LOG_KNOTS, GEMM_CURVE_EFFICIENCY)
 
 
-def gemm_time(flops, peak_flops, *, plateau, size_shift=1.0, calls=1.0):
+def gemm_depth_efficiency(k_dim, k_overhead):
+    """Share of a GEMM's time spent in its main loop over the reduction dimension [2].
+
+    Each output tile streams ``K`` columns of A and rows of B through the
+    tensor cores, then pays a fixed cost (pipeline fill, epilogue, writing the
+    tile) worth ``k_overhead`` columns: efficiency ``K / (K + K0)``.
+
+    Parameters
+    ----------
+    k_dim : array_like [1]
+        Reduction dimension of the GEMM on this rank.
+    k_overhead : array_like [1]
+        The fixed cost per tile in columns of K (a fitted constant; 0 = none).
+
+    Returns
+    -------
+    numpy.ndarray [1]
+        In (0, 1].
+    """
+    k = np.asarray(k_dim, dtype=np.float64)
+    return k / (k + k_overhead)
+
+
+def gemm_time(flops, peak_flops, *, plateau, size_shift=1.0, calls=1.0, k_dim=None, k_overhead=0.0):
     """Time of ``calls`` GEMMs of ``flops`` FLOPs each [s].
 
     Parameters
@@ -80,12 +107,17 @@ def gemm_time(flops, peak_flops, *, plateau, size_shift=1.0, calls=1.0):
     size_shift : array_like [1]
         See :func:`gemm_size_efficiency`.
     calls : array_like [1]
+    k_dim, k_overhead : array_like [1], optional
+        Reduction dimension and fixed cost per tile, see
+        :func:`gemm_depth_efficiency` (no depth term when ``k_dim`` is None).
 
     Returns
     -------
     numpy.ndarray [s]
     """
     eff = plateau * gemm_size_efficiency(flops, peak_flops, size_shift=size_shift)
+    if k_dim is not None:
+        eff = eff * gemm_depth_efficiency(k_dim, k_overhead)
     return calls * flops / (peak_flops * eff)
 
 

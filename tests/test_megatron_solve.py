@@ -131,3 +131,27 @@ def test_fp8_speeds_gemms_only_and_more_bandwidth_never_slows():
     assert t[1] < t[0] and t[1] > t[0] / 2
     slow = M.solve(WL, FL, **BASE, scale_out_efficiency=0.3, scale_up_efficiency=0.5)
     assert float(slow["step_latency_total"]) >= float(t[0])
+
+
+def test_launch_floor_makes_small_microbatches_cost_the_same():
+    # A layer takes max(GPU time, host launch time): with a huge launch time the step is
+    # bound by microbatches x launches (half the microbatches, half the time); with none,
+    # it is the GPU time, which is shorter.
+    kw = {**BASE, "pp_size": 1, "v_stages": 1, "dp_size": 32, "micro_batch_size": np.array([1, 2])}
+    slow_host = M.solve(WL, FL, **kw, layer_overhead=1.0)["step_latency_total"]
+    assert slow_host[0] == pytest.approx(2 * slow_host[1], rel=0.05)
+    fast_host = M.solve(WL, FL, **kw, layer_overhead=0.0)["step_latency_total"]
+    assert np.all(fast_host < slow_host)
+
+
+def test_gemm_depth_term_and_lm_head_stay_16_bit_under_fp8():
+    from solver import gemm
+
+    assert gemm.gemm_depth_efficiency(np.array([1.0, 1e9]), 0.0).tolist() == [1.0, 1.0]
+    assert gemm.gemm_depth_efficiency(256.0, 256.0) == pytest.approx(0.5)
+    kw = {**BASE, "precision": np.array(["bf16", "fp8"])}
+    deep = M.solve(WL, FL, **kw, gemm_k_overhead=0.0)["step_latency_total"]
+    shallow = M.solve(WL, FL, **kw, gemm_k_overhead=1024.0)["step_latency_total"]
+    assert np.all(shallow > deep)
+    # The LM head runs in 16 bits: FP8 saves less than half of the GEMM time.
+    assert deep[1] > deep[0] / 2

@@ -8,12 +8,16 @@ named steps, like pvlib's ModelChain:
 1. **split**: TP x CP x DP x PP ranks (EP folded into DP x CP, as Megatron-Core
    does [6]); microbatches ``m = batch / (dp * micro_batch)``.
 2. **layer**: GEMM by GEMM FLOPs (:mod:`solver.flops`) timed on the accelerator's
-   efficiency curve (:mod:`solver.gemm`), FP8/FP4 for GEMMs only; attention
-   core (fused causal kernel or unfused softmax); memory-bound kernels at HBM
-   bandwidth; TP all-reduces (or RS + AG under SP, hidden by ``tp_comm_overlap``),
-   CP ring exchange of K/V hidden behind attention, EP all-to-all
-   (:mod:`solver.network`).
-3. **pipeline**: heaviest stage (LM head on the last), 1F1B / interleaved bubble
+   efficiency curve (:mod:`solver.gemm`: size curve times the depth term
+   ``K / (K + K0)`` of each GEMM's local reduction dimension after the TP split),
+   FP8/FP4 for the transformer layers' GEMMs only; attention core (fused causal
+   kernel at the accelerator's sourced efficiency [10], or unfused softmax);
+   memory-bound kernels at HBM bandwidth; TP all-reduces (or RS + AG under SP,
+   hidden by ``tp_comm_overlap``), CP ring exchange of K/V hidden behind
+   attention, EP all-to-all (:mod:`solver.network`). A layer takes the longer
+   of its GPU time and the host's time to launch its kernels [12].
+3. **pipeline**: heaviest stage (LM head on the last: its GEMMs in 16 bits and
+   the FP32 cross-entropy at HBM bandwidth [11]), 1F1B / interleaved bubble
    ``(p-1)/v`` stage-microbatches [1], p2p activation sends (divided by TP [1]).
 4. **data parallel**: gradient all-reduce or reduce-scatter (distributed
    optimizer) in buckets overlapped with the last microbatch's backward,
@@ -93,6 +97,8 @@ PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 #: own stated latency is used for scale-out when it states one).
 SCALE_UP_STEP_LATENCY = 1e-6
 SCALE_OUT_STEP_LATENCY = 2e-6
+#: Dense peak [FLOP/s] the GEMM curves' constants refer to (Calculon's A100, [8] of gemm).
+GEMM_REFERENCE_PEAK = 312e12
 #: Plateau share of peak for a large GEMM when the accelerator states none [1]
 #: (Calculon's 0.95 for >= 128 GFLOP; the fitted ``gemm_scale`` multiplies it).
 DEFAULT_GEMM_PLATEAU = 0.95
@@ -110,6 +116,11 @@ FLASH_BACKWARD_RATIO = 2.5
 #: FlashAttention-2 forward, causal, head dim 128, 4k-16k tokens on H100 SXM5,
 #: 319-335 TFLOP/s of 989 [10]; the backward is taken at the same rate.
 DEFAULT_FLASH_ATTENTION_EFFICIENCY = 0.33
+#: HBM bytes per token per hidden unit per layer of the memory-bound kernels outside
+#: the MLP's activation, forward (the backward moves twice as much): two fused
+#: layer norms (read + write 2 + 2 each) and two fused bias-dropout-adds (read the
+#: GEMM output and the residual, write the sum: 2 + 2 + 2, and the 1-byte mask) [2].
+ELEMENTWISE_BYTES = 22.0
 #: Bytes through HBM per FP32 logit element of the vocabulary-parallel cross-entropy,
 #: forward and backward [11]: cast of the 16-bit logits to FP32 (2 + 4), max (4),
 #: subtract the max (4 + 4), exp (4 + 4), sum (4), divide into the softmax kept for
@@ -138,8 +149,9 @@ CONSTANT_BOUNDS = {
     "gemm_scale": (1e-3, 1.0 / DEFAULT_GEMM_PLATEAU, "multiplier on the large-GEMM plateau (bf16/fp16)"),
     "fp8_gemm_scale": (1e-3, 1.5, "extra multiplier on the plateau of FP8/FP4 GEMMs"),
     "gemm_size_shift": (1e-3, 1e3, "scale of the GEMM size curve's durations"),
+    "gemm_k_overhead": (0.0, 8192.0, "fixed cost per GEMM output tile, in columns of the reduction dimension at 312 TFLOP/s"),
     "attention_efficiency": (1e-3, 2.0, "multiplier on the accelerator's sourced fused-attention efficiency"),
-    "elementwise_bytes": (0.0, 1e4, "HBM bytes per token per hidden unit per layer, forward"),
+    "elementwise_bytes": (0.0, 1e4, "HBM bytes per token per hidden unit per layer, forward (counted: ELEMENTWISE_BYTES)"),
     "layer_overhead": (0.0, 1.0, "host time to launch one layer's forward kernels; a layer takes at least this [s]"),
     "scale_up_efficiency": (1e-3, 1.0, "share of the NVLink domain's NCCL-tests bus bandwidth achieved"),
     "scale_out_efficiency": (1e-3, 1.0, "share of the NIC rate NCCL achieves across nodes"),
@@ -464,8 +476,13 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
     flash_eff = acc.gemm_efficiency.get("flash_attention", DEFAULT_FLASH_ATTENTION_EFFICIENCY)
     out_lat = fabric.latency if fabric.latency is not None else SCALE_OUT_STEP_LATENCY
 
-    def g(flops, calls=1.0, peak=peak_gemm, plat=plateau):
-        return gemm.gemm_time(flops / calls, peak, plateau=plat, size_shift=shift, calls=calls)
+    def g(flops, calls=1.0, peak=peak_gemm, plat=plateau, k=None):
+        # k: the GEMM's reduction dimension on this rank (its depth term, gemm [2]); the
+        # backward's data- and weight-gradient GEMMs are priced at the forward's.
+        # The fixed cost per tile is a time: in columns of K it grows with the device's
+        # rate (normalized to the A100's 312 TFLOP/s, like the size curve's knots).
+        return gemm.gemm_time(flops / calls, peak, plateau=plat, size_shift=shift, calls=calls,
+                              k_dim=k, k_overhead=c["gemm_k_overhead"] * peak / GEMM_REFERENCE_PEAK)
 
     # ---- 2. one layer, one microbatch, one rank
     h, d = float(w.hidden), w.head_dim
@@ -475,8 +492,8 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
     kv_t = np.maximum(w.kv_heads / (tp * 1.0), 1.0)
     ffn_t = w.ffn / tp
     norm_split = np.where(sp, tp, 1)  # SP splits norms, dropout and residuals by TP [2]
-    t_qkv = g(fl.qkv_flops(tokens, h, heads=heads_t, kv_heads=kv_t, head_dim=d))
-    t_proj = g(fl.attention_output_flops(tokens, h, heads=heads_t, head_dim=d))
+    t_qkv = g(fl.qkv_flops(tokens, h, heads=heads_t, kv_heads=kv_t, head_dim=d), k=h)
+    t_proj = g(fl.attention_output_flops(tokens, h, heads=heads_t, head_dim=d), k=heads_t * d)
     flash = k["flash_attention"]
     # Attention core: a fused causal kernel skips masked blocks [5] at its own efficiency;
     # an unfused softmax computes the whole s x s and streams it through HBM.
@@ -493,7 +510,7 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
         fc1 = 2.0 * tok * h * width * (1.0 + w.gated)
         fc2 = 2.0 * tok * width * h
         act = gemm.memory_bound_time(2.0 * tok * width * (3.0 if w.gated else 2.0), hbm)
-        return g(fc1, calls) + g(fc2, calls) + act
+        return g(fc1, calls, k=h) + g(fc2, calls, k=width) + act
 
     t_mlp_dense = mlp_time(tokens, ffn_t)
     elementwise = gemm.memory_bound_time(c["elementwise_bytes"] * tokens * h / norm_split, hbm)
@@ -504,7 +521,7 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
         routed = tokens * w.top_k
         t_moe = (mlp_time(routed, w.moe_ffn / tp, calls=local_experts)
                  + (mlp_time(tokens, w.shared * w.moe_ffn / tp) if w.shared else 0.0)
-                 + g(fl.router_flops(tokens, h, w.experts)))
+                 + g(fl.router_flops(tokens, h, w.experts), k=h))
         t_moe_f = attn_gemms_f + t_moe + elementwise
     else:
         t_moe_f = 0.0
@@ -560,7 +577,7 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
     head_tokens = tokens
     # LM head: the logits GEMM forward and backward in 16 bits (outside FP8 [11]) and the
     # FP32 vocabulary-parallel cross-entropy at HBM bandwidth [11].
-    t_head = 3.0 * g(fl.logits_flops(head_tokens, h, vocab_t), peak=peak16, plat=plateau16) \
+    t_head = 3.0 * g(fl.logits_flops(head_tokens, h, vocab_t), peak=peak16, plat=plateau16, k=h) \
         + gemm.memory_bound_time(CROSS_ENTROPY_BYTES * head_tokens * vocab_t, hbm)
     stage_max = t_layers + t_head
     stage_mean = t_layers + t_head / pp
