@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 import solver  # noqa: E402
 from solver import catalog, flops, specs  # noqa: E402
 from solver.physics import megatron as M  # noqa: E402
+from sweep.calibration.fit import fit_log  # noqa: E402  (the one fitting core)
 
 DATA = ROOT / "benchmarks" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -305,20 +306,6 @@ def _mlsysim_grid(run):
 
 # ---------------------------------------------------------------- fitting
 
-def _to_x(constants):
-    return np.array([np.log(max(constants[n], 1e-9)) for n in FIT_NAMES])
-
-
-def _from_x(x):
-    return {**HELD, **{n: float(np.exp(v)) for n, v in zip(FIT_NAMES, x)}}
-
-
-def _bounds():
-    lo = [np.log(max(M.CONSTANT_BOUNDS[n][0], 1e-9)) for n in FIT_NAMES]
-    hi = [np.log(M.CONSTANT_BOUNDS[n][1]) for n in FIT_NAMES]
-    return np.array(lo), np.array(hi)
-
-
 def _weights(runs):
     count = {}
     for r in runs:
@@ -327,23 +314,14 @@ def _weights(runs):
 
 
 def fit_megatron(runs, start=None):
-    from scipy.optimize import least_squares
-
     weights = _weights(runs)
 
-    def residuals(x):
-        c = _from_x(x)
-        res = []
-        for r, wgt in zip(runs, weights):
-            pred = megatron_predict(r, c)
-            res.append(wgt * np.ravel(np.log(pred) - np.log(r.measured)))
-        res = np.concatenate(res)
-        return np.where(np.isfinite(res), res, 10.0)
+    def residuals(c):
+        return np.concatenate([wgt * np.ravel(np.log(megatron_predict(r, c)) - np.log(r.measured))
+                               for r, wgt in zip(runs, weights)])
 
-    lo, hi = _bounds()
-    x0 = np.clip(_to_x(start or M.CONSTANTS), lo + 1e-9, hi - 1e-9)
-    sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, diff_step=1e-3, max_nfev=300)
-    return _from_x(sol.x)
+    return dict(fit_log(residuals, start or M.CONSTANTS, FIT_NAMES, M.CONSTANT_BOUNDS,
+                        held=HELD).constants)
 
 
 def fit_mlsysim(runs):
