@@ -11,6 +11,7 @@ A cube's dims are named like ``solver.solve``'s keywords, so any point goes
 straight back to the solver (``sweep.grid.point(spec, coords)``).
 """
 
+from .calibration import Calibration, calibrate, load_profile
 from .analysis import best_along, explain_runner_up, pareto_front, step_components, top_k
 from .evaluate import run
 from .spec import Spec, SpecError, divisors, load_spec, powers_of_two
@@ -33,6 +34,9 @@ __all__ = [
     "step_components",
     "search",
     "SearchResult",
+    "calibrate",
+    "Calibration",
+    "load_profile",
     "powers_of_two",
     "divisors",
 ]

@@ -56,6 +56,7 @@ import solver
 from solver.knobs import KNOBS
 from solver.outputs import OUTPUTS
 
+from .calibration.profile import solve_keywords
 from .spec import Spec, SpecError
 
 __all__ = [
@@ -172,6 +173,8 @@ def _attrs(spec: Spec) -> dict:
         attrs["fleet"] = next(iter(spec.fleets))
     if spec.max_accelerators is not None:
         attrs["max_accelerators"] = int(spec.max_accelerators)
+    if spec.calibration is not None:  # the profile priced with (JSON: physics, constants, data hash)
+        attrs["calibration"] = spec.calibration.to_json()
     attrs[COMPLETE] = 1
     return attrs
 
@@ -255,7 +258,7 @@ def check_some_valid(spec: Spec) -> None:
     mesh = _split_mesh(spec, dims)
     for label, fleet in spec.fleets.items():
         workload = next(iter(spec.workloads.values()))
-        if solver.solve(workload, fleet, **mesh)["valid"].any():
+        if solver.solve(workload, fleet, **mesh, **solve_keywords(spec.calibration))["valid"].any():
             return
     names = [n for n in _SPLIT_DIMS if n in mesh or n != "dp_size"]
     product = np.prod(np.broadcast_arrays(*[mesh.get(n, np.int64(1)) for n in names]), axis=0)

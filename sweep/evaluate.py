@@ -29,7 +29,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 import joblib
@@ -39,6 +39,7 @@ import xarray as xr
 import solver
 from solver.blocks import BLOCK_POINTS
 
+from . import calibration as calibration_
 from . import cube as cube_
 from . import grid, storage
 from .spec import Spec, load_spec
@@ -58,6 +59,7 @@ class _Plan:
     dtypes: Mapping           # full-size variable -> numpy dtype
     memory_limits: Mapping    # fleet label -> bytes
     accelerators_ok: Optional[np.ndarray]  # n_accelerators <= max, over all dims (1s elsewhere)
+    solve_keywords: Mapping = field(default_factory=dict)  # a calibration's physics and constants
 
 
 def _make_plan(spec: Spec, cube_layout: cube_.CubeLayout) -> _Plan:
@@ -72,12 +74,13 @@ def _make_plan(spec: Spec, cube_layout: cube_.CubeLayout) -> _Plan:
     return _Plan(outputs=tuple(n for n in spec.outputs if n in full and n not in cube_.MASKS),
                  dtypes=full,
                  memory_limits={k: spec.memory_limit_for(f) for k, f in spec.fleets.items()},
-                 accelerators_ok=accelerators_ok)
+                 accelerators_ok=accelerators_ok,
+                 solve_keywords=calibration_.solve_keywords(spec.calibration))
 
 
 def _evaluate_block(block: grid.Block, plan: _Plan, out: Optional[dict] = None) -> dict:
     """Price one block; write its variables into ``out`` (views) or new arrays."""
-    result = solver.solve(block.workload, block.fleet, **block.knobs)
+    result = solver.solve(block.workload, block.fleet, **block.knobs, **plan.solve_keywords)
     if out is None:
         out = {name: np.empty(block.shape, dtype=dtype) for name, dtype in plan.dtypes.items()}
     for name in plan.outputs:
@@ -245,7 +248,7 @@ def _destination(spec: Spec, cube_layout, *, path, serial: bool, backend, block_
 
 def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         block_points: Optional[int] = None, path=None, progress: Optional[bool] = None,
-        resume: bool = False, max_points: Optional[int] = None) -> xr.Dataset:
+        resume: bool = False, max_points: Optional[int] = None, calibration=None) -> xr.Dataset:
     """Price every point of a declared space into a labeled cube.
 
     Parameters
@@ -277,6 +280,9 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         identical to an uninterrupted run's), or return the finished file if it
         already holds this spec's sweep. Without it, staged blocks at ``path``
         are refused, never discarded.
+    calibration : str, pathlib.Path or sweep.calibration.Profile, optional
+        Price with a calibration profile's physics and constants (replaces the
+        spec's ``calibration``; see :func:`sweep.calibrate`).
 
     Returns
     -------
@@ -292,7 +298,7 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         If blocks are staged at ``path`` and ``resume`` is False, or another
         process is writing them.
     """
-    spec = load_spec(spec)
+    spec = calibration_.with_calibration(load_spec(spec), calibration)
     block_points = grid.points_per_block(block_points, max_points)
     if resume and path is None:
         raise ValueError("resume=True continues a sweep streamed to a file, so it needs path=, "

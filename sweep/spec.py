@@ -8,6 +8,7 @@ values), the fixed knob values, constraints and the outputs to keep::
     outputs = ["mfu", "step_latency_total", "memory_footprint"]   # optional
     catalog = "my_cluster.toml"        # optional: your own workloads and fleets
                                        # (solver.catalog.load_file), relative to the spec
+    calibration = "my_profile.toml"    # optional: fitted constants (python -m sweep calibrate)
 
     [axes]
     tp_size = { powers_of_two = 8 }            # 1, 2, 4, 8
@@ -73,7 +74,7 @@ __all__ = [
 ]
 
 TOP_KEYS = ("name", "workload", "fleet", "axes", "fixed", "constraints", "outputs", "catalog",
-            "dtype", "description")
+            "dtype", "description", "calibration")
 CONSTRAINT_KEYS = ("memory_limit", "max_accelerators")
 _DTYPES = ("float64", "float32")
 #: The data package the example specs are installed as (``configs/sweeps`` in the source tree).
@@ -102,6 +103,8 @@ class Spec:
     description: str = ""
     source: str = "<dict>"
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: A calibration profile (:class:`sweep.calibration.Profile`): its physics and constants.
+    calibration: Optional[Any] = None
 
     @property
     def dims(self) -> tuple:
@@ -301,7 +304,7 @@ def _parse(raw, source, base) -> Spec:
                 fixed=_fixed(reader, raw.get("fixed", {}), raw.get("axes", {})),
                 outputs=_outputs(reader, raw.get("outputs", list(OUTPUTS))), limit=limit,
                 max_accelerators=max_acc, dtype=dtype, name=name, description=description,
-                source=source, raw=raw)
+                source=source, raw=raw, calibration=_calibration(reader, raw, base))
 
 
 def _own_catalog(reader, raw, base) -> tuple:
@@ -317,6 +320,23 @@ def _own_catalog(reader, raw, base) -> tuple:
     except catalog.CatalogError as err:
         raise SpecError(f"{reader.where('catalog')}: {err}") from None
     return loaded.get("workloads", {}), loaded.get("fleets", {})
+
+
+def _calibration(reader, raw, base):
+    """The profile of ``calibration = "my_cluster.toml"`` (relative to the spec), or None."""
+    if "calibration" not in raw:
+        return None
+    from .calibration import ProfileError, load_profile
+
+    given = raw["calibration"]
+    if not isinstance(given, str) or not given:
+        reader.fail("calibration", "the path of a calibration profile (TOML, from "
+                    "`python -m sweep calibrate`)", given)
+    path = Path(given) if Path(given).is_absolute() else base / given
+    try:
+        return load_profile(path)
+    except ProfileError as err:
+        raise SpecError(f"{reader.where('calibration')}: {err}") from None
 
 
 def _axes(reader, raw, workloads, fleets) -> tuple:

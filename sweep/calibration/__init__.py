@@ -14,8 +14,8 @@ Modules: :mod:`~sweep.calibration.measurements` (the CSV format),
 
 from .core import DEFAULT_FREE, Calibration, CalibrationWarning, calibrate, predict
 from .measurements import COLUMNS, MeasurementError, Measurements, Run, read_measurements
-from .profile import Profile, ProfileError, load_profile, solve_keywords
+from .profile import Profile, ProfileError, load_profile, solve_keywords, with_calibration
 
 __all__ = ["calibrate", "Calibration", "CalibrationWarning", "DEFAULT_FREE", "predict",
            "read_measurements", "Measurements", "Run", "MeasurementError", "COLUMNS",
-           "Profile", "ProfileError", "load_profile", "solve_keywords"]
+           "Profile", "ProfileError", "load_profile", "solve_keywords", "with_calibration"]

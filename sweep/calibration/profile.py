@@ -40,7 +40,7 @@ from typing import Mapping, Optional
 import solver
 from solver import physics as physics_
 
-__all__ = ["Profile", "load_profile", "ProfileError", "solve_keywords"]
+__all__ = ["Profile", "load_profile", "ProfileError", "solve_keywords", "with_calibration"]
 
 
 class ProfileError(ValueError):
@@ -171,6 +171,14 @@ def _from_data(data: Mapping, where: str) -> Profile:
                    in_sample_mape=float(meta.get("in_sample_mape", math.nan)),
                    loo_mape=float(meta.get("loo_mape", math.nan)),
                    warnings=tuple(meta.get("warnings", ())), path=where)
+
+
+def with_calibration(spec, calibration):
+    """``spec`` (a :class:`sweep.Spec`) priced with ``calibration`` (a path or
+    :class:`Profile`; None leaves the spec's own)."""
+    if calibration is None:
+        return spec
+    return dataclasses.replace(spec, calibration=load_profile(calibration))
 
 
 def solve_keywords(calibration: Optional[Profile], physics: Optional[str] = None) -> dict:

@@ -120,6 +120,7 @@ import optuna
 
 from solver.blocks import BLOCK_POINTS
 
+from ..calibration.profile import with_calibration
 from ..spec import load_spec
 from .exhaustive import exact as _exact
 from .local import DEFAULT_REFINE, LocalMovesSampler
@@ -180,7 +181,7 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
            mode: str = "sample", progress=None, derive: Optional[Callable] = None,
            constraints: Optional[Mapping[str, Callable]] = None, refine: Optional[float] = None,
            block_points: Optional[int] = None, n_jobs: int = 1, top_k: Optional[int] = None,
-           max_points: Optional[int] = None) -> SearchResult:
+           max_points: Optional[int] = None, calibration=None) -> SearchResult:
     """Search a spec's layouts for the best objective under a memory limit.
 
     Parameters
@@ -259,6 +260,10 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     n_jobs : int
         Processes for exact mode (joblib); 1 runs in this process.
 
+    calibration : str, pathlib.Path or sweep.calibration.Profile, optional
+        Price with a calibration profile's physics and constants (replaces the
+        spec's ``calibration``; see :func:`sweep.calibrate`).
+
     Returns
     -------
     SearchResult
@@ -272,7 +277,7 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     started = time.perf_counter()
     k = _whole("top_k" if top_k is not None else "k", _alias(k, top_k, "top_k", "k"))
     block_points = _alias(block_points, max_points, "max_points", "block_points")
-    spec = load_spec(spec)
+    spec = with_calibration(load_spec(spec), calibration)
     objs = parse_objectives(objective, direction, objectives)
     limits = {label: resolve_memory_limit(memory_limit, spec, fleet)
               for label, fleet in spec.fleets.items()}

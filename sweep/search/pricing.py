@@ -18,6 +18,7 @@ import solver
 from solver import outputs as outputs_
 from solver.specs import Fleet
 
+from ..calibration.profile import solve_keywords
 from ..limits import parse_memory_limit
 from ..spec import Spec
 
@@ -168,7 +169,7 @@ def _price(setup: _Setup, workload_label, fleet_label, knobs) -> _Priced:
     knobs = {**spec.fixed, **knobs}
     if setup.derive is not None:
         knobs.update(setup.derive(knobs, workload, fleet))
-    out = solver.solve(workload, fleet, **knobs)
+    out = solver.solve(workload, fleet, **knobs, **solve_keywords(spec.calibration))
     shape = out["valid"].shape
     valid = np.asarray(out["valid"])
     limit = setup.limits[fleet_label]
