@@ -39,9 +39,10 @@ from typing import Optional, Sequence
 from solver.catalog import CatalogError
 
 from ..analysis import explain_runner_up, step_components
+from ..calibration import MeasurementError, ProfileError
 from ..limits import MemoryLimitError
 from ..spec import SpecError
-from . import catalog, main_job, plot, run, search, show, top
+from . import calibrate, catalog, main_job, plot, run, search, show, top
 from ._common import (_PROG, DEFAULT_CUBE, DEFAULT_SPEC, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE,
                       UsageError, _one_line)
 from .format import format_table
@@ -63,7 +64,8 @@ __all__ = [
 
 
 _COMMANDS = {"run": run.command, "search": search.command, "top": top.command,
-             "show": show.command, "catalog": catalog.command, "plot": plot.command}
+             "show": show.command, "catalog": catalog.command, "plot": plot.command,
+             "calibrate": calibrate.command}
 
 
 def _dispatch(args) -> int:
@@ -97,7 +99,8 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: str = _PROG) -> int:
             return int(done.code or 0)
         args.prog = prog
         return _dispatch(args)
-    except (UsageError, SpecError, CatalogError, MemoryLimitError) as err:
+    except (UsageError, SpecError, CatalogError, MemoryLimitError, ProfileError,
+            MeasurementError) as err:
         message = _one_line(err)
         if not message.startswith(prog):
             message = f"{prog}: error: {message}"
