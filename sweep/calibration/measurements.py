@@ -329,7 +329,7 @@ def _run(source, line, row) -> Run:
 def _check_columns(source, header):
     for column in header:
         if column not in COLUMNS:
-            close = difflib.get_close_matches(column, list(COLUMNS), n=1)
+            close = difflib.get_close_matches(column, list(COLUMNS), n=1, cutoff=0.4)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise MeasurementError(f"{source} line 1, column {column}: expected a column of the "
                                    f"measurements format{hint}, but got {column!r}")
