@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 import warnings
@@ -152,3 +153,63 @@ def test_profile_constants_go_straight_to_solve(synthetic_fit):
 def test_profile_is_a_plain_dataclass():
     p = Profile(physics="megatron", constants=dict(M.CONSTANTS))
     assert p.solve_keywords() == {"physics": "megatron", **M.CONSTANTS}
+
+
+# ------------------------------------------------------- sweeps and searches
+
+def _spec(**extra):
+    return {"name": "cal", "workload": "Llama3_8B_MC", "fleet": "EOS_H100_MC",
+            "outputs": ["step_latency_total", "memory_footprint", "mfu"],
+            "axes": {"tp_size": [1, 2, 4, 8], "dp_size": [1, 2, 8, 16]},
+            "fixed": {"batch_size": 256, "seq_len": 4096}, **extra}
+
+
+def _profiles(tmp_path):
+    """The shipped constants, and the same with a 160x slower scale-out fabric."""
+    base = Profile(physics="megatron", constants=dict(M.CONSTANTS))
+    slow = Profile(physics="megatron", constants=dict(M.CONSTANTS, scale_out_efficiency=0.005))
+    return base.save(tmp_path / "base.toml"), slow.save(tmp_path / "slow.toml")
+
+
+def test_a_calibrated_sweep_slows_only_the_layouts_that_cross_nodes(tmp_path):
+    base_path, slow_path = _profiles(tmp_path)
+    (tmp_path / "spec.toml").write_text(
+        'name = "cal"\nworkload = "Llama3_8B_MC"\nfleet = "EOS_H100_MC"\n'
+        'outputs = ["step_latency_total", "memory_footprint", "mfu"]\ncalibration = "slow.toml"\n'
+        '[axes]\ntp_size = [1, 2, 4, 8]\ndp_size = [1, 2, 8, 16]\n'
+        '[fixed]\nbatch_size = 256\nseq_len = 4096\n')
+    slow = sweep.run(tmp_path / "spec.toml")  # the spec's own calibration, relative to it
+    base = sweep.run(_spec(), calibration=base_path)
+    n_acc = slow["tp_size"] * slow["dp_size"]
+    inside, across = (n_acc <= 8).values, (n_acc > 8).values
+    s, b = slow["step_latency_total"].values, base["step_latency_total"].values
+    assert np.array_equal(s[inside], b[inside])
+    assert np.all(s[across] > b[across])
+    # the megatron physics priced it: the shipped constants give megatron's step times
+    import solver
+    wl, fl = solver.catalog.workload("Llama3_8B_MC"), solver.catalog.fleet("EOS_H100_MC")
+    one = M.solve(wl, fl, batch_size=256, seq_len=4096, tp_size=2, dp_size=8)
+    assert b[1, 2] == one["step_latency_total"]
+    recorded = json.loads(slow.attrs["calibration"])
+    assert recorded["constants"]["scale_out_efficiency"] == 0.005
+    assert recorded["physics"] == "megatron"
+    assert "calibration" not in sweep.run(_spec(), calibration=None).attrs
+
+
+def test_a_calibrated_search_finds_another_best_layout(tmp_path):
+    base_path, slow_path = _profiles(tmp_path)
+    spec = _spec(axes={"tp_size": [1, 2, 4, 8], "dp_size": [4, 8, 16, 32, 64]},
+                 constraints={"max_accelerators": 64})
+    kw = dict(objective="step_latency_total", direction="minimize", mode="exact", k=3)
+    fast = sweep.search(spec, calibration=base_path, **kw).best_params
+    slow = sweep.search(spec, calibration=slow_path, **kw).best_params
+    assert (fast["tp_size"], fast["dp_size"]) != (slow["tp_size"], slow["dp_size"])
+    # the shipped fabric: the most data parallelism; a very slow one: stay inside one node
+    assert (fast["tp_size"], fast["dp_size"]) == (1, 64)
+    assert slow["tp_size"] * slow["dp_size"] <= 8
+
+
+def test_a_spec_with_a_missing_profile_is_refused(tmp_path):
+    with pytest.raises(sweep.SpecError, match=r"calibration: .*nope.toml: expected a "
+                       r"calibration profile"):
+        sweep.load_spec(_spec(calibration=str(tmp_path / "nope.toml")))
