@@ -107,7 +107,7 @@ def test_cli_calibrate_prints_the_fit_saves_and_plots(tmp_path, capsys):
                                               (1, 2, 8), (8, 1, 2)])]
     data = read_measurements(_write(tmp_path, [HEADER, *rows]))
     steps = predict(data, dict(M.CONSTANTS, gemm_scale=0.6, step_overhead=0.1))
-    path = _write(tmp_path, [HEADER] + [r.rsplit(",", 1)[0] + f",{s!r}" for r, s in zip(rows, steps)])
+    path = _write(tmp_path, [HEADER] + [r.rsplit(",", 1)[0] + f",{float(s)!r}" for r, s in zip(rows, steps)])
     code = main(["calibrate", str(path), "-o", str(tmp_path / "p.toml"), "--no-loo",
                  "--free", "gemm_scale,step_overhead", "--plot", str(tmp_path / "cal.png")])
     out = capsys.readouterr().out
