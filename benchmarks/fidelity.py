@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 import solver  # noqa: E402
 from solver import catalog, flops, specs  # noqa: E402
 from solver.physics import megatron as M  # noqa: E402
+from sweep.calibration.fit import fit_log  # noqa: E402  (the one fitting core)
 
 DATA = ROOT / "benchmarks" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -321,20 +322,6 @@ def _mlsysim_grid(run):
 
 # ---------------------------------------------------------------- fitting
 
-def _to_x(constants):
-    return np.array([np.log(max(constants[n], 1e-9)) for n in FIT_NAMES])
-
-
-def _from_x(x):
-    return {**HELD, **{n: float(np.exp(v)) for n, v in zip(FIT_NAMES, x)}}
-
-
-def _bounds():
-    lo = [np.log(max(M.CONSTANT_BOUNDS[n][0], 1e-9)) for n in FIT_NAMES]
-    hi = [np.log(M.CONSTANT_BOUNDS[n][1]) for n in FIT_NAMES]
-    return np.array(lo), np.array(hi)
-
-
 def _weights(runs):
     count = {}
     for r in runs:
@@ -343,30 +330,23 @@ def _weights(runs):
 
 
 def fit_megatron(runs, start=None):
-    from scipy.optimize import least_squares
-
     weights = _weights(runs)
 
-    def residuals(x):
-        c = _from_x(x)
-        res = []
-        for r, wgt in zip(runs, weights):
-            pred = megatron_predict(r, c)
-            res.append(wgt * np.ravel(np.log(pred) - np.log(r.measured)))
-        res = np.concatenate(res)
-        return np.where(np.isfinite(res), res, 10.0)
+    def residuals(c):
+        return np.concatenate([wgt * np.ravel(np.log(megatron_predict(r, c)) - np.log(r.measured))
+                               for r, wgt in zip(runs, weights)])
 
-    lo, hi = _bounds()
     best = None
     # Two fixed, data-independent starts (the host launch floor off and on): the
     # launch floor and the per-step overhead trade off on vTrain's short steps, and a
     # single start can settle in the worse basin. The lower cost wins.
     for alt in STARTS:
-        x0 = np.clip(_to_x({**PRIOR, **alt, **(start or {})}), lo + 1e-9, hi - 1e-9)
-        sol = least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0, diff_step=1e-3, max_nfev=300)
-        if best is None or sol.cost < best.cost:
-            best = sol
-    return _from_x(best.x)
+        fit = fit_log(residuals, {**PRIOR, **alt, **(start or {})}, FIT_NAMES,
+                      M.CONSTANT_BOUNDS, held=HELD)
+        cost = 0.5 * float(np.sum(fit.residuals ** 2))
+        if best is None or cost < best[0]:
+            best = (cost, fit)
+    return dict(best[1].constants)
 
 
 def fit_mlsysim(runs):

@@ -13,6 +13,7 @@ straight back to the solver (``sweep.grid.point(spec, coords)``).
 
 from .analysis import (NoAdmissibleError, best_along, explain_runner_up, pareto_front,
                        step_components, top_k)
+from .calibration import Calibration, calibrate, load_profile
 from .evaluate import run
 from .spec import Spec, SpecError, divisors, load_spec, powers_of_two
 from .storage import IncompleteCubeError, open_cube, save
@@ -35,6 +36,9 @@ __all__ = [
     "step_components",
     "search",
     "SearchResult",
+    "calibrate",
+    "Calibration",
+    "load_profile",
     "powers_of_two",
     "divisors",
 ]

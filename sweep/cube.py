@@ -218,6 +218,8 @@ def _attrs(spec: Spec) -> dict:
         else:
             attrs[key] = json.dumps(bounds, sort_keys=True)
     attrs["require_realizable"] = int(spec.require_realizable)
+    if spec.calibration is not None:  # the profile priced with (JSON: physics, constants, data hash)
+        attrs["calibration"] = spec.calibration.to_json()
     attrs[COMPLETE] = 1
     return attrs
 
@@ -334,9 +336,10 @@ def check_some_valid(spec: Spec) -> None:
     mesh = _split_mesh(spec, dims)
     for label, fleet in spec.fleets.items():
         workload = next(iter(spec.workloads.values()))
+        constants = physics_.calibrated(spec)
         for model in spec.physics:
-            if solver.solve(workload, fleet, physics=model,
-                            **physics_.knobs_for(model, mesh))["valid"].any():
+            if solver.solve(workload, fleet, physics=model, **physics_.knobs_for(model, mesh),
+                            **constants.get(model, {}))["valid"].any():
                 return
     names = [n for n in _SPLIT_DIMS if n in mesh or n not in ("dp_size", "cp_size")]
     product = np.prod(np.broadcast_arrays(*[mesh.get(n, np.int64(1)) for n in names]), axis=0)

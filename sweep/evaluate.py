@@ -37,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 import joblib
@@ -47,7 +47,9 @@ import xarray as xr
 import solver
 from solver.blocks import BLOCK_POINTS
 
+from . import calibration as calibration_
 from . import cube as cube_
+from . import physics as physics_
 from . import grid, preflight, storage
 from .spec import Spec, load_spec
 
@@ -68,6 +70,7 @@ class _Plan:
     memory_limits: Mapping    # fleet label -> bytes
     accelerators_ok: Optional[np.ndarray]  # n_accelerators within bounds, over all dims (1s elsewhere)
     require_realizable: bool = True
+    constants: Mapping = field(default_factory=dict)  # physics -> a calibration's constants
 
 
 def _make_plan(spec: Spec, cube_layout: cube_.CubeLayout) -> _Plan:
@@ -77,7 +80,8 @@ def _make_plan(spec: Spec, cube_layout: cube_.CubeLayout) -> _Plan:
                  dtypes=full,
                  memory_limits={k: spec.memory_limit_for(f) for k, f in spec.fleets.items()},
                  accelerators_ok=cube_.accelerators_ok(spec),
-                 require_realizable=spec.require_realizable)
+                 require_realizable=spec.require_realizable,
+                 constants=physics_.calibrated(spec))
 
 
 def _evaluate_block(block: grid.Block, plan: _Plan, out: Optional[dict] = None) -> dict:
@@ -85,7 +89,8 @@ def _evaluate_block(block: grid.Block, plan: _Plan, out: Optional[dict] = None) 
 
     An output the block's physics model does not return is NaN (False for a boolean).
     """
-    result = solver.solve(block.workload, block.fleet, physics=block.physics, **block.knobs)
+    result = solver.solve(block.workload, block.fleet, physics=block.physics, **block.knobs,
+                          **plan.constants.get(block.physics, {}))
     if out is None:
         out = {name: np.empty(block.shape, dtype=dtype) for name, dtype in plan.dtypes.items()}
     for name in plan.outputs:
@@ -367,7 +372,7 @@ def _destination(spec: Spec, cube_layout, *, path, serial: bool, backend, block_
 def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         block_points: Optional[int] = None, path=None, progress: Optional[bool] = None,
         resume: bool = False, max_points: Optional[int] = None,
-        require_realizable: Optional[bool] = None) -> xr.Dataset:
+        require_realizable: Optional[bool] = None, calibration=None) -> xr.Dataset:
     """Price every point of a declared space into a labeled cube.
 
     Parameters
@@ -405,6 +410,9 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         (default true). False keeps the reference's raw layouts admissible
         (parity studies); the cube says which in its ``require_realizable``
         attribute.
+    calibration : str, pathlib.Path or sweep.calibration.Profile, optional
+        Price with a calibration profile's physics and constants (replaces the
+        spec's ``calibration``; see :func:`sweep.calibrate`).
 
     Returns
     -------
@@ -423,7 +431,8 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
         If blocks are staged at ``path`` and ``resume`` is False, or another
         process is writing them.
     """
-    spec = load_spec(spec).with_constraints(require_realizable=require_realizable)
+    spec = calibration_.with_calibration(load_spec(spec), calibration)
+    spec = spec.with_constraints(require_realizable=require_realizable)
     block_points = grid.points_per_block(block_points, max_points)
     if resume and path is None:
         raise ValueError("resume=True continues a sweep streamed to a file, so it needs path=, "

@@ -101,7 +101,17 @@ def fill_missing(result: Mapping, names, shape=()) -> dict:
     return out
 
 
-def solve(workload, fleet, physics, knobs: Mapping, names=None) -> dict:
+def calibrated(spec) -> dict:
+    """``{physics: constants}`` of the spec's calibration profile (``{}`` without one).
+
+    A calibration's constants go to its own model only; the other models of a
+    spec price with their shipped constants.
+    """
+    profile = getattr(spec, "calibration", None)
+    return {} if profile is None else {profile.physics: dict(profile.constants)}
+
+
+def solve(workload, fleet, physics, knobs: Mapping, names=None, constants=None) -> dict:
     """``solver.solve`` by model ``physics`` with the knobs it takes; outputs ``names`` filled.
 
     Parameters
@@ -115,6 +125,8 @@ def solve(workload, fleet, physics, knobs: Mapping, names=None) -> dict:
     names : sequence of str, optional
         Outputs to return (missing ones NaN or False); the union of the models
         named by ``physics`` by default.
+    constants : mapping, optional
+        ``{physics: {constant: value}}`` (a calibration's, :func:`calibrated`).
     """
     labels = np.asarray(physics)
     models = [str(m) for m in np.unique(labels)] if labels.ndim else [str(labels)]
@@ -123,7 +135,8 @@ def solve(workload, fleet, physics, knobs: Mapping, names=None) -> dict:
     names = tuple(names) if names is not None else union_outputs(models)
     results = {}
     for m in models:
-        result = solver.solve(workload, fleet, physics=m, **knobs_for(m, knobs))
+        result = solver.solve(workload, fleet, physics=m, **knobs_for(m, knobs),
+                              **(constants or {}).get(m, {}))
         results[m] = fill_missing(result, names, np.shape(result["valid"]))
     if labels.ndim == 0:
         return {n: results[models[0]][n] for n in names}

@@ -35,7 +35,7 @@ from solver.outputs import MAXIMIZE, MINIMIZE, better, is_bytes
 
 from . import analysis
 
-__all__ = ["heatmap", "line", "pareto", "reduce_to", "label", "REDUCTIONS"]
+__all__ = ["heatmap", "line", "pareto", "calibration", "reduce_to", "label", "REDUCTIONS"]
 
 #: Reductions over the dims that are not plotted.
 REDUCTIONS = ("max", "min", "mean")
@@ -392,4 +392,53 @@ def pareto(cube: xr.Dataset, x: str = "memory_footprint", y: str = "mfu", *,
     if select:
         title += "\n" + ", ".join(f"{k}={_tick(v)}" for k, v in select.items())
     ax.set_title(title, fontsize="medium")
+    return figure
+
+
+def calibration(measured, predicted, *, labels=None, uncalibrated=None, title: str = "",
+                ax=None):
+    """Predicted vs measured step time on log axes, with the identity line.
+
+    Parameters
+    ----------
+    measured, predicted : array_like [s]
+        Step times of the same runs (e.g. ``cal.measurements.step_times`` and
+        ``cal.predicted`` of :func:`sweep.calibrate`).
+    labels : sequence of str, optional
+        A name per run, written beside its point.
+    uncalibrated : array_like [s], optional
+        The same runs before calibration, drawn as hollow markers.
+    title : str
+    ax : matplotlib.axes.Axes, optional
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
+    meas, pred = np.asarray(measured, float), np.asarray(predicted, float)
+    if meas.shape != pred.shape or meas.ndim != 1 or not meas.size:
+        raise ValueError(f"measured and predicted must be 1-D of one length, but got shapes "
+                         f"{meas.shape} and {pred.shape}")
+    figure, ax = _figure(ax, (5.5, 5.0))
+    points = [meas, pred] + ([np.asarray(uncalibrated, float)] if uncalibrated is not None else [])
+    finite = np.concatenate([p[np.isfinite(p) & (p > 0)] for p in points])
+    low, high = finite.min() / 1.3, finite.max() * 1.3
+    ax.plot([low, high], [low, high], color="0.4", lw=1, label="identity (predicted = measured)")
+    for factor in (0.9, 1.1):
+        ax.plot([low, high], [low * factor, high * factor], color="0.7", lw=0.8, ls=":")
+    if uncalibrated is not None:
+        ax.scatter(meas, points[2], facecolors="none", edgecolors="tab:gray", s=28,
+                   label="uncalibrated")
+    err = np.mean(np.abs(pred / meas - 1.0)) * 100.0
+    ax.scatter(meas, pred, color="tab:blue", s=28, label=f"calibrated (mean error {err:.1f} %)")
+    for name, x, y in zip(labels if labels is not None else [], meas, pred):
+        ax.annotate(str(name), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("measured step time [s]")
+    ax.set_ylabel("predicted step time [s]")
+    ax.set_title(title or "calibration: predicted vs measured (dotted: +-10 %)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
     return figure

@@ -9,6 +9,7 @@ values), the fixed knob values, constraints and the outputs to keep::
     outputs = ["mfu", "step_latency_total", "memory_footprint"]   # optional
     catalog = "my_cluster.toml"        # optional: your own workloads and fleets
                                        # (solver.catalog.load_file), relative to the spec
+    calibration = "my_profile.toml"    # optional: fitted constants (python -m sweep calibrate)
 
     [axes]
     tp_size = { powers_of_two = 8 }            # 1, 2, 4, 8
@@ -92,7 +93,7 @@ __all__ = [
 ]
 
 TOP_KEYS = ("name", "workload", "fleet", "physics", "axes", "fixed", "constraints", "outputs",
-            "catalog", "dtype", "description")
+            "catalog", "dtype", "description", "calibration")
 CONSTRAINT_KEYS = ("memory_limit", "max_accelerators", "min_accelerators", "require_realizable")
 #: ``max_accelerators = "none"``: no bound, not even the fleet's size.
 NO_LIMIT = "none"
@@ -132,6 +133,8 @@ class Spec:
     #: ``max_accelerators = "none"``: no default bound from the fleet's size.
     unbounded_cluster: bool = False
     require_realizable: bool = True
+    #: A calibration profile (:class:`sweep.calibration.Profile`): its physics and constants.
+    calibration: Optional[Any] = None
 
     @property
     def dims(self) -> tuple:
@@ -360,7 +363,13 @@ def _parse(raw, source, base) -> Spec:
     extra_workloads, extra_fleets = _own_catalog(reader, raw, base)
     workloads = _resolve_many(reader, "workload", raw["workload"], "workload", extra_workloads)
     fleets = _resolve_many(reader, "fleet", raw["fleet"], "fleet", extra_fleets)
-    models = _physics(reader, raw.get("physics", physics_.DEFAULT_PHYSICS))
+    calibration = _calibration(reader, raw, base)
+    # A calibration implies its physics; a spec naming others must name it too.
+    models = _physics(reader, raw.get("physics", calibration.physics if calibration
+                                      else physics_.DEFAULT_PHYSICS))
+    if calibration is not None and calibration.physics not in models:
+        reader.fail("physics", f"the calibration's physics {calibration.physics!r} among the "
+                    f"spec's models", raw.get("physics"))
     axes = _axes(reader, raw, workloads, fleets, models)
     constraints = _constraints(reader, raw.get("constraints", {}))
     dtype = raw.get("dtype", "float64")
@@ -376,7 +385,7 @@ def _parse(raw, source, base) -> Spec:
                 fixed=_fixed(reader, raw.get("fixed", {}), raw.get("axes", {}), models),
                 outputs=_outputs(reader, raw.get("outputs"), models), dtype=dtype,
                 name=name, description=description, source=source, raw=raw, physics=models,
-                **constraints)
+                calibration=calibration, **constraints)
 
 
 def _physics(reader, given) -> tuple:
@@ -408,6 +417,23 @@ def _own_catalog(reader, raw, base) -> tuple:
     except catalog.CatalogError as err:
         raise SpecError(f"{reader.where('catalog')}: {err}") from None
     return loaded.get("workloads", {}), loaded.get("fleets", {})
+
+
+def _calibration(reader, raw, base):
+    """The profile of ``calibration = "my_cluster.toml"`` (relative to the spec), or None."""
+    if "calibration" not in raw:
+        return None
+    from .calibration import ProfileError, load_profile
+
+    given = raw["calibration"]
+    if not isinstance(given, str) or not given:
+        reader.fail("calibration", "the path of a calibration profile (TOML, from "
+                    "`python -m sweep calibrate`)", given)
+    path = Path(given) if Path(given).is_absolute() else base / given
+    try:
+        return load_profile(path)
+    except ProfileError as err:
+        raise SpecError(f"{reader.where('calibration')}: {err}") from None
 
 
 def _axes(reader, raw, workloads, fleets, models) -> tuple:

@@ -43,10 +43,11 @@ from typing import Optional, Sequence
 from solver.catalog import CatalogError
 
 from ..analysis import NoAdmissibleError, explain_runner_up, step_components
+from ..calibration import MeasurementError, ProfileError
 from ..limits import MemoryLimitError
 from ..spec import SpecError
 from ..search.storage import JournalWarning
-from . import catalog, cubes, main_job, plot, run, search, show, top
+from . import calibrate, catalog, cubes, main_job, plot, run, search, show, top
 from ._common import (_PROG, DEFAULT_CUBE, DEFAULT_SPEC, EXIT_EMPTY, EXIT_INTERRUPTED, EXIT_OK,
                       EXIT_USAGE, UsageError, _one_line)
 from .format import format_table
@@ -69,7 +70,8 @@ __all__ = [
 
 
 _COMMANDS = {"run": run.command, "search": search.command, "top": top.command,
-             "show": show.command, "catalog": catalog.command, "plot": plot.command}
+             "show": show.command, "catalog": catalog.command, "plot": plot.command,
+             "calibrate": calibrate.command}
 
 
 def _dispatch(args) -> int:
@@ -125,7 +127,8 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: str = _PROG) -> int:
         args.prog = prog
         with _warning_lines(prog):
             return _dispatch(args)
-    except (UsageError, SpecError, CatalogError, MemoryLimitError) as err:
+    except (UsageError, SpecError, CatalogError, MemoryLimitError, ProfileError,
+            MeasurementError) as err:
         message = _one_line(err)
         if not message.startswith(prog):
             message = f"{prog}: error: {message}"

@@ -194,7 +194,8 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
     _add_require_realizable(parser, dest="main_require_realizable")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    for add in (_add_run, _add_search, _add_top, _add_show, _add_catalog, _add_plot):
+    for add in (_add_run, _add_search, _add_top, _add_show, _add_catalog, _add_plot,
+                _add_calibrate):
         add(commands)
     return parser
 
@@ -215,6 +216,7 @@ def _add_run(commands):
                      help="points per block (bounds memory)")
     _add_deprecated(run, "--max-points", "--block-points", "block_points", type=_positive_int)
     _add_require_realizable(run)
+    _add_calibration(run)
     _add_progress(run)
 
 
@@ -255,6 +257,7 @@ def _add_search(commands):
     search.add_argument("--jobs", type=_jobs, default=1, help="processes for --exact")
     _add_min_accelerators(search)
     _add_require_realizable(search)
+    _add_calibration(search)
     _add_progress(search)
 
 
@@ -311,3 +314,27 @@ def _add_plot(commands):
     plt.add_argument("-o", "--output", help="PNG file (default: <cube>_<kind>_<var>.png)")
     plt.add_argument("--dpi", type=_positive_int, default=120)
     _add_narrowing(plt)
+
+
+def _add_calibration(parser):
+    parser.add_argument("--calibration", metavar="FILE",
+                        help="price with a calibration profile (from `calibrate`; replaces the "
+                             "spec's calibration)")
+
+
+def _add_calibrate(commands):
+    """The ``calibrate`` command's arguments."""
+    cal = commands.add_parser(
+        "calibrate", help="fit the megatron physics to your measured runs (a profile)",
+        description="Fit the megatron physics' free constants to measured step times "
+        "(CSV: one run a line; see sweep.calibration.measurements), print the fit and the "
+        "per-run residuals, save the profile (TOML) for specs, run and search.")
+    cal.add_argument("measurements", metavar="RUNS.csv", help="the measured runs (CSV)")
+    cal.add_argument("-o", "--output", metavar="PROFILE.toml", help="write the profile here")
+    cal.add_argument("--free", metavar="A,B,...", help="constants to fit (default: gemm_scale, "
+                     "[fp8_gemm_scale,] scale_up_efficiency, scale_out_efficiency, "
+                     "overlap_efficiency, step_overhead)")
+    cal.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
+    cal.add_argument("--calibration", metavar="FILE",
+                     help="score this profile on the runs instead of fitting")
+    cal.add_argument("--plot", metavar="PNG", help="also plot predicted vs measured")

@@ -25,7 +25,7 @@ def command(args) -> int:
     try:
         blocks = {"block_points": args.block_points} if args.block_points else {}
         cube = sweep.run(spec, n_jobs=args.jobs, path=path, progress=_progress(args),
-                         resume=args.resume, **blocks)
+                         resume=args.resume, calibration=args.calibration, **blocks)
     except KeyboardInterrupt:
         print(f"{args.prog}: interrupted; the sweep so far is in {path}.partial: continue it "
               f"with `{args.prog} run {args.spec} -o {path} --resume`", file=sys.stderr)

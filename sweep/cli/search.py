@@ -55,6 +55,8 @@ def _search_options(search, args) -> dict:
         options["direction"] = args.direction
     if args.batch_size:
         options["batch_size"] = args.batch_size
+    if args.calibration:
+        options["calibration"] = args.calibration
     return options
 
 

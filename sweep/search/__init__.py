@@ -131,6 +131,7 @@ import optuna
 
 from solver.blocks import BLOCK_POINTS
 
+from ..calibration.profile import with_calibration
 from ..spec import SpecError, load_spec
 from .auto import DEFAULT_TIME_BUDGET, MODES, Probe, duration, mode_name
 from .exhaustive import exact as _exact
@@ -198,7 +199,7 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
            block_points: Optional[int] = None, n_jobs: int = 1, top_k: Optional[int] = None,
            max_points: Optional[int] = None, time_budget: Optional[float] = None,
            patience: Optional[int] = None,
-           require_realizable: Optional[bool] = None) -> SearchResult:
+           require_realizable: Optional[bool] = None, calibration=None) -> SearchResult:
     """Search a spec's layouts for the best objective under a memory limit.
 
     Parameters
@@ -295,6 +296,10 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
         ranks) to be admissible; None: the spec's
         ``constraints.require_realizable`` (default true).
 
+    calibration : str, pathlib.Path or sweep.calibration.Profile, optional
+        Price with a calibration profile's physics and constants (replaces the
+        spec's ``calibration``; see :func:`sweep.calibrate`).
+
     Returns
     -------
     SearchResult
@@ -310,7 +315,8 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     block_points = _alias(block_points, max_points, "max_points", "block_points")
     chosen = mode_name(mode)
     time_budget = _budget(time_budget)
-    spec = load_spec(spec).with_constraints(require_realizable=require_realizable)
+    spec = with_calibration(load_spec(spec), calibration)
+    spec = spec.with_constraints(require_realizable=require_realizable)
     objs = parse_objectives(objective, direction, objectives)
     limits = {label: resolve_memory_limit(memory_limit, spec, fleet)
               for label, fleet in spec.fleets.items()}

@@ -91,6 +91,9 @@ def signature(setup: _Setup, space: SearchSpace) -> str:
         "objectives": [list(o) for o in setup.objectives],
         "limits": setup.limits, "max_accelerators": setup.spec.max_accelerators,
         "constraints": sorted(setup.constraints),
+        # a calibrated study continues only with the same constants (no key when uncalibrated)
+        **({"calibration": dict(setup.spec.calibration.solve_keywords())}
+           if setup.spec.calibration is not None else {}),
     }, sort_keys=True, default=str)
 
 

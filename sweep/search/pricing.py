@@ -169,7 +169,8 @@ def _price(setup: _Setup, workload_label, fleet_label, knobs) -> _Priced:
     knobs = {"physics": spec.physics[0], **spec.fixed, **knobs}  # or the physics axis' values
     if setup.derive is not None:
         knobs.update(setup.derive(knobs, workload, fleet))
-    out = physics_.solve(workload, fleet, knobs["physics"], knobs)
+    out = physics_.solve(workload, fleet, knobs["physics"], knobs,
+                         constants=physics_.calibrated(spec))
     shape = out["valid"].shape
     valid = np.asarray(out["valid"])
     limit = setup.limits[fleet_label]

@@ -1,0 +1,308 @@
+"""``calibrate``: fit the megatron physics' free constants to a user's measured steps.
+
+The free constants (``free=None``) and what each stands for:
+
+========================  ==================================================================
+``gemm_scale``            scale on the GEMM efficiency curve (the large-GEMM plateau's share
+                          of peak): how fast this cluster's kernels run
+``fp8_gemm_scale``        the FP8/FP4 GEMMs' extra scale (free only when a run uses FP8/FP4)
+``scale_up_efficiency``   share of the NVLink domain's NCCL bus bandwidth achieved
+``scale_out_efficiency``  share of the NIC rate achieved across nodes
+``overlap_efficiency``    share of compute time that hides overlapped communication
+``step_overhead``         fixed time per step (data loading, logging, synchronization) [s]
+========================  ==================================================================
+
+Any constant of :data:`solver.physics.megatron.CONSTANT_BOUNDS` may be named in
+``free``; the rest stay at the start values (the shipped all-data fit,
+:data:`solver.physics.megatron.CONSTANTS`). The fit minimizes ``sum (log
+predicted - log measured)^2`` over the runs with :func:`sweep.calibration.fit.fit_log`
+(bounded by each constant's physical range), pricing every run of one
+(workload, fleet) in one vectorized ``solve`` call per residual evaluation.
+
+A constant the data cannot identify (its residual sensitivity is ~0 at the
+start, e.g. no run crosses nodes, so the scale-out efficiency changes nothing)
+is held at its start value with a :class:`CalibrationWarning`; so is the
+uncertainty of a constant that ends at a bound, or of constants so correlated
+that the runs cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import warnings as warnings_
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from solver.physics import megatron
+
+from . import fit as fit_
+from .measurements import Measurements, read_measurements
+from .profile import Profile, load_profile, now
+
+__all__ = ["calibrate", "Calibration", "CalibrationWarning", "DEFAULT_FREE", "predict",
+           "IDENTIFIED_SENSITIVITY", "SEPARABLE_CORRELATION"]
+
+#: Free constants unless told otherwise (``fp8_gemm_scale`` joins when a run uses FP8/FP4).
+DEFAULT_FREE = ("gemm_scale", "scale_up_efficiency", "scale_out_efficiency", "overlap_efficiency",
+                "step_overhead")
+#: Below this RMS ``d log(step) / d log(constant)`` the data cannot identify a constant
+#: (a 1 % change moves the step times by less than 0.001 %).
+IDENTIFIED_SENSITIVITY = 1e-3
+#: Above this |correlation| two fitted constants are not told apart by the runs.
+SEPARABLE_CORRELATION = 0.99
+#: Relative step of the finite-difference Jacobian in log(constant).
+DIFF_STEP = 1e-3
+
+
+class CalibrationWarning(UserWarning):
+    """The runs cannot identify a constant, or its uncertainty is not stated."""
+
+
+def predict(measurements: Measurements, constants: Mapping[str, float]) -> np.ndarray:
+    """Predicted step time of every run [s]: one ``solve`` per (workload, fleet)."""
+    out = np.empty(len(measurements))
+    for workload, fleet, indices, knobs in measurements.groups():
+        out[indices] = megatron.solve(workload, fleet, **knobs, **constants)["step_latency_total"]
+    return out
+
+
+def _ape(pred, meas):
+    return np.abs(np.asarray(pred) / np.asarray(meas) - 1.0) * 100.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """The result of :func:`calibrate`.
+
+    ``profile`` holds the fitted constants and their uncertainty; ``predicted``
+    and ``loo_predicted`` the step times [s] of the fit and of the fit that left
+    each run out (NaN when not computed); ``sensitivity`` the RMS ``d log(step)
+    / d log(constant)`` of each free constant; ``correlation`` the fitted
+    constants' correlation matrix.
+    """
+
+    profile: Profile
+    measurements: Measurements
+    predicted: np.ndarray
+    loo_predicted: np.ndarray
+    uncalibrated: np.ndarray
+    sensitivity: Mapping[str, float]
+    correlation: np.ndarray
+    warnings: tuple
+
+    @property
+    def constants(self) -> dict:
+        return dict(self.profile.constants)
+
+    @property
+    def in_sample_error(self) -> float:
+        """Mean absolute percentage error of the fit on its own runs [%]."""
+        return float(np.mean(_ape(self.predicted, self.measurements.step_times)))
+
+    @property
+    def loo_error(self) -> float:
+        """Mean absolute percentage error, each run predicted by the fit without it [%]."""
+        return float(np.mean(_ape(self.loo_predicted, self.measurements.step_times)))
+
+    def save(self, path):
+        """Write the profile as TOML (see :mod:`sweep.calibration.profile`)."""
+        return self.profile.save(path)
+
+    def residuals(self):
+        """Per-run table (pandas): measured, predicted, errors in and out of sample."""
+        import pandas as pd
+
+        meas = self.measurements.step_times
+        return pd.DataFrame({
+            "run_id": self.measurements.run_ids,
+            "line": [r.line for r in self.measurements.runs],
+            "measured_s": meas, "predicted_s": self.predicted,
+            "error_pct": (self.predicted / meas - 1.0) * 100.0,
+            "loo_predicted_s": self.loo_predicted,
+            "loo_error_pct": (self.loo_predicted / meas - 1.0) * 100.0,
+            "uncalibrated_s": self.uncalibrated,
+            "uncalibrated_error_pct": (self.uncalibrated / meas - 1.0) * 100.0,
+        })
+
+    def constants_table(self):
+        """Per fitted constant (pandas): start, fitted, one standard deviation, sensitivity."""
+        import pandas as pd
+
+        p = self.profile
+        rows = [{"constant": n, "start": megatron.CONSTANTS[n], "fitted": p.constants[n],
+                 "std": p.uncertainty.get(n, np.nan), "low": megatron.CONSTANT_BOUNDS[n][0],
+                 "high": megatron.CONSTANT_BOUNDS[n][1], "sensitivity": self.sensitivity[n],
+                 "meaning": megatron.CONSTANT_BOUNDS[n][2]} for n in p.free]
+        return pd.DataFrame(rows)
+
+
+def _free_names(free, measurements) -> tuple:
+    if free is None:
+        low_bits = any(r.knobs["precision"] in ("fp8", "fp4") for r in measurements.runs)
+        return DEFAULT_FREE[:1] + (("fp8_gemm_scale",) if low_bits else ()) + DEFAULT_FREE[1:]
+    names = (free,) if isinstance(free, str) else tuple(free)
+    for n in names:
+        if n not in megatron.CONSTANT_BOUNDS:
+            close = difflib.get_close_matches(n, list(megatron.CONSTANT_BOUNDS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"free must name constants of the megatron physics "
+                             f"({', '.join(megatron.CONSTANT_BOUNDS)}), but got {n!r}{hint}")
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"free must name distinct constants, at least one, but got {list(names)}")
+    return names
+
+
+def _log_residuals(measurements):
+    log_meas = np.log(measurements.step_times)
+    return lambda constants: np.log(predict(measurements, constants)) - log_meas
+
+
+def _jacobian(residuals, start, names):
+    """Forward-difference ``d residual / d log(constant)`` at ``start`` (a start check)."""
+    base = residuals(start)
+    cols = []
+    for n in names:
+        low, high = megatron.CONSTANT_BOUNDS[n][:2]
+        step = DIFF_STEP if start[n] * np.exp(DIFF_STEP) <= high else -DIFF_STEP
+        value = max(start[n], fit_.LOG_FLOOR)
+        shifted = dict(start, **{n: float(np.clip(value * np.exp(step), max(low, 0.0), high))})
+        cols.append((residuals(shifted) - base) / step)
+    return np.stack(cols, axis=1) if cols else np.zeros((len(base), 0))
+
+
+def _why_unidentified(name, measurements) -> str:
+    if name == "scale_out_efficiency":
+        inside = all(r.n_accelerators <= (r.fleet.node.scale_up_domain
+                                          or r.fleet.node.accelerators_per_node)
+                     for r in measurements.runs)
+        if inside:
+            return "no run crosses nodes (each fits in one NVLink domain)"
+    if name == "fp8_gemm_scale" and not any(r.knobs["precision"] in ("fp8", "fp4")
+                                            for r in measurements.runs):
+        return "no run uses FP8/FP4 GEMMs"
+    return "the step times of these runs do not depend on it"
+
+
+def _start(start) -> dict:
+    if start is None:
+        return dict(megatron.CONSTANTS)
+    if isinstance(start, Mapping):
+        return {**megatron.CONSTANTS, **start}
+    return {**megatron.CONSTANTS, **load_profile(start).constants}
+
+
+def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[str]] = None, *,
+              start=None, loo: bool = True, max_nfev: int = 300) -> Calibration:
+    """Fit the physics' free constants to measured step times.
+
+    Parameters
+    ----------
+    measurements : str, pathlib.Path, Measurements or list of dict
+        The measured runs (:func:`sweep.calibration.read_measurements`).
+    physics : {"megatron"}
+        The physics model calibrated (only ``"megatron"`` has free constants).
+    free : sequence of str, optional
+        Constants fitted (default: :data:`DEFAULT_FREE`, with ``fp8_gemm_scale``
+        when a run uses FP8/FP4).
+    start : mapping, Profile or path, optional
+        Start values, and the values of the constants not fitted (default: the
+        shipped fit :data:`solver.physics.megatron.CONSTANTS`).
+    loo : bool
+        Also refit with each run left out and predict it (one fit per run).
+    max_nfev : int
+        Most residual evaluations of one fit.
+
+    Returns
+    -------
+    Calibration
+
+    Warns
+    -----
+    CalibrationWarning
+        For each constant the runs cannot identify, or whose uncertainty is not
+        stated (at a bound; too few runs; inseparable from another).
+    """
+    if physics != "megatron":
+        raise ValueError(f"physics must be 'megatron' (the physics with fitted constants), "
+                         f"but got {physics!r}")
+    data = read_measurements(measurements)
+    names = _free_names(free, data)
+    base = _start(start)
+    residuals = _log_residuals(data)
+    notes = []
+    sens0 = fit_.sensitivity(_jacobian(residuals, base, names))
+    seen = tuple(n for n, s in zip(names, sens0) if s >= IDENTIFIED_SENSITIVITY)
+    for n, s in zip(names, sens0):
+        if s < IDENTIFIED_SENSITIVITY:
+            notes.append(f"{n}: not identified by these runs ({_why_unidentified(n, data)}); "
+                         f"kept at {base[n]:.4g}")
+    held = {k: v for k, v in base.items() if k not in seen}
+    if seen:
+        solution = fit_.fit_log(residuals, base, seen, megatron.CONSTANT_BOUNDS, held=held,
+                                diff_step=DIFF_STEP, max_nfev=max_nfev)
+        constants = dict(solution.constants)
+    else:
+        solution, constants = None, dict(base)
+    constants = {k: constants[k] for k in megatron.CONSTANT_BOUNDS}
+    uncertainty, sens, corr = _uncertainty(solution, names, constants, len(data), notes)
+    for n, s in zip(names, sens0):
+        sens.setdefault(n, float(s))
+    predicted = predict(data, constants)
+    loo_pred = _leave_one_out(data, constants, seen, max_nfev) if loo else np.full(len(data), np.nan)
+    for note in notes:
+        warnings_.warn(note, CalibrationWarning, stacklevel=2)
+    meas = data.step_times
+    profile = Profile(physics=physics, constants=constants, uncertainty=uncertainty, free=names,
+                      data_sha256=data.sha256, data_source=data.source, date=now(), runs=len(data),
+                      in_sample_mape=float(np.mean(_ape(predicted, meas))),
+                      loo_mape=float(np.mean(_ape(loo_pred, meas))), warnings=tuple(notes))
+    return Calibration(profile=profile, measurements=data, predicted=predicted,
+                       loo_predicted=loo_pred, uncalibrated=predict(data, base),
+                       sensitivity=sens, correlation=corr, warnings=tuple(notes))
+
+
+def _uncertainty(solution, names, constants, n_runs, notes) -> tuple:
+    """``(std per free constant, sensitivity per fitted one, correlation)``; notes appended."""
+    std = {n: float("nan") for n in names}
+    if solution is None:
+        return std, {}, np.zeros((0, 0))
+    fitted = solution.names
+    sens = dict(zip(fitted, map(float, fit_.sensitivity(solution.jac))))
+    use = ~solution.active
+    for n, at_bound in zip(fitted, solution.active):
+        if at_bound:
+            low, high = megatron.CONSTANT_BOUNDS[n][:2]
+            notes.append(f"{n}: ended at its bound ({constants[n]:.4g} in [{low:g}, {high:g}]): "
+                         f"the runs push it past its physical range; uncertainty not stated")
+    if n_runs <= int(use.sum()):
+        notes.append(f"{n_runs} runs for {int(use.sum())} fitted constants: no uncertainty "
+                     f"without more runs than constants")
+    cov = fit_.covariance(solution.jac, solution.residuals, use)
+    sd_x = np.sqrt(np.diag(cov))
+    for n, s in zip(fitted, sd_x):
+        std[n] = float(constants[n] * s)  # delta method: d c = c d log c
+    with np.errstate(invalid="ignore", divide="ignore"):
+        corr = cov / np.outer(sd_x, sd_x)
+    for i in range(len(fitted)):
+        for j in range(i + 1, len(fitted)):
+            if abs(corr[i, j]) > SEPARABLE_CORRELATION:
+                notes.append(f"{fitted[i]} and {fitted[j]}: not told apart by these runs "
+                             f"(correlation {corr[i, j]:+.3f}); their sum effect is fitted, "
+                             f"each alone is uncertain")
+    return std, sens, corr
+
+
+def _leave_one_out(data, constants, names, max_nfev) -> np.ndarray:
+    """Each run predicted by the fit of all the others (started from the full fit)."""
+    out = np.full(len(data), np.nan)
+    if not names or len(data) < 2:
+        return out
+    held = {k: v for k, v in constants.items() if k not in names}
+    for i in range(len(data)):
+        rest = data.subset([j for j in range(len(data)) if j != i])
+        sol = fit_.fit_log(_log_residuals(rest), constants, names, megatron.CONSTANT_BOUNDS,
+                           held=held, diff_step=DIFF_STEP, max_nfev=max_nfev)
+        out[i] = predict(data.subset([i]), sol.constants)[0]
+    return out

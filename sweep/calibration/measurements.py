@@ -1,0 +1,443 @@
+"""A user's measured training steps: the CSV format, read and checked line by line.
+
+One run a line. A ``#`` in the first column starts a comment line; blank lines
+are skipped. Column names are case-sensitive; an unknown column is refused.
+
+The workload: ``workload``, a catalog name (``Llama3_70B_MC``; see ``python -m
+sweep catalog workloads``), or its shape:
+
+=========================  ==============================================================
+``layers``                 transformer layers (required with a shape)
+``hidden_dim``             hidden width (required with a shape)
+``heads``                  attention heads (required with a shape)
+``kv_heads``               key/value heads (GQA; default ``heads``)
+``ffn_hidden_dim``         MLP width (default ``4 * hidden_dim``)
+``vocab_size``             vocabulary, padded (default 51200)
+``head_dim``               attention head width (default ``hidden_dim / heads``)
+``gated_mlp``              SwiGLU-style MLP of 3 matrices (default false)
+``parameters``             total parameters (default: counted from the shape)
+``experts``, ``active_experts_per_token``, ``moe_ffn_hidden_dim``, ``shared_experts``,
+``dense_layers``           MoE shape (optional)
+=========================  ==============================================================
+
+The hardware: ``fleet``, a catalog fleet name (``EOS_H100_MC``), or ``node`` (a
+catalog node, ``DGX_H100_MC``) with ``fabric`` (a catalog fabric, default
+``InfiniBand_NDR``). Only the node type and the fabric matter: the run's own
+size is ``num_gpus`` (the accelerators it used) or ``dp_size``; give either, or
+both when they agree (``num_gpus = tp_size * pp_size * cp_size * dp_size``).
+
+The layout: the knobs of :data:`solver.physics.megatron.KNOBS`, by their
+Megatron names (``tp_size``, ``pp_size``, ``cp_size``, ``ep_size``,
+``dp_size``, ``v_stages``, ``micro_batch_size``, ``batch_size`` (global, in
+sequences), ``seq_len``, ``sequence_parallel``, ``recompute`` (none, selective,
+full), ``zero_stage`` (0 DDP, 1 distributed optimizer, 2, 3 FSDP),
+``precision`` (bf16, fp16, fp8, fp4), ``tp_comm_overlap``,
+``overlap_grad_reduce``, ``overlap_param_gather``, ``flash_attention``); an
+empty cell or a missing column takes the knob's default
+(:data:`solver.physics.megatron.DEFAULTS`). Booleans are true/false, yes/no or 1/0.
+
+The measurement, exactly one per line: ``step_time_s`` (one optimizer step,
+in seconds) or ``tokens_per_s_per_gpu`` (converted with ``batch_size * seq_len
+/ (tokens_per_s_per_gpu * num_gpus)``). ``run_id`` names the line in tables
+(default ``line N``).
+
+A line the file cannot mean is refused with :class:`MeasurementError`, naming
+the file, the line and the column: ``runs.csv line 4, column tp_size: expected a
+whole number >= 1, but got 'x'``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import difflib
+import hashlib
+import io
+import math
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from solver import catalog
+from solver.catalog import CatalogError
+from solver.physics import megatron
+from solver.specs import Fleet, Workload
+
+__all__ = ["MeasurementError", "Run", "Measurements", "read_measurements", "COLUMNS",
+           "MEASURED", "DEFAULT_FABRIC"]
+
+#: Fabric of a ``node`` column given without ``fabric``.
+DEFAULT_FABRIC = "InfiniBand_NDR"
+#: The measured quantities; exactly one per line.
+MEASURED = ("step_time_s", "tokens_per_s_per_gpu")
+
+_SHAPE_INT = ("layers", "hidden_dim", "heads", "kv_heads", "ffn_hidden_dim", "vocab_size",
+              "head_dim", "experts", "active_experts_per_token", "moe_ffn_hidden_dim",
+              "shared_experts", "dense_layers")
+_SHAPE = _SHAPE_INT + ("gated_mlp", "parameters")
+_HARDWARE = ("fleet", "node", "fabric", "num_gpus")
+#: Every column the format knows (name -> what it holds).
+COLUMNS = {
+    "run_id": "a name for the line",
+    "workload": "a catalog workload name",
+    **{name: "workload shape" for name in _SHAPE},
+    "fleet": "a catalog fleet name", "node": "a catalog node name",
+    "fabric": "a catalog fabric name", "num_gpus": "accelerators the run used",
+    **{name: knob.why or name for name, knob in megatron.KNOBS.items()},
+    "step_time_s": "measured step time [s]",
+    "tokens_per_s_per_gpu": "measured tokens per second per accelerator [1/s]",
+}
+_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+
+
+class MeasurementError(ValueError):
+    """A measurements file that cannot be read: names the file, line and column."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One measured run: where it ran, its layout and its step time.
+
+    ``knobs`` are solve keywords of :func:`solver.physics.megatron.solve` with
+    ``dp_size`` always stated; ``step_time`` is in seconds [s].
+    """
+
+    line: int
+    run_id: str
+    workload: Workload
+    fleet: Fleet
+    knobs: Mapping[str, Any]
+    step_time: float
+    measured_as: str
+    group: tuple
+
+    @property
+    def n_accelerators(self) -> int:
+        k = self.knobs
+        return int(k["tp_size"] * k["pp_size"] * k["cp_size"] * k["dp_size"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurements:
+    """Measured runs read from one source, with the sha256 of its bytes."""
+
+    runs: tuple
+    source: str = "<records>"
+    sha256: str = ""
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    @property
+    def step_times(self) -> np.ndarray:
+        """Measured step times [s], in line order."""
+        return np.array([r.step_time for r in self.runs], dtype=np.float64)
+
+    @property
+    def run_ids(self) -> list:
+        return [r.run_id for r in self.runs]
+
+    def subset(self, indices) -> "Measurements":
+        """The runs at ``indices`` (same source and hash)."""
+        return dataclasses.replace(self, runs=tuple(self.runs[i] for i in indices))
+
+    def groups(self) -> list:
+        """``[(workload, fleet, indices, knobs)]``: one solve per (workload, fleet).
+
+        ``knobs`` maps every solve keyword to a flat array over the group's runs.
+        """
+        order: dict = {}
+        for i, run in enumerate(self.runs):
+            order.setdefault(run.group, []).append(i)
+        out = []
+        for indices in order.values():
+            first = self.runs[indices[0]]
+            knobs = {name: np.array([self.runs[i].knobs[name] for i in indices])
+                     for name in first.knobs}
+            out.append((first.workload, first.fleet, np.array(indices), knobs))
+        return out
+
+
+# ------------------------------------------------------------------ cells
+
+class _Line:
+    """Where a cell is, carried into every message."""
+
+    def __init__(self, source, line):
+        self.source, self.line = source, line
+
+    def fail(self, column, expected, got):
+        col = f", column {column}" if column else ""
+        raise MeasurementError(f"{self.source} line {self.line}{col}: expected {expected}, "
+                               f"but got {got!r}")
+
+
+def _whole(where, column, text, low=1, high=None):
+    try:
+        number = float(text)
+    except (TypeError, ValueError):
+        number = math.nan
+    ok = math.isfinite(number) and number == int(number) and number >= low \
+        and (high is None or number <= high)
+    if not ok:
+        span = f">= {low}" if high is None else f"from {low} to {high}"
+        where.fail(column, f"a whole number {span}", text)
+    return int(number)
+
+
+def _positive(where, column, text):
+    try:
+        number = float(text)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        where.fail(column, "a positive number", text)
+    return number
+
+
+def _boolean(where, column, text):
+    key = str(text).strip().lower()
+    if key in _TRUE:
+        return True
+    if key in _FALSE:
+        return False
+    where.fail(column, "true or false (yes/no, 1/0)", text)
+
+
+def _choice(where, column, text, choices):
+    key = str(text).strip().lower()
+    if key not in choices:
+        where.fail(column, f"one of {', '.join(choices)}", text)
+    return key
+
+
+def _catalog(where, column, text, getter):
+    try:
+        return getter(str(text).strip())
+    except (CatalogError, KeyError, ValueError) as err:
+        where.fail(column, f"a catalog name ({err})", text)
+
+
+# ------------------------------------------------------------------ rows
+
+def _shape_params(l, h, heads, kv, ffn, vocab, gated, head_dim):
+    """Parameters of a dense transformer counted from its shape [1]."""
+    attn = h * head_dim * (heads + 2 * kv) + heads * head_dim * h
+    return l * (attn + (3 if gated else 2) * h * ffn + 2 * h) + 2 * vocab * h
+
+
+def _workload(where, row):
+    shape = {k: row[k] for k in _SHAPE if row.get(k) not in (None, "")}
+    name = row.get("workload", "")
+    if name and shape:
+        where.fail(next(iter(shape)), f"no shape column when the workload is named ({name!r})",
+                   shape[next(iter(shape))])
+    if name:
+        workload = _catalog(where, "workload", name, catalog.workload)
+        return workload, ("workload", workload.name)
+    if not shape:
+        where.fail("workload", "a catalog workload name or the shape columns layers, "
+                   "hidden_dim, heads", "")
+    for key in ("layers", "hidden_dim", "heads"):
+        if key not in shape:
+            where.fail(key, "a whole number >= 1 (the shape needs layers, hidden_dim, heads)", "")
+    ints = {k: _whole(where, k, shape[k], low=0 if k in ("shared_experts", "dense_layers") else 1)
+            for k in _SHAPE_INT if k in shape}
+    gated = _boolean(where, "gated_mlp", shape["gated_mlp"]) if "gated_mlp" in shape else False
+    l, h, heads = ints["layers"], ints["hidden_dim"], ints["heads"]
+    kv, ffn = ints.get("kv_heads", heads), ints.get("ffn_hidden_dim", 4 * h)
+    vocab, head_dim = ints.get("vocab_size", megatron.DEFAULT_VOCAB), ints.get("head_dim", h / heads)
+    params = (_positive(where, "parameters", shape["parameters"]) if "parameters" in shape
+              else _shape_params(l, h, heads, kv, ffn, vocab, gated, head_dim))
+    fields = dict(ints, gated_mlp=gated, parameters=float(params))
+    kind = "moe" if ints.get("experts", 1) > 1 else "transformer"
+    workload = Workload(name=row.get("run_id") or f"h{h} l{l}", kind=kind,
+                        inference_flops=2.0 * params, **fields)
+    return workload, ("shape",) + tuple(sorted((k, v) for k, v in fields.items()))
+
+
+def _fleet(where, row):
+    name, node = row.get("fleet", ""), row.get("node", "")
+    if name and node:
+        where.fail("node", f"no node column when the fleet is named ({name!r})", node)
+    if name:
+        if row.get("fabric"):
+            where.fail("fabric", f"no fabric column when the fleet is named ({name!r})", row["fabric"])
+        fleet = _catalog(where, "fleet", name, catalog.fleet)
+        return fleet, ("fleet", name)
+    if not node:
+        where.fail("fleet", "a catalog fleet name, or a catalog node name in column node", "")
+    node_spec = _catalog(where, "node", node, catalog.node)
+    fabric_name = row.get("fabric") or DEFAULT_FABRIC
+    fabric = _catalog(where, "fabric", fabric_name, catalog.fabric)
+    return Fleet(f"{node} x {fabric_name}", node_spec, 1, fabric), ("node", node, fabric_name)
+
+
+def _knobs(where, row):
+    knobs = {}
+    for name, knob in megatron.KNOBS.items():
+        text = row.get(name, "")
+        if text in (None, ""):
+            knobs[name] = knob.default
+        elif knob.kind == "int":
+            knobs[name] = _whole(where, name, text, low=int(knob.low),
+                                 high=None if knob.high is None else int(knob.high))
+        elif knob.kind == "bool":
+            knobs[name] = _boolean(where, name, text)
+        else:
+            choices = megatron.RECOMPUTE if name == "recompute" else megatron.PRECISIONS
+            knobs[name] = _choice(where, name, text, choices)
+    model_parallel = knobs["tp_size"] * knobs["pp_size"] * knobs["cp_size"]
+    n_gpus = _whole(where, "num_gpus", row["num_gpus"]) if row.get("num_gpus") else None
+    if knobs["dp_size"] is None:
+        if n_gpus is None:
+            where.fail("num_gpus", "the accelerators the run used (or a dp_size column)", "")
+        if n_gpus % model_parallel:
+            where.fail("num_gpus", f"a multiple of tp_size * pp_size * cp_size = {model_parallel}",
+                       row["num_gpus"])
+        knobs["dp_size"] = n_gpus // model_parallel
+    elif n_gpus is not None and n_gpus != model_parallel * knobs["dp_size"]:
+        where.fail("num_gpus", f"tp_size * pp_size * cp_size * dp_size = "
+                   f"{model_parallel * knobs['dp_size']}", row["num_gpus"])
+    return knobs
+
+
+def _measured(where, row, knobs):
+    given = [k for k in MEASURED if row.get(k) not in (None, "")]
+    if len(given) != 1:
+        where.fail(MEASURED[0] if not given else given[1],
+                   "exactly one of step_time_s, tokens_per_s_per_gpu",
+                   ", ".join(f"{k}={row[k]}" for k in given) or "neither")
+    value = _positive(where, given[0], row[given[0]])
+    if given[0] == "step_time_s":
+        return value, given[0]
+    n = knobs["tp_size"] * knobs["pp_size"] * knobs["cp_size"] * knobs["dp_size"]
+    return knobs["batch_size"] * knobs["seq_len"] / (value * n), given[0]
+
+
+def _run(source, line, row) -> Run:
+    where = _Line(source, line)
+    workload, wkey = _workload(where, row)
+    fleet, fkey = _fleet(where, row)
+    knobs = _knobs(where, row)
+    step, kind = _measured(where, row, knobs)
+    return Run(line=line, run_id=row.get("run_id") or f"line {line}", workload=workload,
+               fleet=fleet, knobs=knobs, step_time=step, measured_as=kind, group=(wkey, fkey))
+
+
+def _check_columns(source, header):
+    for column in header:
+        if column not in COLUMNS:
+            close = difflib.get_close_matches(column, list(COLUMNS), n=1, cutoff=0.4)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise MeasurementError(f"{source} line 1, column {column}: expected a column of the "
+                                   f"measurements format{hint}, but got {column!r}")
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:
+        raise MeasurementError(f"{source} line 1: expected distinct column names, but got "
+                               f"{', '.join(twice)} more than once")
+    if not any(c in header for c in MEASURED):
+        raise MeasurementError(f"{source} line 1: expected a column step_time_s or "
+                               f"tokens_per_s_per_gpu, but got {', '.join(header)}")
+
+
+def _check_priced(measurements: Measurements) -> None:
+    """Refuse runs the model cannot price as Megatron-Core would run them."""
+    for workload, fleet, indices, knobs in measurements.groups():
+        try:
+            out = megatron.solve(workload, fleet, **knobs)
+        except ValueError as err:
+            raise MeasurementError(f"{measurements.source}: {err}") from None
+        for name, why in (("valid", "a possible split (ep_size must divide dp_size * cp_size)"),
+                          ("realizable", "a layout Megatron-Core can run (whole microbatches: "
+                           "batch_size a multiple of dp_size * micro_batch_size; heads, layers "
+                           "and experts divisible by tp_size, pp_size * v_stages, ep_size)")):
+            bad = np.flatnonzero(~np.asarray(out[name]))
+            if bad.size:
+                run = measurements.runs[indices[bad[0]]]
+                raise MeasurementError(f"{measurements.source} line {run.line}: expected {why}, "
+                                       f"but got {_layout(run.knobs)}")
+
+
+def _layout(knobs) -> str:
+    keys = ("tp_size", "pp_size", "cp_size", "ep_size", "dp_size", "v_stages", "micro_batch_size",
+            "batch_size")
+    return ", ".join(f"{k}={knobs[k]}" for k in keys)
+
+
+def read_measurements(source, *, name: Optional[str] = None) -> Measurements:
+    """Read and check measured runs.
+
+    Parameters
+    ----------
+    source : str, pathlib.Path, Measurements or sequence of dict
+        A CSV file (the format of this module's docstring), measurements
+        already read, or records (column -> value, one dict a run).
+    name : str, optional
+        What messages call the source (default: the path, or ``<records>``).
+
+    Returns
+    -------
+    Measurements
+
+    Raises
+    ------
+    MeasurementError
+        Naming the file, line and column, what was expected and what came.
+    """
+    if isinstance(source, Measurements):
+        return source
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise MeasurementError(f"{path}: expected a readable measurements CSV file, but got "
+                                   f"{err.strerror or err}") from None
+        return _from_text(data.decode("utf-8-sig"), name or str(path),
+                          hashlib.sha256(data).hexdigest())
+    if isinstance(source, Sequence) and all(isinstance(r, Mapping) for r in source):
+        buffer = io.StringIO()
+        header = list(dict.fromkeys(k for r in source for k in r))
+        writer = csv.DictWriter(buffer, header, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: _cell(v) for k, v in r.items()} for r in source)
+        text = buffer.getvalue()
+        return _from_text(text, name or "<records>", hashlib.sha256(text.encode()).hexdigest())
+    raise MeasurementError(f"measurements: expected a CSV path, Measurements or a list of dicts, "
+                           f"but got {type(source).__name__}")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _from_text(text, source, sha256) -> Measurements:
+    lines = [(i + 1, line) for i, line in enumerate(text.splitlines())]
+    body = [(n, line) for n, line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not body:
+        raise MeasurementError(f"{source}: expected a header line and one run a line, but got "
+                               f"an empty file")
+    rows = list(csv.reader([line for _, line in body]))
+    header = [c.strip() for c in rows[0]]
+    header_line = body[0][0]
+    try:
+        _check_columns(source, header)
+    except MeasurementError as err:
+        raise MeasurementError(str(err).replace(" line 1", f" line {header_line}", 1)) from None
+    runs = []
+    for (line, _), cells in zip(body[1:], rows[1:]):
+        if len(cells) != len(header):
+            _Line(source, line).fail("", f"{len(header)} cells (one per column of the header)",
+                                     f"{len(cells)} cells")
+        runs.append(_run(source, line, {k: c.strip() for k, c in zip(header, cells)}))
+    if not runs:
+        raise MeasurementError(f"{source}: expected at least one run after the header, but got none")
+    measurements = Measurements(runs=tuple(runs), source=source, sha256=sha256)
+    _check_priced(measurements)
+    return measurements

@@ -1,0 +1,206 @@
+"""A calibration profile: fitted physics constants, saved as TOML and read back.
+
+The file::
+
+    # written by sweep.calibrate (layout-sweep 0.1.0)
+    [calibration]
+    physics = "megatron"
+    date = "2026-12-01T10:00:00+00:00"
+    data_source = "runs.csv"
+    data_sha256 = "3f1c..."             # of the measurements file's bytes
+    runs = 12
+    free = ["gemm_scale", "scale_up_efficiency", ...]
+    in_sample_mape = 2.1                # mean |predicted / measured - 1| [%]
+    loo_mape = 3.4                      # the same, each run left out of its own fit
+    warnings = ["scale_out_efficiency: ..."]
+
+    [constants]                         # every constant of the physics
+    gemm_scale = 0.71
+    ...
+
+    [uncertainty]                       # one standard deviation, fitted constants only
+    gemm_scale = 0.012                  # nan: the data cannot identify it
+
+The ``[constants]`` table holds every constant of the physics, so
+``solver.physics.megatron.load_constants(path)`` reads a profile too, and
+``solver.solve(wl, fl, physics="megatron", **load_profile(path).constants)``
+prices with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import tomllib
+from pathlib import Path
+from typing import Mapping, Optional
+
+import solver
+from solver import physics as physics_
+
+__all__ = ["Profile", "load_profile", "ProfileError", "solve_keywords", "with_calibration"]
+
+
+class ProfileError(ValueError):
+    """A calibration profile that cannot be read: names the file and key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Fitted constants of one physics model, with where they came from.
+
+    ``constants`` holds every constant of the model (the fitted ones and the
+    rest at the values the fit held them); ``uncertainty`` one standard
+    deviation of each fitted one (same units; NaN when not identified).
+    """
+
+    physics: str
+    constants: Mapping[str, float]
+    uncertainty: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    free: tuple = ()
+    data_sha256: str = ""
+    data_source: str = ""
+    date: str = ""
+    runs: int = 0
+    in_sample_mape: float = math.nan
+    loo_mape: float = math.nan
+    warnings: tuple = ()
+    path: str = ""
+
+    def solve_keywords(self) -> dict:
+        """``{"physics": ..., **constants}``: keywords for :func:`solver.solve`."""
+        return {"physics": self.physics, **self.constants}
+
+    def to_toml(self) -> str:
+        """The profile as TOML text (the format of this module's docstring)."""
+        meta = {"physics": self.physics, "date": self.date, "data_source": self.data_source,
+                "data_sha256": self.data_sha256, "runs": int(self.runs), "free": list(self.free),
+                "in_sample_mape": float(self.in_sample_mape), "loo_mape": float(self.loo_mape),
+                "warnings": list(self.warnings)}
+        lines = [f"# written by sweep.calibrate (layout-sweep {solver.__version__})",
+                 "[calibration]"]
+        lines += [f"{k} = {_toml(v)}" for k, v in meta.items()]
+        lines += ["", "[constants]"] + [f"{k} = {_toml(float(v))}" for k, v in self.constants.items()]
+        lines += ["", "[uncertainty]"] + [f"{k} = {_toml(float(v))}"
+                                          for k, v in self.uncertainty.items()]
+        return "\n".join(lines) + "\n"
+
+    def save(self, path) -> Path:
+        """Write :meth:`to_toml` to ``path``; returns the path."""
+        path = Path(path)
+        path.write_text(self.to_toml())
+        return path
+
+    def to_json(self) -> str:
+        """The profile as one JSON string (a cube's ``calibration`` attr)."""
+        data = dataclasses.asdict(self)
+        return json.dumps({k: (list(v) if isinstance(v, tuple) else v) for k, v in data.items()},
+                          sort_keys=True, default=float)
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else ("inf" if value == math.inf else repr(value))
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(str(value))  # a TOML basic string
+
+
+def now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def load_profile(source) -> Profile:
+    """Read a profile: a TOML path, or a :class:`Profile` (returned as is).
+
+    Raises
+    ------
+    ProfileError
+        Naming the file and key, what was expected and what came.
+    """
+    if isinstance(source, Profile):
+        return source
+    path = Path(source)
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as err:
+        raise ProfileError(f"{path}: expected a calibration profile (TOML), but got "
+                           f"{err.strerror or err}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ProfileError(f"{path}: expected TOML, but got {err}") from None
+    return _from_data(data, str(path))
+
+
+def _from_data(data: Mapping, where: str) -> Profile:
+    meta = data.get("calibration")
+    if not isinstance(meta, Mapping):
+        raise ProfileError(f"{where}: calibration: expected a [calibration] table (physics, "
+                           f"date, data_sha256, ...), but got {meta!r}")
+    name = meta.get("physics")
+    try:
+        model = physics_.model(name)
+    except ValueError as err:
+        raise ProfileError(f"{where}: calibration.physics: {err}") from None
+    known = getattr(model, "CONSTANT_BOUNDS", {})
+    constants = data.get("constants", {})
+    if not isinstance(constants, Mapping):
+        raise ProfileError(f"{where}: constants: expected a table, but got {constants!r}")
+    for key, value in constants.items():
+        if key not in known:
+            raise ProfileError(f"{where}: constants.{key}: expected a constant of the {name} "
+                               f"physics ({', '.join(known)}), but got {key!r}")
+        low, high = known[key][:2]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not low <= value <= high:
+            raise ProfileError(f"{where}: constants.{key}: expected a number in "
+                               f"[{low:g}, {high:g}], but got {value!r}")
+    uncertainty = data.get("uncertainty", {})
+    return Profile(physics=name, constants={k: float(v) for k, v in constants.items()},
+                   uncertainty={k: float(v) for k, v in uncertainty.items()},
+                   free=tuple(meta.get("free", ())), data_sha256=str(meta.get("data_sha256", "")),
+                   data_source=str(meta.get("data_source", "")), date=str(meta.get("date", "")),
+                   runs=int(meta.get("runs", 0)),
+                   in_sample_mape=float(meta.get("in_sample_mape", math.nan)),
+                   loo_mape=float(meta.get("loo_mape", math.nan)),
+                   warnings=tuple(meta.get("warnings", ())), path=where)
+
+
+def with_calibration(spec, calibration):
+    """``spec`` (a :class:`sweep.Spec`) priced with ``calibration`` (a path or
+    :class:`Profile`; None leaves the spec's own)."""
+    if calibration is None:
+        return spec
+    profile = load_profile(calibration)
+    if profile.physics not in spec.physics:
+        raise ProfileError(f"{profile.path or calibration}: a calibration of the "
+                           f"{profile.physics!r} physics, but the spec {spec.name!r} prices with "
+                           f"{', '.join(spec.physics)}: set physics = {profile.physics!r} in the "
+                           f"spec (or --physics {profile.physics})")
+    return dataclasses.replace(spec, calibration=profile)
+
+
+def solve_keywords(calibration: Optional[Profile], physics: Optional[str] = None) -> dict:
+    """Extra keywords of ``solver.solve`` for a calibration (``{}`` for none).
+
+    A calibration implies its physics; a ``physics`` named besides must be the
+    same one.
+
+    Raises
+    ------
+    ValueError
+        When ``physics`` is not the profile's.
+    """
+    if calibration is None:
+        return {} if physics is None else {"physics": physics}
+    if physics is not None and physics != calibration.physics:
+        raise ValueError(f"the calibration {calibration.path or ''!s} is of the "
+                         f"{calibration.physics!r} physics, but got physics={physics!r}")
+    return calibration.solve_keywords()

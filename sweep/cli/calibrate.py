@@ -1,0 +1,107 @@
+"""``calibrate``: fit the megatron physics to measured runs, print the fit, save a profile.
+
+    layout-sweep calibrate runs.csv -o my_cluster.toml --plot cal.png
+    layout-sweep calibrate runs.csv --calibration my_cluster.toml   # score a profile, no fit
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+
+from ._common import EXIT_OK, UsageError, _check_output
+from .format import format_table
+
+__all__ = ["command"]
+
+
+def _number(value, digits=4) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else f"{value:.{digits}g}"
+
+
+def _constants_rows(cal) -> list:
+    return [[r["constant"], _number(r["start"]), _number(r["fitted"]), _number(r["std"], 2),
+             f"[{r['low']:g}, {r['high']:g}]", _number(r["sensitivity"], 2)]
+            for r in cal.constants_table().to_dict("records")]
+
+
+def _residual_rows(table) -> list:
+    rows = []
+    for r in table.to_dict("records"):
+        rows.append([r["run_id"], str(r["line"]), f"{r['measured_s']:.4g}", f"{r['predicted_s']:.4g}",
+                     f"{r['error_pct']:+.1f}", "-" if math.isnan(r["loo_error_pct"])
+                     else f"{r['loo_error_pct']:+.1f}", f"{r['uncalibrated_error_pct']:+.1f}"])
+    return rows
+
+
+def _score(args, data):
+    """A profile's residuals on the runs, without fitting (``--calibration``)."""
+    from ..calibration import load_profile, predict
+
+    profile = load_profile(args.calibration)
+    pred = predict(data, profile.constants)
+    meas = data.step_times
+    err = (pred / meas - 1.0) * 100.0
+    print(f"{profile.path}: {profile.physics} constants fitted {profile.date} on "
+          f"{profile.runs} runs of {profile.data_source} (sha256 {profile.data_sha256[:16]})")
+    print(format_table(["run", "line", "measured [s]", "predicted [s]", "error [%]"],
+                       [[r.run_id, str(r.line), f"{m:.4g}", f"{p:.4g}", f"{e:+.1f}"]
+                        for r, m, p, e in zip(data.runs, meas, pred, err)]))
+    print(f"mean absolute error {np.mean(np.abs(err)):.2f} %")
+    return meas, pred, None
+
+
+def _fit(args, data):
+    import sweep
+
+    free = [n.strip() for n in args.free.split(",") if n.strip()] if args.free else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            cal = sweep.calibrate(data, free=free, loo=not args.no_loo)
+        except ValueError as err:
+            raise UsageError(f"calibrate: {err}") from None
+    print(f"{data.source}: {len(data)} runs, sha256 {data.sha256[:16]}; fitted "
+          f"{', '.join(cal.profile.free)} (megatron physics)")
+    print(format_table(["constant", "start", "fitted", "std", "bounds", "sensitivity"],
+                       _constants_rows(cal)))
+    print()
+    print(format_table(["run", "line", "measured [s]", "predicted [s]", "error [%]",
+                        "LOO error [%]", "uncalibrated [%]"], _residual_rows(cal.residuals())))
+    loo = "" if args.no_loo else f", leave-one-out {cal.loo_error:.2f} %"
+    print(f"mean absolute error: in sample {cal.in_sample_error:.2f} %{loo} (uncalibrated "
+          f"{np.mean(np.abs(cal.uncalibrated / data.step_times - 1)) * 100:.2f} %)")
+    for w in caught:
+        print(f"warning: {w.message}")
+    if args.output:
+        path = _check_output(args.output, "-o")
+        cal.save(path)
+        print(f"wrote {path}")
+    return data.step_times, cal.predicted, cal.uncalibrated
+
+
+def command(args) -> int:
+    """``calibrate``: fit (or, with ``--calibration``, score) and print; save and plot."""
+    from ..calibration import MeasurementError, ProfileError, read_measurements
+
+    try:
+        data = read_measurements(args.measurements)
+        meas, pred, base = _score(args, data) if args.calibration else _fit(args, data)
+    except (MeasurementError, ProfileError) as err:
+        raise UsageError(str(err)) from None
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise UsageError("calibrate --plot: expected matplotlib to be installed (pip "
+                             "install 'layout-sweep[plot]'), but it is not")
+        from .. import plot
+
+        path = _check_output(args.plot, "--plot")
+        figure = plot.calibration(meas, pred, labels=data.run_ids, uncalibrated=base)
+        figure.savefig(path, dpi=120)
+        print(f"wrote {path}")
+    return EXIT_OK

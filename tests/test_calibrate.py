@@ -1,0 +1,215 @@
+"""sweep.calibrate: constants recovered from synthetic runs, identifiability, profiles."""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+import warnings
+
+import numpy as np
+import pytest
+
+import sweep
+from solver.physics import megatron as M
+from sweep.calibration import (CalibrationWarning, MeasurementError, Profile, load_profile,
+                               predict, read_measurements)
+
+TRUE = dict(M.CONSTANTS, gemm_scale=0.65, scale_up_efficiency=0.8, scale_out_efficiency=0.5,
+            overlap_efficiency=0.7, step_overhead=0.05)
+FREE = ("gemm_scale", "scale_up_efficiency", "scale_out_efficiency", "overlap_efficiency",
+        "step_overhead")
+
+
+def _rows(dps=(1, 4, 16), tps=(1, 2, 4, 8), pps=(1, 2, 4)):
+    return [dict(run_id=f"tp{tp}-pp{pp}-dp{dp}", workload="Llama3_8B_MC", fleet="EOS_H100_MC",
+                 batch_size=128, seq_len=4096, tp_size=tp, pp_size=pp, dp_size=dp,
+                 sequence_parallel=tp > 1, recompute="selective", zero_stage=1 if dp > 1 else 0,
+                 step_time_s=1.0)
+            for tp in tps for pp in pps for dp in dps]
+
+
+def _synthetic(rows, constants, noise, seed=0):
+    """The rows with step times of the model at ``constants`` times lognormal noise."""
+    rng = np.random.default_rng(seed)
+    pred = predict(read_measurements(rows), constants)
+    return [dict(r, step_time_s=float(p * np.exp(rng.normal(0.0, noise))))
+            for r, p in zip(rows, pred)]
+
+
+@pytest.fixture(scope="module")
+def synthetic_fit():
+    rows = _synthetic(_rows(), TRUE, noise=0.02)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationWarning)  # every constant identified
+        return sweep.calibrate(rows, loo=False)
+
+
+def test_constants_recovered_within_their_uncertainty(synthetic_fit):
+    cal = synthetic_fit
+    assert cal.profile.free == FREE
+    for name in FREE:
+        fitted, std = cal.constants[name], cal.profile.uncertainty[name]
+        assert 0 < std < 0.5 * TRUE[name], name
+        assert abs(fitted - TRUE[name]) <= 3 * std, (name, fitted, std, TRUE[name])
+    # the constants not fitted stay at the shipped values
+    for name in set(M.CONSTANTS) - set(FREE):
+        assert cal.constants[name] == M.CONSTANTS[name]
+    # 2 % lognormal noise: the in-sample error is about sqrt(2/pi) * 2 % = 1.6 %
+    assert 0.8 < cal.in_sample_error < 2.5
+    table = cal.residuals()
+    assert list(table["run_id"])[:2] == ["tp1-pp1-dp1", "tp1-pp1-dp4"]
+    assert np.allclose(table["error_pct"], (cal.predicted / cal.measurements.step_times - 1) * 100)
+
+
+def test_noise_free_runs_give_the_true_constants_exactly():
+    rows = _synthetic(_rows(dps=(1, 16), pps=(1, 4)), TRUE, noise=0.0)
+    cal = sweep.calibrate(rows, loo=False)
+    for name in FREE:
+        assert cal.constants[name] == pytest.approx(TRUE[name], rel=2e-3), name
+    assert cal.in_sample_error < 1e-3
+
+
+def test_runs_inside_one_node_cannot_identify_the_scale_out_efficiency():
+    rows = _synthetic(_rows(dps=(1,), tps=(1, 2, 4, 8), pps=(1,)) + _rows(dps=(2,), tps=(1, 2, 4),
+                                                                          pps=(1,)), TRUE, 0.01)
+    with pytest.warns(CalibrationWarning, match=r"scale_out_efficiency: not identified by these "
+                      r"runs \(no run crosses nodes"):
+        cal = sweep.calibrate(rows, loo=False)
+    assert cal.constants["scale_out_efficiency"] == M.CONSTANTS["scale_out_efficiency"]
+    assert math.isnan(cal.profile.uncertainty["scale_out_efficiency"])
+    assert any(w.startswith("scale_out_efficiency") for w in cal.profile.warnings)
+
+
+def test_leave_one_out_predicts_each_run_from_the_fit_of_the_others():
+    rows = _synthetic(_rows(dps=(1, 16), tps=(1, 8), pps=(1, 4)), TRUE, noise=0.03, seed=1)
+    free = ("gemm_scale", "step_overhead")
+    cal = sweep.calibrate(rows, free=free, loo=True)
+    assert np.all(np.isfinite(cal.loo_predicted))
+    # the first run's LOO prediction is the fit of the other runs, priced on it
+    rest = sweep.calibrate(rows[1:], free=free, loo=False, start=cal.constants)
+    first = predict(read_measurements(rows[:1]), rest.constants)[0]
+    assert cal.loo_predicted[0] == pytest.approx(first, rel=1e-4)
+    assert cal.loo_error >= cal.in_sample_error
+    assert cal.profile.loo_mape == pytest.approx(cal.loo_error)
+
+
+def test_free_constants_are_checked():
+    with pytest.raises(ValueError, match=r"free must name constants .* but got 'gemm_scal' "
+                       r"\(did you mean 'gemm_scale'\?\)"):
+        sweep.calibrate(_rows()[:3], free=["gemm_scal"], loo=False)
+    with pytest.raises(ValueError, match="physics must be 'megatron'"):
+        sweep.calibrate(_rows()[:3], physics="mlsysim")
+
+
+def test_fp8_runs_free_the_fp8_gemm_scale():
+    rows = [dict(r, precision="fp8") for r in _rows(dps=(1, 16), pps=(1, 4))]
+    cal = sweep.calibrate(_synthetic(rows, TRUE, 0.0), loo=False)
+    assert cal.profile.free == FREE[:1] + ("fp8_gemm_scale",) + FREE[1:]
+
+
+# ---------------------------------------------------------------- profiles
+
+def test_profile_round_trips_through_toml(synthetic_fit, tmp_path):
+    path = synthetic_fit.save(tmp_path / "my_cluster.toml")
+    back = load_profile(path)
+    original = synthetic_fit.profile
+    assert back.constants == original.constants
+    assert back.uncertainty == original.uncertainty
+    for key in ("physics", "free", "data_sha256", "date", "runs", "data_source", "warnings"):
+        assert getattr(back, key) == getattr(original, key), key
+    assert back.in_sample_mape == original.in_sample_mape
+    assert math.isnan(back.loo_mape)  # loo=False
+    assert len(back.data_sha256) == 64
+    # the megatron model's own loader reads a profile's [constants]
+    assert M.load_constants(path)[0] == original.constants
+    data = tomllib.loads(path.read_text())
+    assert data["calibration"]["physics"] == "megatron"
+
+
+def test_a_bad_profile_is_refused(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[calibration]\nphysics = "megatron"\n[constants]\ngemm_scale = 7.0\n')
+    with pytest.raises(sweep.calibration.ProfileError,
+                       match=r"bad.toml: constants.gemm_scale: expected a number in \[0.001, "
+                             r"1.05263\], but got 7.0"):
+        load_profile(path)
+    path.write_text('[constants]\ngemm_scale = 0.5\n')
+    with pytest.raises(sweep.calibration.ProfileError, match=r"expected a \[calibration\] table"):
+        load_profile(path)
+
+
+def test_profile_constants_go_straight_to_solve(synthetic_fit):
+    import solver
+
+    wl, fl = solver.catalog.workload("Llama3_8B_MC"), solver.catalog.fleet("EOS_H100_MC")
+    knobs = dict(batch_size=128, seq_len=4096, tp_size=2, dp_size=16, sequence_parallel=True)
+    via_profile = solver.solve(wl, fl, **knobs, **synthetic_fit.profile.solve_keywords())
+    direct = M.solve(wl, fl, **knobs, **synthetic_fit.constants)
+    assert via_profile["step_latency_total"] == direct["step_latency_total"]
+    assert via_profile["step_latency_total"] != M.solve(wl, fl, **knobs)["step_latency_total"]
+
+
+def test_profile_is_a_plain_dataclass():
+    p = Profile(physics="megatron", constants=dict(M.CONSTANTS))
+    assert p.solve_keywords() == {"physics": "megatron", **M.CONSTANTS}
+
+
+# ------------------------------------------------------- sweeps and searches
+
+def _spec(**extra):
+    return {"name": "cal", "workload": "Llama3_8B_MC", "fleet": "EOS_H100_MC",
+            "outputs": ["step_latency_total", "memory_footprint", "mfu"],
+            "axes": {"tp_size": [1, 2, 4, 8], "dp_size": [1, 2, 8, 16]},
+            "fixed": {"batch_size": 256, "seq_len": 4096}, **extra}
+
+
+def _profiles(tmp_path):
+    """The shipped constants, and the same with a 160x slower scale-out fabric."""
+    base = Profile(physics="megatron", constants=dict(M.CONSTANTS))
+    slow = Profile(physics="megatron", constants=dict(M.CONSTANTS, scale_out_efficiency=0.005))
+    return base.save(tmp_path / "base.toml"), slow.save(tmp_path / "slow.toml")
+
+
+def test_a_calibrated_sweep_slows_only_the_layouts_that_cross_nodes(tmp_path):
+    base_path, slow_path = _profiles(tmp_path)
+    (tmp_path / "spec.toml").write_text(
+        'name = "cal"\nworkload = "Llama3_8B_MC"\nfleet = "EOS_H100_MC"\n'
+        'outputs = ["step_latency_total", "memory_footprint", "mfu"]\ncalibration = "slow.toml"\n'
+        '[axes]\ntp_size = [1, 2, 4, 8]\ndp_size = [1, 2, 8, 16]\n'
+        '[fixed]\nbatch_size = 256\nseq_len = 4096\n')
+    slow = sweep.run(tmp_path / "spec.toml")  # the spec's own calibration, relative to it
+    base = sweep.run(_spec(), calibration=base_path)
+    n_acc = slow["tp_size"] * slow["dp_size"]
+    inside, across = (n_acc <= 8).values, (n_acc > 8).values
+    s, b = slow["step_latency_total"].values, base["step_latency_total"].values
+    assert np.array_equal(s[inside], b[inside])
+    assert np.all(s[across] > b[across])
+    # the megatron physics priced it: the shipped constants give megatron's step times
+    import solver
+    wl, fl = solver.catalog.workload("Llama3_8B_MC"), solver.catalog.fleet("EOS_H100_MC")
+    one = M.solve(wl, fl, batch_size=256, seq_len=4096, tp_size=2, dp_size=8)
+    assert b[1, 2] == one["step_latency_total"]
+    recorded = json.loads(slow.attrs["calibration"])
+    assert recorded["constants"]["scale_out_efficiency"] == 0.005
+    assert recorded["physics"] == "megatron"
+    assert "calibration" not in sweep.run(_spec(), calibration=None).attrs
+
+
+def test_a_calibrated_search_finds_another_best_layout(tmp_path):
+    base_path, slow_path = _profiles(tmp_path)
+    spec = _spec(axes={"tp_size": [1, 2, 4, 8], "dp_size": [4, 8, 16, 32, 64]},
+                 constraints={"max_accelerators": 64})
+    kw = dict(objective="step_latency_total", direction="minimize", mode="exact", k=3)
+    fast = sweep.search(spec, calibration=base_path, **kw).best_params
+    slow = sweep.search(spec, calibration=slow_path, **kw).best_params
+    assert (fast["tp_size"], fast["dp_size"]) != (slow["tp_size"], slow["dp_size"])
+    # the shipped fabric: the most data parallelism; a very slow one: stay inside one node
+    assert (fast["tp_size"], fast["dp_size"]) == (1, 64)
+    assert slow["tp_size"] * slow["dp_size"] <= 8
+
+
+def test_a_spec_with_a_missing_profile_is_refused(tmp_path):
+    with pytest.raises(sweep.SpecError, match=r"calibration: .*nope.toml: expected a "
+                       r"calibration profile"):
+        sweep.load_spec(_spec(calibration=str(tmp_path / "nope.toml")))

@@ -1,0 +1,144 @@
+"""The measurements CSV: columns read, bad lines refused with line and column; the CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import solver
+import sweep
+from solver.physics import megatron as M
+from sweep.calibration import MeasurementError, predict, read_measurements
+from sweep.cli import main
+
+HEADER = "run_id,workload,fleet,batch_size,seq_len,tp_size,pp_size,dp_size,step_time_s"
+GOOD = ["a,Llama3_8B_MC,EOS_H100_MC,128,4096,1,1,16,2.1",
+        "b,Llama3_8B_MC,EOS_H100_MC,128,4096,2,1,8,2.3",
+        "c,Llama3_8B_MC,EOS_H100_MC,128,4096,8,2,1,9.0"]
+
+
+def _write(tmp_path, lines, name="runs.csv"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_file_is_read_with_defaults_hash_and_groups(tmp_path):
+    path = _write(tmp_path, ["# my cluster, Nov 2026", HEADER, *GOOD])
+    data = read_measurements(path)
+    assert len(data) == 3 and data.run_ids == ["a", "b", "c"]
+    assert [r.line for r in data.runs] == [3, 4, 5]
+    assert data.runs[0].knobs["micro_batch_size"] == 1 and data.runs[0].knobs["recompute"] == "none"
+    assert data.runs[2].n_accelerators == 16
+    import hashlib
+    assert data.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    [(workload, fleet, indices, knobs)] = data.groups()
+    assert list(indices) == [0, 1, 2] and list(knobs["tp_size"]) == [1, 2, 8]
+    # one solve prices the group as the solver prices each run
+    wl, fl = solver.catalog.workload("Llama3_8B_MC"), solver.catalog.fleet("EOS_H100_MC")
+    one = M.solve(wl, fl, batch_size=128, seq_len=4096, tp_size=8, pp_size=2, dp_size=1)
+    assert predict(data, M.CONSTANTS)[2] == one["step_latency_total"]
+
+
+def test_a_shape_and_tokens_per_second_are_read(tmp_path):
+    path = _write(tmp_path, [
+        "layers,hidden_dim,heads,kv_heads,ffn_hidden_dim,vocab_size,gated_mlp,node,num_gpus,"
+        "tp_size,batch_size,seq_len,tokens_per_s_per_gpu",
+        "32,4096,32,8,14336,128256,yes,DGX_H100_MC,16,2,64,8192,8000"])
+    run = read_measurements(path).runs[0]
+    assert run.knobs["dp_size"] == 8 and run.workload.gated_mlp and run.workload.kv_heads == 8
+    assert run.step_time == pytest.approx(64 * 8192 / (8000 * 16))
+    assert run.fleet.fabric.name == solver.catalog.fabric("InfiniBand_NDR").name
+    # counted parameters of a Llama 3 8B shape
+    assert run.workload.parameters == pytest.approx(8.03e9, rel=0.01)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("d,Llama3_8B_MC,EOS_H100_MC,128,4096,x,1,16,2.0",
+     "runs.csv line 5, column tp_size: expected a whole number >= 1, but got 'x'"),
+    ("d,Llama3_8B_MC,EOS_H100_MC,128,4096,1.5,1,16,2.0",
+     "runs.csv line 5, column tp_size: expected a whole number >= 1, but got '1.5'"),
+    ("d,Llama3_8B_MC,EOS_H100_MC,128,4096,1,1,16,-2",
+     "runs.csv line 5, column step_time_s: expected a positive number, but got '-2'"),
+    ("d,Llama3_8B_MC,EOS_H100_MC,128,4096,1,1,16,",
+     "runs.csv line 5, column step_time_s: expected exactly one of step_time_s, "
+     "tokens_per_s_per_gpu, but got 'neither'"),
+    ("d,Llama3_8X_MC,EOS_H100_MC,128,4096,1,1,16,2.0",
+     "runs.csv line 5, column workload: expected a catalog name"),
+    ("d,Llama3_8B_MC,EOS_H100_MC,100,4096,1,1,16,2.0",
+     "runs.csv line 5: expected a layout Megatron-Core can run (whole microbatches"),
+    ("d,Llama3_8B_MC,EOS_H100_MC,128,4096,1,1,16",
+     "runs.csv line 5: expected 9 cells (one per column of the header), but got '8 cells'"),
+])
+def test_a_bad_line_is_refused_with_its_line_and_column(tmp_path, line, message):
+    path = _write(tmp_path, [HEADER, *GOOD, line])
+    with pytest.raises(MeasurementError) as err:
+        read_measurements(path)
+    assert str(err.value).startswith(str(tmp_path / "runs.csv") + " line")
+    assert message in str(err.value)
+
+
+def test_a_bad_header_is_refused(tmp_path):
+    with pytest.raises(MeasurementError, match=r"runs.csv line 1, column tp: expected a column of "
+                       r"the measurements format \(did you mean 'tp_size'\?\), but got 'tp'"):
+        read_measurements(_write(tmp_path, [HEADER.replace("tp_size", "tp"), *GOOD]))
+    with pytest.raises(MeasurementError, match="line 1: expected a column step_time_s or "
+                       "tokens_per_s_per_gpu"):
+        read_measurements(_write(tmp_path, [HEADER.replace(",step_time_s", ""),
+                                            *[g.rsplit(",", 1)[0] for g in GOOD]]))
+    with pytest.raises(MeasurementError, match="expected a header line"):
+        read_measurements(_write(tmp_path, ["# nothing"]))
+
+
+def test_num_gpus_must_agree_with_the_layout(tmp_path):
+    path = _write(tmp_path, ["workload,fleet,tp_size,dp_size,num_gpus,batch_size,step_time_s",
+                             "Llama3_8B_MC,EOS_H100_MC,2,8,12,64,1.0"])
+    with pytest.raises(MeasurementError, match=r"line 2, column num_gpus: expected tp_size \* "
+                       r"pp_size \* cp_size \* dp_size = 16, but got '12'"):
+        read_measurements(path)
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_cli_calibrate_prints_the_fit_saves_and_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    rows = [f"r{i},Llama3_8B_MC,EOS_H100_MC,128,4096,{tp},{pp},{dp},1.0"
+            for i, (tp, pp, dp) in enumerate([(1, 1, 16), (2, 1, 8), (8, 2, 1), (4, 1, 4),
+                                              (1, 2, 8), (8, 1, 2)])]
+    data = read_measurements(_write(tmp_path, [HEADER, *rows]))
+    steps = predict(data, dict(M.CONSTANTS, gemm_scale=0.6, step_overhead=0.1))
+    path = _write(tmp_path, [HEADER] + [r.rsplit(",", 1)[0] + f",{float(s)!r}" for r, s in zip(rows, steps)])
+    code = main(["calibrate", str(path), "-o", str(tmp_path / "p.toml"), "--no-loo",
+                 "--free", "gemm_scale,step_overhead", "--plot", str(tmp_path / "cal.png")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "gemm_scale" in out and "step_overhead" in out and "r5" in out
+    profile = sweep.load_profile(tmp_path / "p.toml")
+    assert profile.constants["gemm_scale"] == pytest.approx(0.6, rel=1e-3)
+    assert (tmp_path / "cal.png").stat().st_size > 1000
+    # scoring the saved profile, no fit
+    assert main(["calibrate", str(path), "--calibration", str(tmp_path / "p.toml")]) == 0
+    assert "mean absolute error 0.00 %" in capsys.readouterr().out
+
+
+def test_cli_refuses_a_bad_file_in_one_line(tmp_path, capsys):
+    path = _write(tmp_path, [HEADER, GOOD[0].replace(",1,1,16,", ",x,1,16,")])
+    assert main(["calibrate", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("runs.csv line 2, column tp_size: expected a whole number >= 1, "
+                        "but got 'x'")
+    assert "\n" not in err
+
+
+def test_plot_calibration_draws_the_identity_line():
+    pytest.importorskip("matplotlib")
+    from sweep import plot
+
+    figure = plot.calibration([1.0, 2.0, 4.0], [1.1, 1.9, 4.4], labels=["a", "b", "c"],
+                              uncalibrated=[1.3, 2.5, 5.0])
+    ax = figure.axes[0]
+    identity = ax.lines[0]
+    assert np.allclose(identity.get_xdata(), identity.get_ydata())
+    assert ax.get_xscale() == "log"
+    with pytest.raises(ValueError, match="1-D of one length"):
+        plot.calibration([1.0, 2.0], [1.0])
