@@ -227,12 +227,12 @@ OUTPUTS = {
     "pipeline_bubble_latency": ("s", "pipeline fill and drain"),
     "bubble_fraction": ("1", "idle share of the pipelined step"),
     "optimizer_latency": ("s", "optimizer step"),
-    "memory_footprint": ("B", "training memory per accelerator (heaviest stage)"),
-    "memory_weights": ("B", "weights per accelerator"),
-    "memory_gradients": ("B", "gradients per accelerator"),
-    "memory_optimizer_state": ("B", "optimizer state per accelerator"),
-    "memory_activations": ("B", "stored activations per accelerator"),
-    "memory_communication_buffers": ("B", "gradient buckets, p2p and gather buffers per accelerator"),
+    "memory_footprint": ("byte", "training memory per accelerator (heaviest stage)"),
+    "memory_weights": ("byte", "weights per accelerator"),
+    "memory_gradients": ("byte", "gradients per accelerator"),
+    "memory_optimizer_state": ("byte", "optimizer state per accelerator"),
+    "memory_activations": ("byte", "stored activations per accelerator"),
+    "memory_communication_buffers": ("byte", "gradient buckets, p2p and gather buffers per accelerator"),
     "feasible": ("1", "training state fits the accelerator's memory"),
 }
 

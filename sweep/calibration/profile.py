@@ -175,10 +175,18 @@ def _from_data(data: Mapping, where: str) -> Profile:
 
 def with_calibration(spec, calibration):
     """``spec`` (a :class:`sweep.Spec`) priced with ``calibration`` (a path or
-    :class:`Profile`; None leaves the spec's own)."""
+    :class:`Profile`; None leaves the spec's own).
+
+    A spec that names no ``physics`` takes the calibration's; one that names
+    other models only is refused (:class:`ProfileError`).
+    """
     if calibration is None:
         return spec
     profile = load_profile(calibration)
+    if profile.physics not in spec.physics and "physics" not in spec.raw:
+        from ..spec import load_spec
+
+        spec = load_spec(spec, physics=profile.physics)  # the calibration implies its physics
     if profile.physics not in spec.physics:
         raise ProfileError(f"{profile.path or calibration}: a calibration of the "
                            f"{profile.physics!r} physics, but the spec {spec.name!r} prices with "
