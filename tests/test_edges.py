@@ -220,8 +220,8 @@ def test_a_cube_too_big_for_the_address_space_is_refused_with_the_numbers():
     # Before: "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 19.7 GiB", exit 1.
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
-    for text in ("an in-memory sweep of 'search_llama70b' needs about 484.9 GiB",
-                 "2,642,411,520 points x 197 B of cube",
+    for text in ("an in-memory sweep of 'search_llama70b' needs about 487.3 GiB",
+                 "2,642,411,520 points x 198 B of cube",
                  "the address-space limit (RLIMIT_AS) of 12.0 GiB leaves",
                  "search_llama70b.toml -o cube.nc"):
         assert text in done.stderr, done.stderr
@@ -231,11 +231,11 @@ def test_memory_check_counts_cube_and_temporaries(monkeypatch):
     from sweep import preflight
 
     spec = sweep.load_spec(BIG)
-    assert sweep.cube.layout(spec).bytes_per_point() == 16  # 3 float32 outputs, 4 masks
-    need = 16 * spec.size + preflight.SOLVE_BYTES_PER_POINT * spec.size  # one block: all
+    assert sweep.cube.layout(spec).bytes_per_point() == 17  # 3 float32 outputs, 5 masks
+    need = 17 * spec.size + preflight.SOLVE_BYTES_PER_POINT * spec.size  # one block: all
     monkeypatch.setattr(preflight, "available_memory", lambda: (need - 1, "a test's budget"))
     with pytest.raises(preflight.ResourceError,
-                       match=r"needs about 0\.0 GiB \(107,520 points x 16 B of cube.*only 0\.0 "
+                       match=r"needs about 0\.0 GiB \(107,520 points x 17 B of cube.*only 0\.0 "
                              r"GiB is available \(a test's budget\): stream it"):
         sweep.run(BIG, block_points=2 ** 17)
     monkeypatch.setattr(preflight, "available_memory", lambda: (need, "a test's budget"))
@@ -254,7 +254,7 @@ def test_a_disk_too_small_is_refused_before_anything_is_staged(monkeypatch, tmp_
                              r".* has 0\.00 GiB free"):
         sweep.run(BIG, path=path)
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(preflight, "free_disk", lambda folder: 2 * 16 * 107_520 // 4)
+    monkeypatch.setattr(preflight, "free_disk", lambda folder: 2 * 17 * 107_520 // 4)
     sweep.run(BIG, path=path).close()  # exactly enough
     spec = tmp_path / "big.toml"
     spec.write_text(LONG_SPEC)
