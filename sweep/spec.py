@@ -73,6 +73,7 @@ from solver.specs import Fleet, Workload
 
 from . import physics as physics_
 from ._reader import Reader, SpecError, suggest
+from .examples import SPECS_PACKAGE, _builtin_for, builtin_spec, builtin_specs
 from .axes import (MAX_AXIS_VALUES, Axis, divisors, knob_of, knob_value, parse_axis,
                    powers_of_two)
 from .limits import MemoryLimit, MemoryLimitError, parse_memory_limit
@@ -84,6 +85,7 @@ __all__ = [
     "load_spec",
     "builtin_specs",
     "builtin_spec",
+    "SPECS_PACKAGE",
     "powers_of_two",
     "divisors",
     "TOP_KEYS",
@@ -98,9 +100,6 @@ CONSTRAINT_KEYS = ("memory_limit", "max_accelerators", "min_accelerators", "requ
 #: ``max_accelerators = "none"``: no bound, not even the fleet's size.
 NO_LIMIT = "none"
 _DTYPES = ("float64", "float32")
-#: The data package the example specs are installed as (``configs/sweeps`` in the source tree).
-SPECS_PACKAGE = "layout_sweep_configs.sweeps"
-_SOURCE_SPECS = Path(__file__).resolve().parent.parent / "configs" / "sweeps"
 
 
 @dataclass(frozen=True)
@@ -270,47 +269,6 @@ def _resolve_many(reader, key, given, what, extra):
             reader.fail(key, f"distinct {what}s", f"{label!r} twice")
         out[label] = value
     return out
-
-
-def _specs_dir():
-    return catalog.resource_dir(SPECS_PACKAGE, _SOURCE_SPECS)
-
-
-def builtin_specs() -> list[str]:
-    """Names of the example specs installed with the package (``"default"``, ...)."""
-    return sorted(entry.name[:-5] for entry in _specs_dir().iterdir()
-                  if entry.name.endswith(".toml"))
-
-
-def builtin_spec(name: str):
-    """The installed example spec ``name`` (``"default"`` or ``"default.toml"``), a traversable.
-
-    Raises
-    ------
-    SpecError
-        If there is no such spec; the close matches are named.
-    """
-    stem = name[:-5] if name.endswith(".toml") else name
-    if stem not in builtin_specs():
-        raise SpecError(f"no built-in spec {name!r} (built-in: {', '.join(builtin_specs())})"
-                        f"{suggest(stem, builtin_specs())}")
-    return _specs_dir() / f"{stem}.toml"
-
-
-def _builtin_for(path: Path):
-    """The built-in spec a missing relative ``path`` names, if any.
-
-    ``"default"``, ``"default.toml"`` and ``"configs/sweeps/default.toml"`` (the
-    README's spelling, from any folder) name the installed example spec.
-    """
-    if path.is_absolute():
-        return None
-    parts = path.parts
-    if len(parts) == 1 or parts[-3:-1] == ("configs", "sweeps") and len(parts) == 3:
-        stem = path.name[:-5] if path.name.endswith(".toml") else path.name
-        if stem in builtin_specs():
-            return _specs_dir() / f"{stem}.toml"
-    return None
 
 
 def load_spec(spec, *, source: Optional[str] = None, physics=None) -> Spec:
