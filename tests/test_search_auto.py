@@ -177,3 +177,29 @@ def test_cli_mode_and_time_budget(tmp_path, capsys):
     assert "mode sampled: 96 layouts would take" in capsys.readouterr().out
     assert main(["search", str(path), "--time-budget", "-1"]) != 0
     assert "expected a positive number of seconds, but got '-1'" in capsys.readouterr().err
+
+
+#: 2.7e11 layouts where a random start is almost never realizable (2048 sequences over
+#: up to 256 replicas and 512 microbatches), so a climb must walk into the admissible region.
+HUGE = {"name": "huge", "workload": "Llama3_405B", "fleet": "Training_1K",
+        "axes": {"tp_size": {"powers_of_two": 64}, "pp_size": {"divisors_of": "layers"},
+                 "microbatch_count": {"from": 1, "to": 512}, "zero_stage": [0, 1, 2, 3],
+                 "activation_recomputation": [False, True], "v_stages": [1, 2, 3, 6],
+                 "seq_len": [2048, 4096, 8192], "dp_size": {"from": 1, "to": 256},
+                 "gradient_accumulation_steps": [1, 2, 4, 8]},
+        "fixed": {"batch_size": 2048},
+        "constraints": {"max_accelerators": 4096, "memory_limit": 0.9}}
+
+
+def test_sampled_search_walks_from_inadmissible_starts_to_a_realizable_best():
+    # It stopped with no answer after 4 rounds when every start was unrealizable.
+    result = search(HUGE, seed=1)
+    assert result.mode == "sample" and result.best_value is not None
+    assert result.evidence.agree >= 1
+    spec = load_spec(HUGE)
+    wl, fl = spec.workload_spec(), spec.fleet_spec()
+    layout = {k: v for k, v in result.best_params.items() if k not in ("workload", "fleet")}
+    out = solver.solve(wl, fl, **{"batch_size": 2048, **layout})
+    assert bool(out["valid"]) and bool(out["realizable"])
+    assert out["memory_footprint"] <= 0.9 * fl.node.accelerator.memory_capacity
+    assert abs(float(out["mfu"]) - result.best_value) < 1e-12

@@ -174,6 +174,7 @@ class _Climber:
         numeric = [(p, ln) for p, ln in zip(group, lines) if p.axis not in _LABELS]
         ndim = len(numeric)
         best_score, best_layout = -math.inf, None
+        least, least_layout = math.inf, None  # the least-violating point, while none is admissible
         label_choices = [[(p.axis, v) for v in ln] for p, ln in labels]
         for combo in _product(label_choices):
             fixed = {**layout, **dict(combo)}
@@ -189,24 +190,50 @@ class _Climber:
                              self.sign * np.broadcast_to(priced.values[0], shape), -np.inf)
             flat = int(np.argmax(score)) if score.size else 0
             top = float(score.reshape(-1)[flat]) if score.size else -math.inf
+            def at(flat_index):
+                coords = np.unravel_index(flat_index, shape)
+                return {**fixed, **{p.axis: ln[c].item() if hasattr(ln[c], "item") else ln[c]
+                                    for (p, ln), c in zip(numeric, coords)}}
+
             if top > best_score:
-                coords = np.unravel_index(flat, shape)
-                best_score = top
-                best_layout = {**fixed, **{p.axis: ln[c].item() if hasattr(ln[c], "item")
-                                           else ln[c] for (p, ln), c in zip(numeric, coords)}}
-        return best_score, best_layout
+                best_score, best_layout = top, at(flat)
+            if best_layout is None and score.size:
+                violation = _violation(priced, shape)
+                low = int(np.argmin(violation))
+                if violation.reshape(-1)[low] < least:
+                    least, least_layout = float(violation.reshape(-1)[low]), at(low)
+        if best_layout is None:
+            return -math.inf, least_layout, least
+        return best_score, best_layout, 0.0
 
     def climb(self, layout, score: float):
-        """Refine ``layout`` (its signed score ``score``) until two passes improve nothing."""
-        idle = 0
+        """Refine ``layout`` (its signed score ``score``) until two passes improve nothing.
+
+        From a start that is not admissible (score -inf), each mesh without an
+        admissible point moves the incumbent to its least-violating point (the sum
+        of the positive constraint values), so the climb walks towards the
+        admissible region instead of stalling where it began.
+        """
+        idle, violation = 0, math.inf if not math.isfinite(score) else 0.0
         while idle < 2:
             improved = False
             for group in self._groups(layout):
-                top, candidate = self._best_of_mesh(layout, group)
+                top, candidate, least = self._best_of_mesh(layout, group)
                 if _better(top, score):
-                    layout, score, improved = candidate, top, True
+                    layout, score, violation, improved = candidate, top, 0.0, True
+                elif not math.isfinite(score) and candidate is not None and least < violation:
+                    layout, violation, improved = candidate, least, True
             idle = 0 if improved else idle + 1
         return layout, score
+
+
+def _violation(priced, shape) -> np.ndarray:
+    """How far each point of a priced mesh is from admissible: the positive constraint sum."""
+    total = np.zeros(shape)
+    for values in priced.constraints.values():
+        total = total + np.maximum(np.nan_to_num(np.broadcast_to(values, shape), nan=1.0), 0.0)
+    finite = np.isfinite(np.broadcast_to(priced.values[0], shape))
+    return np.where(finite, total, total + 1.0)
 
 
 def _better(a: float, b: float) -> bool:
@@ -343,7 +370,10 @@ def refine_search(study, space: SearchSpace, setup: _Setup, *, seed: Optional[in
                 _tell_layouts(study, setup, space, list(distinct.values()), owner.id, "refined")
                 climber.n_priced += len(distinct)
             evidence.rounds += 1
-            evidence.stale_rounds = 0 if improved else evidence.stale_rounds + 1
+            # Patience counts only once something admissible is found: until then a round
+            # without one is no evidence that the best has been reached.
+            evidence.stale_rounds = (0 if improved or not math.isfinite(best)
+                                     else evidence.stale_rounds + 1)
         else:
             evidence.stopped_by = "patience"
     evidence.n_priced = climber.n_priced
