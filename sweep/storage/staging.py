@@ -46,6 +46,9 @@ __all__ = ["Staging", "IncompleteCubeError", "staged_progress", "discard_staged"
 FORMAT = "layout-sweep staged cube 1"
 MANIFEST = "manifest.json"
 SMALL = "small.npz"
+#: zlib level of staged blocks: the fastest (staging is written once and read once;
+#: level 6, numpy's savez_compressed, made a 1e8-point streamed sweep 1.7x slower).
+STAGE_COMPLEVEL = 1
 _LOCK = "lock"
 _BLOCKS = re.compile(r"^blocks-(\d+)-(\d+)\.npz$")
 #: Attributes that say when a cube was made and from which path, not what it holds.
@@ -357,7 +360,7 @@ class Staging:
         tmp = aside(target)
         try:
             with open(tmp, "wb") as fh:
-                np.savez_compressed(fh, **arrays)  # ~10x smaller staging (#12.6)
+                _savez_fast(fh, arrays)  # compressed staging (#12.6), at zlib's fastest level
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, target)
@@ -401,3 +404,12 @@ def _check_resume(directory: Path, manifest: dict, signature: dict, resume: bool
         raise SpecError(
             f"cannot resume from {directory}: it is an unfinished sweep of another spec or "
             f"catalog (differs in {differs}); delete it to start anew, or write to another path")
+
+
+def _savez_fast(handle, arrays) -> None:
+    """``np.savez_compressed`` at zlib level :data:`STAGE_COMPLEVEL` (``np.load`` reads it)."""
+    with zipfile.ZipFile(handle, "w", compression=zipfile.ZIP_DEFLATED,
+                         compresslevel=STAGE_COMPLEVEL, allowZip64=True) as archive:
+        for name, value in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
