@@ -154,3 +154,13 @@ def test_search_shows_layouts_equal_in_every_output_as_one_row(ties, capsys):
     cube.close()
     assert len(rows) == splits
     assert "microbatch_count=1|2, v_stages=1|2" in table.splitlines()[1]
+
+
+def test_a_search_with_no_admissible_layout_says_why_and_exits_3(ties, capsys):
+    # Issue #11.3 for search: it printed "no admissible layout" and exited 0.
+    code, out, err = _call(capsys, ["search", ties["spec"], "--memory-limit", "1 GB",
+                                    "--no-progress"])
+    assert code == cli.EXIT_EMPTY == 3
+    spec = sweep.load_spec(ties["spec"])
+    assert f"no admissible layout among {spec.size:,} points" in err
+    assert "within the memory limit removed" in err and "relax within the memory limit" in err

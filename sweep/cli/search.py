@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
 
 from solver.outputs import DERIVED, REGISTRY, objective_names
 
+from ..analysis.empty import explain_empty
 from ..analysis.ties import TIES, collapse_rows
 from ..spec import load_spec
-from ._common import EXIT_OK, UsageError, _progress, _suggest
+from ._common import EXIT_EMPTY, EXIT_OK, UsageError, _progress, _suggest
 from .format import _TABLE_VALUES, _layout_table
 
 __all__ = ["command"]
@@ -79,6 +81,12 @@ def command(args) -> int:
         except search_mod.StorageError as err:  # --storage, or a stored study of another space
             raise UsageError(f"search: {err}") from None
     print(result.summary())
+    if not result.n_admissible:
+        why = (explain_empty(result.empty_counts, "layout") if result.empty_counts else
+               f"no admissible trial among the {result.n_evaluated} evaluated: relax the "
+               f"memory limit or the accelerator bounds, or widen the axes")
+        print(why, file=sys.stderr)
+        return EXIT_EMPTY
     if result.top:
         rows, dims = _search_rows(result)
         rows = collapse_rows(rows, dims, [k for k in rows[0] if k not in dims])

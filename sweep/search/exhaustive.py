@@ -9,7 +9,7 @@ processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +27,8 @@ class _Reduced:
     n_valid: int = 0
     n_admissible: int = 0
     n_points: int = 0
+    removed: dict = field(default_factory=dict)   # constraint -> points it removed, in order
+    relaxed: dict = field(default_factory=dict)   # constraint -> points passing every other
 
 
 def _top(scores, index, k):
@@ -62,8 +64,33 @@ def _reduce_block(setup: _Setup, block, k: int) -> _Reduced:
     coords = np.unravel_index(local, shape)
     index = np.asarray(np.ravel_multi_index(tuple(c + s for c, s in zip(coords, starts)),
                                             spec.shape), dtype=np.int64)
+    removed, relaxed = _counts(priced, shape)
     return _Reduced(scores, index, n_valid=int(np.broadcast_to(priced.valid, shape).sum()),
-                    n_admissible=n_admissible, n_points=int(np.prod(shape)))
+                    n_admissible=n_admissible, n_points=int(np.prod(shape)),
+                    removed=removed, relaxed=relaxed)
+
+
+#: The explanation's names of the pricing constraints (sweep.analysis.empty's words).
+_CONDITION_NAMES = {"split": "valid split", "memory": "within the memory limit",
+                    "accelerators": "accelerator budget", "min_accelerators":
+                    "accelerator minimum", "realizable": "realizable"}
+
+
+def _counts(priced, shape) -> tuple:
+    """``(removed, relaxed)`` of one block, as :func:`sweep.analysis.explain_empty` reads them."""
+    ok = {_CONDITION_NAMES.get(name, f"constraint {name}"):
+          ~(np.nan_to_num(np.broadcast_to(values, shape), nan=1.0) > 0)
+          for name, values in priced.constraints.items()}
+    removed, relaxed, kept = {}, {}, np.ones(shape, bool)
+    for name, passes in ok.items():
+        removed[name] = int((kept & ~passes).sum())
+        kept &= passes
+        others = np.ones(shape, bool)
+        for other, also in ok.items():
+            if other != name:
+                others &= also
+        relaxed[name] = int(others.sum())
+    return removed, relaxed
 
 
 def _merge(acc: _Reduced, part: _Reduced, k, n_obj) -> _Reduced:
@@ -77,6 +104,9 @@ def _merge(acc: _Reduced, part: _Reduced, k, n_obj) -> _Reduced:
     acc.n_valid += part.n_valid
     acc.n_admissible += part.n_admissible
     acc.n_points += part.n_points
+    for mine, theirs in ((acc.removed, part.removed), (acc.relaxed, part.relaxed)):
+        for name, n in theirs.items():
+            mine[name] = mine.get(name, 0) + n
     return acc
 
 
@@ -125,7 +155,10 @@ def exact(setup: _Setup, *, k, block_points, n_jobs, progress, started, probe=No
             layout[axis.name] = axis.values[int(c)]
         items.append((layout, tuple(total.scores[i] * setup.signs), None))
     pareto = items[:1] if n_obj == 1 else items
-    return finish_result(setup, items, pareto, study=None, n_evaluated=total.n_points,
-                         n_new=total.n_points, n_admissible=total.n_admissible, mode="exact",
-                         sampler="exhaustive", space_size=spec.size, k=k, started=started,
-                         reason=reason)
+    result = finish_result(setup, items, pareto, study=None, n_evaluated=total.n_points,
+                           n_new=total.n_points, n_admissible=total.n_admissible, mode="exact",
+                           sampler="exhaustive", space_size=spec.size, k=k, started=started,
+                           reason=reason)
+    result.empty_counts = {"total": total.n_points, "removed": total.removed,
+                           "relaxed": total.relaxed}
+    return result

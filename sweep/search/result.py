@@ -94,6 +94,9 @@ class SearchResult:
     elapsed: float = 0.0
     reason: str = ""
     evidence: Any = None
+    #: Exhaustive mode: how many points each constraint removed (``total``, ``removed``,
+    #: ``relaxed``; :func:`sweep.analysis.explain_empty` reads it).
+    empty_counts: Optional[dict] = None
 
     @property
     def is_multi_objective(self) -> bool:
@@ -120,7 +123,7 @@ class SearchResult:
 
     def summary(self) -> str:
         """A few lines: the best layout, its value, where its step time and memory go."""
-        names = ", ".join(f"{n} ({d[:3]})" for n, d in self.objectives)
+        names = ", ".join(f"{n} ({d})" for n, d in self.objectives)
         how = "exhaustive" if self.mode == "exact" else f"{self.sampler}"
         size = ("continuous" if math.isinf(self.space_size) else f"{self.space_size:.3g}")
         lines = [f"search [{how}] for {names}: {self.n_evaluated} layouts evaluated "
