@@ -200,12 +200,19 @@ def main(argv=None):
                         help="3 known spaces, 2 seeds, one huge space with a 3x long run")
     parser.add_argument("--jobs", type=int, default=1, help="processes of the exhaustive walks")
     parser.add_argument("--out", "--json", type=Path, default=None, help="JSON file to write")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="seeds per space (default: 5, or 2 with --quick)")
+    parser.add_argument("--long-factor", type=int, default=None,
+                        help="huge spaces: the long run's budget in default budgets "
+                             "(default: 10, or 3 with --quick)")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
     if args.quick:
         seeds, known, huge, long_factor = range(2), KNOWN[:2] + KNOWN[2:3], HUGE[:1], 3
     else:
         seeds, known, huge, long_factor = range(5), KNOWN, HUGE, 10
+    seeds = range(args.seeds) if args.seeds else seeds
+    long_factor = args.long_factor or long_factor
     stamp = datetime.datetime.now().strftime("%Y-%m-%d")
     out = args.out or ROOT / "benchmarks" / "results" / (
         f"bench_search{'_quick' if args.quick else ''}_{stamp}.json")
