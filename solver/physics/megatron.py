@@ -78,55 +78,28 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import flops as fl
-from .. import gemm
 from .. import knobs as knobs_
-from .. import megatron_memory as mem
-from .. import network as net
 from ..specs import Fleet, Workload
+from . import megatron_compose as after
+from . import megatron_steps as steps
 
 __all__ = ["solve", "OUTPUTS", "KNOBS", "DEFAULTS", "CONSTANTS", "CONSTANTS_PROVENANCE",
            "RECOMPUTE", "PRECISIONS", "load_constants"]
 
-#: Recompute modes, coded 0, 1, 2.
-RECOMPUTE = ("none", "selective", "full")
-#: Precisions of the GEMMs (weights stay 16-bit), coded 0..3.
-PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
-
-#: Network latency per algorithm step [s], NVLink and scale-out [8] (a fabric's
-#: own stated latency is used for scale-out when it states one).
-SCALE_UP_STEP_LATENCY = 1e-6
-SCALE_OUT_STEP_LATENCY = 2e-6
-#: Dense peak [FLOP/s] the GEMM curves' constants refer to (Calculon's A100, [8] of gemm).
-GEMM_REFERENCE_PEAK = 312e12
-#: Plateau share of peak for a large GEMM when the accelerator states none [1]
-#: (Calculon's 0.95 for >= 128 GFLOP; the fitted ``gemm_scale`` multiplies it).
-DEFAULT_GEMM_PLATEAU = 0.95
+#: The model's sourced constants, kept in the steps module (documented there).
+RECOMPUTE, PRECISIONS = steps.RECOMPUTE, steps.PRECISIONS
+SCALE_UP_STEP_LATENCY, SCALE_OUT_STEP_LATENCY = steps.SCALE_UP_STEP_LATENCY, steps.SCALE_OUT_STEP_LATENCY
+GEMM_REFERENCE_PEAK, DEFAULT_GEMM_PLATEAU = steps.GEMM_REFERENCE_PEAK, steps.DEFAULT_GEMM_PLATEAU
+OPTIMIZER_BYTES_TOUCHED, SOFTMAX_BYTES = steps.OPTIMIZER_BYTES_TOUCHED, steps.SOFTMAX_BYTES
+FLASH_BACKWARD_RATIO, CROSS_ENTROPY_BYTES = steps.FLASH_BACKWARD_RATIO, steps.CROSS_ENTROPY_BYTES
+DEFAULT_FLASH_ATTENTION_EFFICIENCY = steps.DEFAULT_FLASH_ATTENTION_EFFICIENCY
 #: Vocabulary when a workload states none (GPT-2's, padded as Megatron-LM pads it).
 DEFAULT_VOCAB = 51200
-#: Adam step: FP32 grad read, master/m/v read+write, 16-bit weight write [B per parameter].
-OPTIMIZER_BYTES_TOUCHED = 30.0
-#: Unfused attention: bytes through HBM per score element, forward (scores, mask,
-#: softmax, dropout: write + read of each 2-byte tensor, 1-byte mask) [2].
-SOFTMAX_BYTES = 11.0
-#: FlashAttention-2 backward / forward FLOPs [5].
-FLASH_BACKWARD_RATIO = 2.5
-#: Share of the 16-bit dense peak a fused causal attention kernel achieves when the
-#: accelerator states none (``gemm_efficiency["flash_attention"]`` in the catalog):
-#: FlashAttention-2 forward, causal, head dim 128, 4k-16k tokens on H100 SXM5,
-#: 319-335 TFLOP/s of 989 [10]; the backward is taken at the same rate.
-DEFAULT_FLASH_ATTENTION_EFFICIENCY = 0.33
 #: HBM bytes per token per hidden unit per layer of the memory-bound kernels outside
 #: the MLP's activation, forward (the backward moves twice as much): two fused
 #: layer norms (read + write 2 + 2 each) and two fused bias-dropout-adds (read the
 #: GEMM output and the residual, write the sum: 2 + 2 + 2, and the 1-byte mask) [2].
 ELEMENTWISE_BYTES = 22.0
-#: Bytes through HBM per FP32 logit element of the vocabulary-parallel cross-entropy,
-#: forward and backward [11]: cast of the 16-bit logits to FP32 (2 + 4), max (4),
-#: subtract the max (4 + 4), exp (4 + 4), sum (4), divide into the softmax kept for
-#: the backward (4 + 4); backward: scale the softmax by the loss gradient (4 + 4) and
-#: cast to 16 bits for the logits GEMM's backward (4 + 2).
-CROSS_ENTROPY_BYTES = 52.0
 
 #: The installed data package of the fitted constants, and the source tree's copy
 #: (a checkout put on ``sys.path`` without installing).
@@ -287,22 +260,7 @@ def _constants(overrides):
     return out
 
 
-# --------------------------------------------------------------- hardware
-
-def _peak(acc, key):
-    pf = acc.precision_flops
-    if key in ("bf16", "fp16"):
-        for k in (key, "fp16" if key == "bf16" else "bf16", "fp16_dense"):
-            if k in pf:
-                return pf[k]
-        return acc.peak_flops
-    return pf.get(key, _peak(acc, "bf16") if key == "fp8" else _peak(acc, "fp8"))
-
-
-def _plateau(acc, key):
-    ge = acc.gemm_efficiency
-    return ge.get(key, ge.get("bf16", DEFAULT_GEMM_PLATEAU))
-
+# ------------------------------------------------------------------ shape
 
 class _Shape:
     """The workload's transformer shape, with Megatron's defaults for what it omits."""
@@ -419,311 +377,13 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     return _solve(_Shape(workload), fleet, k, c, shape)
 
 
-def _exposed(comm, window, efficiency):
-    """Communication left after hiding it behind ``efficiency * window`` of compute [s]."""
-    return np.maximum(comm - efficiency * window, 0.0)
-
-
 def _solve(w: _Shape, fleet: Fleet, k, c, shape):
-    node, fabric = fleet.node, fleet.fabric
-    acc = node.accelerator
-    tp, pp, cp, ep = k["tp_size"], k["pp_size"], k["cp_size"], k["ep_size"]
-    v, mbs, batch, s = k["v_stages"], k["micro_batch_size"], k["batch_size"], k["seq_len"]
-    sp = k["sequence_parallel"] & (tp > 1)
-    rc, zero = k["recompute"], k["zero_stage"]
-    prec = k["precision"]
-
-    # ---- 1. split
-    model_parallel = tp * 1.0 * pp * cp
-    if "dp_size" in k:
-        dp = k["dp_size"]
-        valid = model_parallel * dp < knobs_.MAX_INTEGER
-    else:
-        n_total = fleet.total_accelerators
-        fits = model_parallel <= n_total
-        safe = np.where(fits, model_parallel, 1.0)
-        valid = fits & (n_total % safe == 0)
-        dp = np.where(valid, n_total // safe, 1).astype(np.int64)
-    group = dp * cp  # gradient / optimizer-shard group [6]
-    valid = valid & (group % ep == 0)
-    n_acc = model_parallel * dp
-    m_exact = batch / (dp * 1.0 * mbs)
-    m = np.maximum(np.floor(m_exact), 1.0)
-    realizable = (valid & (m_exact == np.floor(m_exact)) & (m_exact >= 1)
-                  & (w.heads % tp == 0) & ((w.kv_heads % tp == 0) | (tp % w.kv_heads == 0))
-                  & (w.layers % (pp * v) == 0) & ((v == 1) | (pp > 1))
-                  & ((cp == 1) | (s % (2 * cp) == 0))
-                  & ((w.experts % ep == 0) if w.moe else (ep == 1))
-                  & ~(k["tp_comm_overlap"] & ~sp & (tp > 1)))
-
-    # ---- hardware facts by precision code (tiny tables, spread by the codes)
-    gemm_key = np.array(PRECISIONS)
-    peak_gemm = np.array([_peak(acc, p) for p in PRECISIONS])[prec]
-    peak16 = np.array([_peak(acc, "fp16" if p == "fp16" else "bf16") for p in PRECISIONS])[prec]
-    low_bits = np.array([p in ("fp8", "fp4") for p in PRECISIONS])[prec]
-    plateau = (np.array([_plateau(acc, p) for p in gemm_key])[prec] * c["gemm_scale"]
-               * np.where(low_bits, c["fp8_gemm_scale"], 1.0))
-    plateau16 = np.array([_plateau(acc, "fp16" if p == "fp16" else "bf16") for p in PRECISIONS])[prec] \
-        * c["gemm_scale"]
-    grad_bytes = np.where(prec == PRECISIONS.index("fp16"), 2.0, 4.0)  # FP32 reduce for BF16 [7]
-    hbm = acc.memory_bandwidth
-    shift = c["gemm_size_shift"]
-    domain = node.scale_up_domain or node.accelerators_per_node
-    up_bw = (node.scale_up_bus_bandwidth or node.intra_node_bandwidth) * c["scale_up_efficiency"]
-    out_bw = (node.nic_bandwidth or fabric.bandwidth / fabric.oversubscription) * c["scale_out_efficiency"]
-    up_lat = SCALE_UP_STEP_LATENCY
-    call_lat = c["collective_latency"]
-    flash_eff = acc.gemm_efficiency.get("flash_attention", DEFAULT_FLASH_ATTENTION_EFFICIENCY)
-    out_lat = fabric.latency if fabric.latency is not None else SCALE_OUT_STEP_LATENCY
-
-    def g(flops, calls=1.0, peak=peak_gemm, plat=plateau, k=None):
-        # k: the GEMM's reduction dimension on this rank (its depth term, gemm [2]); the
-        # backward's data- and weight-gradient GEMMs are priced at the forward's.
-        # The fixed cost per tile is a time: in columns of K it grows with the device's
-        # rate (normalized to the A100's 312 TFLOP/s, like the size curve's knots).
-        return gemm.gemm_time(flops / calls, peak, plateau=plat, size_shift=shift, calls=calls,
-                              k_dim=k, k_overhead=c["gemm_k_overhead"] * peak / GEMM_REFERENCE_PEAK)
-
-    # ---- 2. one layer, one microbatch, one rank
-    h, d = float(w.hidden), w.head_dim
-    s_local = s / (cp * 1.0)
-    tokens = mbs * s_local
-    heads_t = w.heads / (tp * 1.0)
-    kv_t = np.maximum(w.kv_heads / (tp * 1.0), 1.0)
-    ffn_t = w.ffn / tp
-    norm_split = np.where(sp, tp, 1)  # SP splits norms, dropout and residuals by TP [2]
-    t_qkv = g(fl.qkv_flops(tokens, h, heads=heads_t, kv_heads=kv_t, head_dim=d), k=h)
-    t_proj = g(fl.attention_output_flops(tokens, h, heads=heads_t, head_dim=d), k=heads_t * d)
-    flash = k["flash_attention"]
-    # Attention core: a fused causal kernel skips masked blocks [5] at its own efficiency;
-    # an unfused softmax computes the whole s x s and streams it through HBM.
-    core_flops = fl.attention_core_flops(mbs, s_local, s, heads=heads_t, head_dim=d,
-                                         causal_fraction=np.where(flash, 0.5, 1.0))
-    scores = mbs * heads_t * s_local * s
-    t_core_f = np.where(
-        flash, core_flops / (peak16 * flash_eff * c["attention_efficiency"]),
-        g(core_flops, calls=mbs * heads_t, peak=peak16, plat=plateau16)
-        + gemm.memory_bound_time(SOFTMAX_BYTES * scores, hbm))
-    t_core_b = t_core_f * np.where(flash, FLASH_BACKWARD_RATIO, 2.0)
-
-    def mlp_time(tok, width, calls=1.0):
-        fc1 = 2.0 * tok * h * width * (1.0 + w.gated)
-        fc2 = 2.0 * tok * width * h
-        act = gemm.memory_bound_time(2.0 * tok * width * (3.0 if w.gated else 2.0), hbm)
-        return g(fc1, calls, k=h) + g(fc2, calls, k=width) + act
-
-    t_mlp_dense = mlp_time(tokens, ffn_t)
-    elementwise = gemm.memory_bound_time(c["elementwise_bytes"] * tokens * h / norm_split, hbm)
-    attn_gemms_f = t_qkv + t_proj
-    t_dense_f = attn_gemms_f + t_mlp_dense + elementwise
-    if w.moe:
-        local_experts = w.experts / (ep * 1.0)
-        routed = tokens * w.top_k
-        t_moe = (mlp_time(routed, w.moe_ffn / tp, calls=local_experts)
-                 + (mlp_time(tokens, w.shared * w.moe_ffn / tp) if w.shared else 0.0)
-                 + g(fl.router_flops(tokens, h, w.experts), k=h))
-        t_moe_f = attn_gemms_f + t_moe + elementwise
-    else:
-        t_moe_f = 0.0
-    moe_share = w.moe_layers / w.layers
-    layer_f = (1 - moe_share) * t_dense_f + moe_share * t_moe_f  # GEMMs + memory-bound + overhead
-    # Backward: 2x the forward GEMMs and memory-bound kernels [3]; recompute adds
-    # the forward (full) or the attention core (selective) again.
-    layer_b = 2.0 * layer_f + t_core_b
-    layer_b = layer_b + np.where(rc == 2, layer_f + t_core_f, np.where(rc == 1, t_core_f, 0.0))
-    layer_f = layer_f + t_core_f
-
-    # TP: 2 all-reduces forward, 2 backward per layer [3] (RS + AG under SP [2], same bus
-    # bytes), 2 more when the forward is recomputed in full; over NVLink in the domain.
-    act_bytes = 2.0 * tokens * h
-    tp_in = tp <= domain
-    tp_bw = np.where(tp_in, up_bw, out_bw)
-    tp_lat = np.where(tp_in, up_lat, out_lat)
-    t_ar = net.allreduce_time(act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat) + call_lat * (tp > 1)
-    tp_calls = 4.0 + 2.0 * (rc == 2)
-    tp_total = tp_calls * t_ar
-    tp_hidden = np.where(k["tp_comm_overlap"] & sp, c["overlap_efficiency"], 0.0)
-    tp_layer = tp_total * (1.0 - tp_hidden)
-    # CP: cp-1 ring steps of the local K and V, forward; K, V and their gradients backward
-    # (3x in all), hidden behind the attention core [4].
-    kv_bytes = 2.0 * 2.0 * tokens * kv_t * d
-    cp_in = tp * cp <= domain
-    cp_step = net.p2p_time(kv_bytes, bandwidth=np.where(cp_in, up_bw, out_bw),
-                           latency=np.where(cp_in, up_lat, out_lat)) + call_lat
-    cp_f = (cp - 1) * cp_step
-    cp_total = 3.0 * cp_f * (1.0 + (rc == 2) / 3.0)
-    cp_layer = (_exposed(cp_f, t_core_f, 1.0) + _exposed(2.0 * cp_f, t_core_b, 1.0)
-                + (rc == 2) * _exposed(cp_f, t_core_f, 1.0))
-    # EP: dispatch + combine forward and backward per MoE layer, top-k copies of each token.
-    if w.moe:
-        ep_in = tp * cp * ep <= domain
-        a2a = net.all_to_all_time(act_bytes * w.top_k / norm_split, ep,
-                                  bus_bandwidth=np.where(ep_in, up_bw, out_bw),
-                                  latency=np.where(ep_in, up_lat, out_lat)) + call_lat * (ep > 1)
-        ep_layer = moe_share * (4.0 + 2.0 * (rc == 2)) * a2a
-    else:
-        ep_layer = np.zeros(())
-
-    # ---- 3. pipeline: the heaviest stage and the bubble
-    layers_stage = np.ceil(w.layers / (pp * 1.0))
-    # The host launches kernels asynchronously: a layer takes its GPU time or the
-    # host's time to issue its kernels, whichever is longer [12] (forward once,
-    # backward twice, the recomputed forward again) -- small microbatches of small
-    # models are launch-bound, and then a bigger microbatch costs nothing extra.
-    launches = c["layer_overhead"] * (3.0 + (rc == 2))
-    per_layer = np.maximum(layer_f + layer_b + tp_layer + cp_layer + ep_layer, launches)
-    t_layers = layers_stage * per_layer
-    vocab_t = w.vocab / tp
-    head_tokens = tokens
-    # LM head: the logits GEMM forward and backward in 16 bits (outside FP8 [11]) and the
-    # FP32 vocabulary-parallel cross-entropy at HBM bandwidth [11].
-    t_head = 3.0 * g(fl.logits_flops(head_tokens, h, vocab_t), peak=peak16, plat=plateau16, k=h) \
-        + gemm.memory_bound_time(CROSS_ENTROPY_BYTES * head_tokens * vocab_t, hbm)
-    stage_max = t_layers + t_head
-    stage_mean = t_layers + t_head / pp
-    bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
-    t_pipe = m * stage_max + bubble
-    # p2p: microbatch activations, split by TP (scatter/gather, Sec. 4.1 of [1]); the first
-    # and last send cross all p v - 1 chunk boundaries; 1F1B also waits on each steady send.
-    pp_in = tp * cp * dp * 2 <= domain
-    t_p2p = net.p2p_time(act_bytes / tp, bandwidth=np.where(pp_in, up_bw, out_bw),
-                         latency=np.where(pp_in, up_lat, out_lat)) + call_lat
-    t_pp = np.where(pp > 1, 2.0 * t_p2p * ((pp * v - 1) + np.where(v == 1, m, 0.0)), 0.0)
-
-    # ---- 4. data parallel
-    dense_stage_params = (w.dense_layer_params * w.dense_layers / w.layers
-                          + w.moe_layer_nonexpert * w.moe_layers / w.layers) * layers_stage / tp \
-        + w.embedding_params / tp * (pp == 1)
-    expert_stage_params = (w.expert_params * w.experts * w.moe_layers / w.layers) * layers_stage \
-        / (tp * ep * 1.0) if w.moe else 0.0
-    heavy_params = dense_stage_params + w.embedding_params / tp * (pp > 1)  # + LM head on last
-    ranks_up = np.clip(domain // tp, 1, None)
-    ranks_up = np.minimum(ranks_up, group)
-
-    def dp_coll(kind, nbytes, n):
-        return net.two_level_time(kind, nbytes, n, np.minimum(ranks_up, n),
-                                  scale_up_bandwidth=up_bw, scale_up_latency=up_lat,
-                                  scale_out_bandwidth=out_bw, scale_out_latency=out_lat)
-
-    expert_group = np.maximum(group // ep, 1)
-    grads_dense = heavy_params * grad_bytes
-    grads_expert = expert_stage_params * grad_bytes
-    sharded = zero >= 1
-    t_grad = np.where(
-        sharded, dp_coll("reduce_scatter", grads_dense, group) + (
-            dp_coll("reduce_scatter", grads_expert, expert_group) if w.moe else 0.0),
-        dp_coll("all_reduce", grads_dense, group) + (
-            dp_coll("all_reduce", grads_expert, expert_group) if w.moe else 0.0))
-    params_bytes = mem.WEIGHT_BYTES * (heavy_params + expert_stage_params)
-    t_gather = np.where(sharded, dp_coll("all_gather", mem.WEIGHT_BYTES * heavy_params, group)
-                        + (dp_coll("all_gather", mem.WEIGHT_BYTES * expert_stage_params,
-                                   expert_group) if w.moe else 0.0), 0.0)
-    # Last microbatch's backward hides the bucketed gradient reduction; the first forward
-    # hides the parameter all-gather [7].
-    stage_b = layers_stage * (layer_b + tp_layer / 2)
-    stage_f = layers_stage * (layer_f + tp_layer / 2)
-    eta = c["overlap_efficiency"]
-    exp_grad = np.where(k["overlap_grad_reduce"], _exposed(t_grad, stage_b, eta), t_grad)
-    exp_gather = np.where(k["overlap_param_gather"], _exposed(t_gather, stage_f, eta), t_gather)
-    # FSDP [9]: gather forward and backward, reduce-scatter gradients, every microbatch,
-    # prefetched behind the whole compute.
-    # The gathers run as one flat ring per rank over its own NIC (DeepSpeed ZeRO-3 and
-    # FSDP shard over all DP ranks, not per node), the bound NAR21 Table 2 measured.
-    fsdp_bw = np.where(group <= domain, up_bw, out_bw)
-    fsdp_lat = np.where(group <= domain, up_lat, out_lat)
-    t_fsdp = m * (2.0 * net.all_gather_time(params_bytes, group, bus_bandwidth=fsdp_bw, latency=fsdp_lat)
-                  + net.reduce_scatter_time((heavy_params + expert_stage_params) * grad_bytes, group,
-                                            bus_bandwidth=fsdp_bw, latency=fsdp_lat))
-    exp_fsdp = np.where(k["overlap_param_gather"], _exposed(t_fsdp, t_pipe, eta), t_fsdp)
-    fsdp = zero == 3
-    t_dp_total = np.where(fsdp, t_fsdp, t_grad + t_gather)
-    t_dp = np.where(fsdp, exp_fsdp, exp_grad + exp_gather)
-    # Optimizer: Adam over the local (sharded) parameters at HBM bandwidth.
-    local_params = heavy_params + expert_stage_params
-    t_opt = gemm.memory_bound_time(
-        OPTIMIZER_BYTES_TOUCHED * local_params / np.where(sharded, group, 1), hbm)
-
-    total = t_pipe + t_pp + t_dp + t_opt + c["step_overhead"]
-
-    # ---- outputs: throughput and utilization
-    model_flops = fl.megatron_model_flops(
-        batch, s, w.layers, h, heads=w.heads, kv_heads=w.kv_heads,
-        ffn_hidden=np.where(w.moe, w.moe_ffn, w.ffn) if w.moe else w.ffn, vocab=w.vocab,
-        gated=w.gated, experts_per_token=w.top_k if w.moe else 1.0,
-        shared_ffn_hidden=w.shared * w.moe_ffn, head_dim=d)
-    if w.moe and w.dense_layers:
-        model_flops = model_flops + fl.megatron_model_flops(
-            batch, s, w.dense_layers, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn,
-            vocab=0.0, gated=w.gated, head_dim=d) - fl.megatron_model_flops(
-            batch, s, w.dense_layers, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.moe_ffn,
-            vocab=0.0, gated=w.gated, experts_per_token=w.top_k,
-            shared_ffn_hidden=w.shared * w.moe_ffn, head_dim=d)
-    per_acc = model_flops / (total * n_acc)
-    recompute_extra = np.where(rc == 2, 1.0 / 3.0, np.where(
-        rc == 1, 4.0 * s * h * w.layers / (model_flops / (batch * s)), 0.0))
-    mfu = per_acc / peak_gemm
-
-    # ---- 5. memory of the heaviest stage
-    weights, grads, optim = mem.model_state(dense_stage_params + w.embedding_params / tp * (pp > 1),
-                                            shard_group=group, zero_stage=zero)
-    if w.moe:
-        we, ge, oe = mem.model_state(expert_stage_params, shard_group=expert_group, zero_stage=zero)
-        weights, grads, optim = weights + we, grads + ge, optim + oe
-    act_dense = mem.layer_activation_bytes(
-        mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
-        tp_size=tp, sequence_parallel=sp, recompute_code=rc, flash_attention=flash)
-    if w.moe:
-        act_moe = mem.layer_activation_bytes(
-            mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
-            tp_size=tp, sequence_parallel=sp, recompute_code=rc, flash_attention=flash,
-            moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1))
-        act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
-    else:
-        act_layer = act_dense
-    activations = act_layer * mem.in_flight_layers(layers_stage, pp, v, m) + np.where(
-        pp == 1, mem.logits_bytes(mbs, s_local, w.vocab, tp_size=tp), 0.0)
-    bucket = grad_bytes * np.maximum(4e7, 1e6 * group)  # Megatron DDP bucket size [7]
-    buffers = (bucket + 2.0 * act_bytes / tp * (pp > 1)
-               + (zero == 3) * 2.0 * mem.WEIGHT_BYTES * (params_bytes / mem.WEIGHT_BYTES / layers_stage))
-    footprint = weights + grads + optim + activations + buffers
-
-    out = {
-        "dp_size": dp * 1.0,
-        "microbatch_count": m_exact,
-        "step_latency_total": total,
-        "effective_throughput": batch / total,
-        "tokens_per_second_per_accelerator": batch * 1.0 * s / (total * n_acc),
-        "model_flops_per_accelerator": per_acc,
-        "mfu": mfu,
-        "hfu": mfu * (1.0 + recompute_extra),
-        "compute_latency": m * layers_stage * (layer_f + layer_b) + m * t_head,
-        "tp_communication_latency": m * layers_stage * tp_layer,
-        "cp_communication_latency": m * layers_stage * cp_layer,
-        "ep_communication_latency": m * layers_stage * ep_layer,
-        "pp_communication_latency": t_pp,
-        "dp_communication_latency": t_dp,
-        "communication_latency": m * layers_stage * (tp_total + cp_total + ep_layer) + t_pp + t_dp_total,
-        "pipeline_bubble_latency": bubble,
-        "bubble_fraction": bubble / t_pipe,
-        "optimizer_latency": t_opt,
-        "memory_footprint": footprint,
-        "memory_weights": weights,
-        "memory_gradients": grads,
-        "memory_optimizer_state": optim,
-        "memory_activations": activations,
-        "memory_communication_buffers": buffers,
-    }
-    out["feasible"] = footprint <= acc.memory_capacity
-    all_valid = bool(np.all(valid))
-    nan = None if all_valid else np.where(valid, 0.0, np.nan)
-    result = {"valid": np.broadcast_to(valid, shape), "realizable": np.broadcast_to(realizable, shape)}
-    for name, value in out.items():
-        value = np.asarray(value)
-        if value.dtype == bool:
-            value = value if all_valid else value & valid
-        else:
-            value = value.astype(np.float64, copy=False)
-            if nan is not None:
-                value = value + nan
-        result[name] = np.broadcast_to(value, shape)
-    return {name: result[name] for name in OUTPUTS}
+    """The steps in order (:mod:`.megatron_steps`, :mod:`.megatron_compose`), like ModelChain.run_model."""
+    sp = steps.split(w, fleet, k)
+    hw = steps.hardware(fleet, c, sp.prec)
+    ly = steps.layer_times(w, k, c, sp, hw)
+    cm = steps.communication(w, k, c, sp, hw, ly)
+    pl = steps.pipeline(w, c, sp, hw, ly, cm)
+    dpr = after.data_parallel(w, k, c, sp, hw, ly, cm, pl)
+    mm = after.memory(w, k, sp, hw, ly, pl, dpr)
+    return after.compose(w, c, sp, hw, ly, cm, pl, dpr, mm, shape, OUTPUTS)

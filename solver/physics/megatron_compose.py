@@ -1,0 +1,221 @@
+"""Steps 6-8 of :func:`solver.physics.megatron.solve`: data parallel, memory, outputs.
+
+Continues :mod:`solver.physics.megatron_steps` (steps 1-5, whose results these
+take). The bracketed references ``[n]`` are those of :mod:`solver.physics.megatron`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import flops as fl
+from .. import gemm
+from .. import megatron_memory as mem
+from .. import network as net
+from .megatron_steps import (OPTIMIZER_BYTES_TOUCHED, Communication, Hardware, Layer, Pipeline,
+                             Split, _exposed)
+
+
+# ---------------------------------------------------------- 6. data parallel
+
+@dataclass(frozen=True)
+class DataParallel:
+    """Parameters of the heaviest stage, DP communication and the optimizer step."""
+    dense_stage_params: object
+    expert_stage_params: object
+    expert_group: object
+    params_bytes: object
+    t_dp_total: object
+    t_dp: object
+    t_opt: object
+
+
+def _stage_params(w, sp: Split, layers_stage):
+    """(dense, expert, heavy) parameters per rank of the heaviest stage (heavy: + LM head on the last)."""
+    tp, pp = sp.tp, sp.pp
+    dense_stage_params = (w.dense_layer_params * w.dense_layers / w.layers
+                          + w.moe_layer_nonexpert * w.moe_layers / w.layers) * layers_stage / tp \
+        + w.embedding_params / tp * (pp == 1)
+    expert_stage_params = (w.expert_params * w.experts * w.moe_layers / w.layers) * layers_stage \
+        / (tp * sp.ep * 1.0) if w.moe else 0.0
+    heavy_params = dense_stage_params + w.embedding_params / tp * (pp > 1)  # + LM head on last
+    return dense_stage_params, expert_stage_params, heavy_params
+
+
+def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication,
+                  pl: Pipeline) -> DataParallel:
+    """Bucketed gradient reduction and parameter gathers [7], FSDP [9], Adam at HBM bandwidth."""
+    group, zero, m, grad_bytes = sp.group, sp.zero, sp.m, hw.grad_bytes
+    layers_stage = pl.layers_stage
+    dense_stage_params, expert_stage_params, heavy_params = _stage_params(w, sp, layers_stage)
+    ranks_up = np.clip(hw.domain // sp.tp, 1, None)
+    ranks_up = np.minimum(ranks_up, group)
+
+    def dp_coll(kind, nbytes, n):
+        return net.two_level_time(kind, nbytes, n, np.minimum(ranks_up, n),
+                                  scale_up_bandwidth=hw.up_bw, scale_up_latency=hw.up_lat,
+                                  scale_out_bandwidth=hw.out_bw, scale_out_latency=hw.out_lat)
+
+    expert_group = np.maximum(group // sp.ep, 1)
+    grads_dense = heavy_params * grad_bytes
+    grads_expert = expert_stage_params * grad_bytes
+    sharded = zero >= 1
+    t_grad = np.where(
+        sharded, dp_coll("reduce_scatter", grads_dense, group) + (
+            dp_coll("reduce_scatter", grads_expert, expert_group) if w.moe else 0.0),
+        dp_coll("all_reduce", grads_dense, group) + (
+            dp_coll("all_reduce", grads_expert, expert_group) if w.moe else 0.0))
+    params_bytes = mem.WEIGHT_BYTES * (heavy_params + expert_stage_params)
+    t_gather = np.where(sharded, dp_coll("all_gather", mem.WEIGHT_BYTES * heavy_params, group)
+                        + (dp_coll("all_gather", mem.WEIGHT_BYTES * expert_stage_params,
+                                   expert_group) if w.moe else 0.0), 0.0)
+    # Last microbatch's backward hides the bucketed gradient reduction; the first forward
+    # hides the parameter all-gather [7].
+    stage_b = layers_stage * (ly.layer_b + cm.tp_layer / 2)
+    stage_f = layers_stage * (ly.layer_f + cm.tp_layer / 2)
+    eta = c["overlap_efficiency"]
+    exp_grad = np.where(k["overlap_grad_reduce"], _exposed(t_grad, stage_b, eta), t_grad)
+    exp_gather = np.where(k["overlap_param_gather"], _exposed(t_gather, stage_f, eta), t_gather)
+    # FSDP [9]: gather forward and backward, reduce-scatter gradients, every microbatch,
+    # prefetched behind the whole compute.
+    # The gathers run as one flat ring per rank over its own NIC (DeepSpeed ZeRO-3 and
+    # FSDP shard over all DP ranks, not per node), the bound NAR21 Table 2 measured.
+    fsdp_bw, fsdp_lat = hw.link(group <= hw.domain)
+    t_fsdp = m * (2.0 * net.all_gather_time(params_bytes, group, bus_bandwidth=fsdp_bw, latency=fsdp_lat)
+                  + net.reduce_scatter_time((heavy_params + expert_stage_params) * grad_bytes, group,
+                                            bus_bandwidth=fsdp_bw, latency=fsdp_lat))
+    exp_fsdp = np.where(k["overlap_param_gather"], _exposed(t_fsdp, pl.t_pipe, eta), t_fsdp)
+    fsdp = zero == 3
+    # Optimizer: Adam over the local (sharded) parameters at HBM bandwidth.
+    local_params = heavy_params + expert_stage_params
+    t_opt = gemm.memory_bound_time(
+        OPTIMIZER_BYTES_TOUCHED * local_params / np.where(sharded, group, 1), hw.hbm)
+    return DataParallel(dense_stage_params=dense_stage_params, expert_stage_params=expert_stage_params,
+                        expert_group=expert_group, params_bytes=params_bytes,
+                        t_dp_total=np.where(fsdp, t_fsdp, t_grad + t_gather),
+                        t_dp=np.where(fsdp, exp_fsdp, exp_grad + exp_gather), t_opt=t_opt)
+
+
+# ----------------------------------------------------------------- 7. memory
+
+@dataclass(frozen=True)
+class Memory:
+    """Training memory per accelerator of the heaviest stage [byte]."""
+    weights: object
+    grads: object
+    optim: object
+    activations: object
+    buffers: object
+    footprint: object
+
+
+def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataParallel) -> Memory:
+    """Model state, stored activations and buffers (:mod:`solver.megatron_memory`)."""
+    tp, pp, zero, group, mbs = sp.tp, sp.pp, sp.zero, sp.group, sp.mbs
+    s_local, h, moe_share, layers_stage = ly.s_local, ly.h, ly.moe_share, pl.layers_stage
+    flash = k["flash_attention"]
+    weights, grads, optim = mem.model_state(dpr.dense_stage_params + w.embedding_params / tp * (pp > 1),
+                                            shard_group=group, zero_stage=zero)
+    if w.moe:
+        we, ge, oe = mem.model_state(dpr.expert_stage_params, shard_group=dpr.expert_group,
+                                     zero_stage=zero)
+        weights, grads, optim = weights + we, grads + ge, optim + oe
+    act_dense = mem.layer_activation_bytes(
+        mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
+        tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash)
+    if w.moe:
+        act_moe = mem.layer_activation_bytes(
+            mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
+            tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
+            moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1))
+        act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
+    else:
+        act_layer = act_dense
+    activations = act_layer * mem.in_flight_layers(layers_stage, pp, sp.v, sp.m) + np.where(
+        pp == 1, mem.logits_bytes(mbs, s_local, w.vocab, tp_size=tp), 0.0)
+    bucket = hw.grad_bytes * np.maximum(4e7, 1e6 * group)  # Megatron DDP bucket size [7]
+    buffers = (bucket + 2.0 * ly.act_bytes / tp * (pp > 1)
+               + (zero == 3) * 2.0 * mem.WEIGHT_BYTES * (dpr.params_bytes / mem.WEIGHT_BYTES / layers_stage))
+    footprint = weights + grads + optim + activations + buffers
+    return Memory(weights=weights, grads=grads, optim=optim, activations=activations,
+                  buffers=buffers, footprint=footprint)
+
+
+# ---------------------------------------------------------------- 8. compose
+
+def _model_flops(w, batch, s, h, d):
+    """Megatron-LM's model FLOPs of a step (MoE layers and dense layers counted apart)."""
+    model_flops = fl.megatron_model_flops(
+        batch, s, w.layers, h, heads=w.heads, kv_heads=w.kv_heads,
+        ffn_hidden=np.where(w.moe, w.moe_ffn, w.ffn) if w.moe else w.ffn, vocab=w.vocab,
+        gated=w.gated, experts_per_token=w.top_k if w.moe else 1.0,
+        shared_ffn_hidden=w.shared * w.moe_ffn, head_dim=d)
+    if w.moe and w.dense_layers:
+        model_flops = model_flops + fl.megatron_model_flops(
+            batch, s, w.dense_layers, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn,
+            vocab=0.0, gated=w.gated, head_dim=d) - fl.megatron_model_flops(
+            batch, s, w.dense_layers, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.moe_ffn,
+            vocab=0.0, gated=w.gated, experts_per_token=w.top_k,
+            shared_ffn_hidden=w.shared * w.moe_ffn, head_dim=d)
+    return model_flops
+
+
+def _mask(out, valid, realizable, shape, order):
+    """``out`` broadcast to ``shape``, NaN (float) or False (bool) where not ``valid``."""
+    all_valid = bool(np.all(valid))
+    nan = None if all_valid else np.where(valid, 0.0, np.nan)
+    result = {"valid": np.broadcast_to(valid, shape), "realizable": np.broadcast_to(realizable, shape)}
+    for name, value in out.items():
+        value = np.asarray(value)
+        if value.dtype == bool:
+            value = value if all_valid else value & valid
+        else:
+            value = value.astype(np.float64, copy=False)
+            if nan is not None:
+                value = value + nan
+        result[name] = np.broadcast_to(value, shape)
+    return {name: result[name] for name in order}
+
+
+def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pipeline,
+            dpr: DataParallel, mm: Memory, shape, order):
+    """Step time, throughput, utilization and the breakdowns, named as in ``order``."""
+    batch, s, m, rc, n_acc = sp.batch, sp.s, sp.m, sp.rc, sp.n_acc
+    h, layers_stage = ly.h, pl.layers_stage
+    total = pl.t_pipe + pl.t_pp + dpr.t_dp + dpr.t_opt + c["step_overhead"]
+    model_flops = _model_flops(w, batch, s, h, ly.d)
+    per_acc = model_flops / (total * n_acc)
+    recompute_extra = np.where(rc == 2, 1.0 / 3.0, np.where(
+        rc == 1, 4.0 * s * h * w.layers / (model_flops / (batch * s)), 0.0))
+    mfu = per_acc / hw.peak_gemm
+    out = {
+        "dp_size": sp.dp * 1.0,
+        "microbatch_count": sp.m_exact,
+        "step_latency_total": total,
+        "effective_throughput": batch / total,
+        "tokens_per_second_per_accelerator": batch * 1.0 * s / (total * n_acc),
+        "model_flops_per_accelerator": per_acc,
+        "mfu": mfu,
+        "hfu": mfu * (1.0 + recompute_extra),
+        "compute_latency": m * layers_stage * (ly.layer_f + ly.layer_b) + m * pl.t_head,
+        "tp_communication_latency": m * layers_stage * cm.tp_layer,
+        "cp_communication_latency": m * layers_stage * cm.cp_layer,
+        "ep_communication_latency": m * layers_stage * cm.ep_layer,
+        "pp_communication_latency": pl.t_pp,
+        "dp_communication_latency": dpr.t_dp,
+        "communication_latency": m * layers_stage * (cm.tp_total + cm.cp_total + cm.ep_layer)
+        + pl.t_pp + dpr.t_dp_total,
+        "pipeline_bubble_latency": pl.bubble,
+        "bubble_fraction": pl.bubble / pl.t_pipe,
+        "optimizer_latency": dpr.t_opt,
+        "memory_footprint": mm.footprint,
+        "memory_weights": mm.weights,
+        "memory_gradients": mm.grads,
+        "memory_optimizer_state": mm.optim,
+        "memory_activations": mm.activations,
+        "memory_communication_buffers": mm.buffers,
+    }
+    out["feasible"] = mm.footprint <= hw.memory_capacity
+    return _mask(out, sp.valid, sp.realizable, shape, order)

@@ -1,0 +1,366 @@
+"""The named steps of :func:`solver.physics.megatron.solve`, like pvlib's ModelChain.
+
+Each step takes the workload's shape, the knobs ``k`` and constants ``c`` (dicts
+of arrays) and the earlier steps' results (small frozen dataclasses), and
+returns its own; ``solver.physics.megatron._solve`` chains them. Steps 1-5 are
+here, 6-8 in :mod:`solver.physics.megatron_compose`:
+
+1. :func:`split` -- ranks, validity, microbatches, realizable;
+2. :func:`hardware` -- per-precision peaks and plateaus, bandwidths, latencies;
+3. :func:`layer_times` -- one layer's compute for one microbatch on one rank;
+4. :func:`communication` -- TP, CP and EP terms per layer;
+5. :func:`pipeline` -- heaviest stage, launch floor, bubble, p2p sends;
+6. :func:`.megatron_compose.data_parallel` -- gradient reduction, parameter gathers, optimizer;
+7. :func:`.megatron_compose.memory` -- the heaviest stage's memory;
+8. :func:`.megatron_compose.compose` -- the outputs, NaN where the split is invalid.
+
+The bracketed references ``[n]`` are those of :mod:`solver.physics.megatron`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import flops as fl
+from .. import gemm
+from .. import knobs as knobs_
+from .. import network as net
+
+#: Recompute modes, coded 0, 1, 2.
+RECOMPUTE = ("none", "selective", "full")
+#: Precisions of the GEMMs (weights stay 16-bit), coded 0..3.
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
+
+#: Network latency per algorithm step [s], NVLink and scale-out [8] (a fabric's
+#: own stated latency is used for scale-out when it states one).
+SCALE_UP_STEP_LATENCY = 1e-6
+SCALE_OUT_STEP_LATENCY = 2e-6
+#: Dense peak [FLOP/s] the GEMM curves' constants refer to (Calculon's A100, [8] of gemm).
+GEMM_REFERENCE_PEAK = 312e12
+#: Plateau share of peak for a large GEMM when the accelerator states none [1]
+#: (Calculon's 0.95 for >= 128 GFLOP; the fitted ``gemm_scale`` multiplies it).
+DEFAULT_GEMM_PLATEAU = 0.95
+#: Adam step: FP32 grad read, master/m/v read+write, 16-bit weight write [B per parameter].
+OPTIMIZER_BYTES_TOUCHED = 30.0
+#: Unfused attention: bytes through HBM per score element, forward (scores, mask,
+#: softmax, dropout: write + read of each 2-byte tensor, 1-byte mask) [2].
+SOFTMAX_BYTES = 11.0
+#: FlashAttention-2 backward / forward FLOPs [5].
+FLASH_BACKWARD_RATIO = 2.5
+#: Share of the 16-bit dense peak a fused causal attention kernel achieves when the
+#: accelerator states none (``gemm_efficiency["flash_attention"]`` in the catalog):
+#: FlashAttention-2 forward, causal, head dim 128, 4k-16k tokens on H100 SXM5,
+#: 319-335 TFLOP/s of 989 [10]; the backward is taken at the same rate.
+DEFAULT_FLASH_ATTENTION_EFFICIENCY = 0.33
+#: Bytes through HBM per FP32 logit element of the vocabulary-parallel cross-entropy,
+#: forward and backward [11]: cast of the 16-bit logits to FP32 (2 + 4), max (4),
+#: subtract the max (4 + 4), exp (4 + 4), sum (4), divide into the softmax kept for
+#: the backward (4 + 4); backward: scale the softmax by the loss gradient (4 + 4) and
+#: cast to 16 bits for the logits GEMM's backward (4 + 2).
+CROSS_ENTROPY_BYTES = 52.0
+
+
+def _peak(acc, key):
+    pf = acc.precision_flops
+    if key in ("bf16", "fp16"):
+        for k in (key, "fp16" if key == "bf16" else "bf16", "fp16_dense"):
+            if k in pf:
+                return pf[k]
+        return acc.peak_flops
+    return pf.get(key, _peak(acc, "bf16") if key == "fp8" else _peak(acc, "fp8"))
+
+
+def _plateau(acc, key):
+    ge = acc.gemm_efficiency
+    return ge.get(key, ge.get("bf16", DEFAULT_GEMM_PLATEAU))
+
+
+def _exposed(comm, window, efficiency):
+    """Communication left after hiding it behind ``efficiency * window`` of compute [s]."""
+    return np.maximum(comm - efficiency * window, 0.0)
+
+
+# ------------------------------------------------------------------ 1. split
+
+@dataclass(frozen=True)
+class Split:
+    """The knobs as arrays and the rank split they give."""
+    tp: object
+    pp: object
+    cp: object
+    ep: object
+    v: object
+    mbs: object
+    batch: object
+    s: object
+    sp: object
+    rc: object
+    zero: object
+    prec: object
+    dp: object
+    group: object
+    valid: object
+    n_acc: object
+    m_exact: object
+    m: object
+    realizable: object
+
+
+def split(w, fleet, k) -> Split:
+    """TP x CP x DP x PP ranks (EP folded into DP x CP [6]) and microbatches."""
+    tp, pp, cp, ep = k["tp_size"], k["pp_size"], k["cp_size"], k["ep_size"]
+    v, mbs, batch, s = k["v_stages"], k["micro_batch_size"], k["batch_size"], k["seq_len"]
+    sp = k["sequence_parallel"] & (tp > 1)
+    model_parallel = tp * 1.0 * pp * cp
+    if "dp_size" in k:
+        dp = k["dp_size"]
+        valid = model_parallel * dp < knobs_.MAX_INTEGER
+    else:
+        n_total = fleet.total_accelerators
+        fits = model_parallel <= n_total
+        safe = np.where(fits, model_parallel, 1.0)
+        valid = fits & (n_total % safe == 0)
+        dp = np.where(valid, n_total // safe, 1).astype(np.int64)
+    group = dp * cp  # gradient / optimizer-shard group [6]
+    valid = valid & (group % ep == 0)
+    n_acc = model_parallel * dp
+    m_exact = batch / (dp * 1.0 * mbs)
+    m = np.maximum(np.floor(m_exact), 1.0)
+    realizable = (valid & (m_exact == np.floor(m_exact)) & (m_exact >= 1)
+                  & (w.heads % tp == 0) & ((w.kv_heads % tp == 0) | (tp % w.kv_heads == 0))
+                  & (w.layers % (pp * v) == 0) & ((v == 1) | (pp > 1))
+                  & ((cp == 1) | (s % (2 * cp) == 0))
+                  & ((w.experts % ep == 0) if w.moe else (ep == 1))
+                  & ~(k["tp_comm_overlap"] & ~sp & (tp > 1)))
+    return Split(tp=tp, pp=pp, cp=cp, ep=ep, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
+                 rc=k["recompute"], zero=k["zero_stage"], prec=k["precision"], dp=dp, group=group,
+                 valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable)
+
+
+# --------------------------------------------------------------- 2. hardware
+
+@dataclass(frozen=True)
+class Hardware:
+    """Hardware facts by precision code (tiny tables spread by the codes), fitted constants applied."""
+    peak_gemm: object
+    peak16: object
+    plateau: object
+    plateau16: object
+    grad_bytes: object
+    hbm: float
+    shift: object
+    k_overhead: object
+    flash_eff: float
+    domain: int
+    up_bw: object
+    out_bw: object
+    up_lat: float
+    out_lat: float
+    call_lat: object
+    memory_capacity: float
+
+    def gemm(self, flops, calls=1.0, peak=None, plat=None, k=None):
+        """Time of ``calls`` GEMMs of ``flops`` in all, at ``peak`` (default: the GEMM precision's)."""
+        # k: the GEMM's reduction dimension on this rank (its depth term, gemm [2]); the
+        # backward's data- and weight-gradient GEMMs are priced at the forward's.
+        # The fixed cost per tile is a time: in columns of K it grows with the device's
+        # rate (normalized to the A100's 312 TFLOP/s, like the size curve's knots).
+        peak = self.peak_gemm if peak is None else peak
+        plat = self.plateau if plat is None else plat
+        return gemm.gemm_time(flops / calls, peak, plateau=plat, size_shift=self.shift, calls=calls,
+                              k_dim=k, k_overhead=self.k_overhead * peak / GEMM_REFERENCE_PEAK)
+
+    def link(self, inside):
+        """(bandwidth, latency) of a group inside the NVLink domain where ``inside``, else scale-out."""
+        return np.where(inside, self.up_bw, self.out_bw), np.where(inside, self.up_lat, self.out_lat)
+
+
+def hardware(fleet, c, prec) -> Hardware:
+    """Peaks and GEMM plateaus per precision code ``prec``; HBM and network rates."""
+    node, fabric = fleet.node, fleet.fabric
+    acc = node.accelerator
+    gemm_key = np.array(PRECISIONS)
+    peak_gemm = np.array([_peak(acc, p) for p in PRECISIONS])[prec]
+    peak16 = np.array([_peak(acc, "fp16" if p == "fp16" else "bf16") for p in PRECISIONS])[prec]
+    low_bits = np.array([p in ("fp8", "fp4") for p in PRECISIONS])[prec]
+    plateau = (np.array([_plateau(acc, p) for p in gemm_key])[prec] * c["gemm_scale"]
+               * np.where(low_bits, c["fp8_gemm_scale"], 1.0))
+    plateau16 = np.array([_plateau(acc, "fp16" if p == "fp16" else "bf16") for p in PRECISIONS])[prec] \
+        * c["gemm_scale"]
+    return Hardware(
+        peak_gemm=peak_gemm, peak16=peak16, plateau=plateau, plateau16=plateau16,
+        grad_bytes=np.where(prec == PRECISIONS.index("fp16"), 2.0, 4.0),  # FP32 reduce for BF16 [7]
+        hbm=acc.memory_bandwidth, shift=c["gemm_size_shift"], k_overhead=c["gemm_k_overhead"],
+        flash_eff=acc.gemm_efficiency.get("flash_attention", DEFAULT_FLASH_ATTENTION_EFFICIENCY),
+        domain=node.scale_up_domain or node.accelerators_per_node,
+        up_bw=(node.scale_up_bus_bandwidth or node.intra_node_bandwidth) * c["scale_up_efficiency"],
+        out_bw=(node.nic_bandwidth or fabric.bandwidth / fabric.oversubscription) * c["scale_out_efficiency"],
+        up_lat=SCALE_UP_STEP_LATENCY,
+        out_lat=fabric.latency if fabric.latency is not None else SCALE_OUT_STEP_LATENCY,
+        call_lat=c["collective_latency"], memory_capacity=acc.memory_capacity)
+
+
+# ------------------------------------------------------------ 3. layer times
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer, one microbatch, one rank: local sizes and compute times [s]."""
+    h: float
+    d: float
+    s_local: object
+    tokens: object
+    kv_t: object
+    norm_split: object
+    act_bytes: object
+    moe_share: float
+    t_core_f: object
+    t_core_b: object
+    layer_f: object
+    layer_b: object
+
+
+def _mlp_time(w, hw: Hardware, tok, width, calls=1.0):
+    h = float(w.hidden)
+    fc1 = 2.0 * tok * h * width * (1.0 + w.gated)
+    fc2 = 2.0 * tok * width * h
+    act = gemm.memory_bound_time(2.0 * tok * width * (3.0 if w.gated else 2.0), hw.hbm)
+    return hw.gemm(fc1, calls, k=h) + hw.gemm(fc2, calls, k=width) + act
+
+
+def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
+    """GEMMs on the efficiency curve, attention core, memory-bound kernels; forward and backward."""
+    tp, ep, mbs, s, rc = sp.tp, sp.ep, sp.mbs, sp.s, sp.rc
+    g, hbm = hw.gemm, hw.hbm
+    h, d = float(w.hidden), w.head_dim
+    s_local = s / (sp.cp * 1.0)
+    tokens = mbs * s_local
+    heads_t = w.heads / (tp * 1.0)
+    kv_t = np.maximum(w.kv_heads / (tp * 1.0), 1.0)
+    ffn_t = w.ffn / tp
+    norm_split = np.where(sp.sp, tp, 1)  # SP splits norms, dropout and residuals by TP [2]
+    t_qkv = g(fl.qkv_flops(tokens, h, heads=heads_t, kv_heads=kv_t, head_dim=d), k=h)
+    t_proj = g(fl.attention_output_flops(tokens, h, heads=heads_t, head_dim=d), k=heads_t * d)
+    flash = k["flash_attention"]
+    # Attention core: a fused causal kernel skips masked blocks [5] at its own efficiency;
+    # an unfused softmax computes the whole s x s and streams it through HBM.
+    core_flops = fl.attention_core_flops(mbs, s_local, s, heads=heads_t, head_dim=d,
+                                         causal_fraction=np.where(flash, 0.5, 1.0))
+    scores = mbs * heads_t * s_local * s
+    t_core_f = np.where(
+        flash, core_flops / (hw.peak16 * hw.flash_eff * c["attention_efficiency"]),
+        g(core_flops, calls=mbs * heads_t, peak=hw.peak16, plat=hw.plateau16)
+        + gemm.memory_bound_time(SOFTMAX_BYTES * scores, hbm))
+    t_core_b = t_core_f * np.where(flash, FLASH_BACKWARD_RATIO, 2.0)
+
+    t_mlp_dense = _mlp_time(w, hw, tokens, ffn_t)
+    elementwise = gemm.memory_bound_time(c["elementwise_bytes"] * tokens * h / norm_split, hbm)
+    attn_gemms_f = t_qkv + t_proj
+    t_dense_f = attn_gemms_f + t_mlp_dense + elementwise
+    if w.moe:
+        local_experts = w.experts / (ep * 1.0)
+        routed = tokens * w.top_k
+        t_moe = (_mlp_time(w, hw, routed, w.moe_ffn / tp, calls=local_experts)
+                 + (_mlp_time(w, hw, tokens, w.shared * w.moe_ffn / tp) if w.shared else 0.0)
+                 + g(fl.router_flops(tokens, h, w.experts), k=h))
+        t_moe_f = attn_gemms_f + t_moe + elementwise
+    else:
+        t_moe_f = 0.0
+    moe_share = w.moe_layers / w.layers
+    layer_f = (1 - moe_share) * t_dense_f + moe_share * t_moe_f  # GEMMs + memory-bound + overhead
+    # Backward: 2x the forward GEMMs and memory-bound kernels [3]; recompute adds
+    # the forward (full) or the attention core (selective) again.
+    layer_b = 2.0 * layer_f + t_core_b
+    layer_b = layer_b + np.where(rc == 2, layer_f + t_core_f, np.where(rc == 1, t_core_f, 0.0))
+    layer_f = layer_f + t_core_f
+    return Layer(h=h, d=d, s_local=s_local, tokens=tokens, kv_t=kv_t, norm_split=norm_split,
+                 act_bytes=2.0 * tokens * h, moe_share=moe_share, t_core_f=t_core_f,
+                 t_core_b=t_core_b, layer_f=layer_f, layer_b=layer_b)
+
+
+# ---------------------------------------------------------- 4. communication
+
+@dataclass(frozen=True)
+class Communication:
+    """Per-layer TP, CP and EP communication: in all, and exposed [s]."""
+    tp_total: object
+    tp_layer: object
+    cp_total: object
+    cp_layer: object
+    ep_layer: object
+
+
+def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
+    """TP all-reduces [3] [2], the CP K/V ring [4] and the EP all-to-all of one layer."""
+    tp, cp, ep, rc = sp.tp, sp.cp, sp.ep, sp.rc
+    call_lat = hw.call_lat
+    # TP: 2 all-reduces forward, 2 backward per layer [3] (RS + AG under SP [2], same bus
+    # bytes), 2 more when the forward is recomputed in full; over NVLink in the domain.
+    tp_bw, tp_lat = hw.link(tp <= hw.domain)
+    t_ar = net.allreduce_time(ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat) + call_lat * (tp > 1)
+    tp_calls = 4.0 + 2.0 * (rc == 2)
+    tp_total = tp_calls * t_ar
+    tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp, c["overlap_efficiency"], 0.0)
+    tp_layer = tp_total * (1.0 - tp_hidden)
+    # CP: cp-1 ring steps of the local K and V, forward; K, V and their gradients backward
+    # (3x in all), hidden behind the attention core [4].
+    kv_bytes = 2.0 * 2.0 * ly.tokens * ly.kv_t * ly.d
+    cp_bw, cp_lat = hw.link(tp * cp <= hw.domain)
+    cp_step = net.p2p_time(kv_bytes, bandwidth=cp_bw, latency=cp_lat) + call_lat
+    cp_f = (cp - 1) * cp_step
+    cp_total = 3.0 * cp_f * (1.0 + (rc == 2) / 3.0)
+    cp_layer = (_exposed(cp_f, ly.t_core_f, 1.0) + _exposed(2.0 * cp_f, ly.t_core_b, 1.0)
+                + (rc == 2) * _exposed(cp_f, ly.t_core_f, 1.0))
+    # EP: dispatch + combine forward and backward per MoE layer, top-k copies of each token.
+    if w.moe:
+        ep_bw, ep_lat = hw.link(tp * cp * ep <= hw.domain)
+        a2a = net.all_to_all_time(ly.act_bytes * w.top_k / ly.norm_split, ep,
+                                  bus_bandwidth=ep_bw, latency=ep_lat) + call_lat * (ep > 1)
+        ep_layer = ly.moe_share * (4.0 + 2.0 * (rc == 2)) * a2a
+    else:
+        ep_layer = np.zeros(())
+    return Communication(tp_total=tp_total, tp_layer=tp_layer, cp_total=cp_total,
+                         cp_layer=cp_layer, ep_layer=ep_layer)
+
+
+# --------------------------------------------------------------- 5. pipeline
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The heaviest stage, the bubble and the p2p sends [s]."""
+    layers_stage: object
+    t_head: object
+    bubble: object
+    t_pipe: object
+    t_pp: object
+
+
+def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pipeline:
+    """Heaviest stage (with the LM head [11]) times microbatches, plus the bubble [1] and p2p."""
+    tp, pp, v, m = sp.tp, sp.pp, sp.v, sp.m
+    layers_stage = np.ceil(w.layers / (pp * 1.0))
+    # The host launches kernels asynchronously: a layer takes its GPU time or the
+    # host's time to issue its kernels, whichever is longer [12] (forward once,
+    # backward twice, the recomputed forward again) -- small microbatches of small
+    # models are launch-bound, and then a bigger microbatch costs nothing extra.
+    launches = c["layer_overhead"] * (3.0 + (sp.rc == 2))
+    per_layer = np.maximum(ly.layer_f + ly.layer_b + cm.tp_layer + cm.cp_layer + cm.ep_layer, launches)
+    t_layers = layers_stage * per_layer
+    vocab_t = w.vocab / tp
+    head_tokens = ly.tokens
+    # LM head: the logits GEMM forward and backward in 16 bits (outside FP8 [11]) and the
+    # FP32 vocabulary-parallel cross-entropy at HBM bandwidth [11].
+    t_head = 3.0 * hw.gemm(fl.logits_flops(head_tokens, ly.h, vocab_t), peak=hw.peak16,
+                           plat=hw.plateau16, k=ly.h) \
+        + gemm.memory_bound_time(CROSS_ENTROPY_BYTES * head_tokens * vocab_t, hw.hbm)
+    stage_max = t_layers + t_head
+    stage_mean = t_layers + t_head / pp
+    bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
+    t_pipe = m * stage_max + bubble
+    # p2p: microbatch activations, split by TP (scatter/gather, Sec. 4.1 of [1]); the first
+    # and last send cross all p v - 1 chunk boundaries; 1F1B also waits on each steady send.
+    pp_bw, pp_lat = hw.link(tp * sp.cp * sp.dp * 2 <= hw.domain)
+    t_p2p = net.p2p_time(ly.act_bytes / tp, bandwidth=pp_bw, latency=pp_lat) + hw.call_lat
+    t_pp = np.where(pp > 1, 2.0 * t_p2p * ((pp * v - 1) + np.where(v == 1, m, 0.0)), 0.0)
+    return Pipeline(layers_stage=layers_stage, t_head=t_head, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp)
