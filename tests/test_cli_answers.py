@@ -164,3 +164,24 @@ def test_a_search_with_no_admissible_layout_says_why_and_exits_3(ties, capsys):
     spec = sweep.load_spec(ties["spec"])
     assert f"no admissible layout among {spec.size:,} points" in err
     assert "within the memory limit removed" in err and "relax within the memory limit" in err
+
+
+def test_search_top_one_shows_its_whole_tie_group(ties, capsys):
+    # The search's top-k counted layouts: a group cut at k showed only some of its equals.
+    code, out, err = _call(capsys, ["search", ties["spec"], "--exact", "-k", "1",
+                                    "--no-progress"])
+    assert code == 0, err
+    rows = [line for line in out.split("distinct layouts by mfu:")[1].splitlines()
+            if re.match(r"\s*\d+ ", line)]
+    assert len(rows) == 1
+    assert "microbatch_count=1|2, v_stages=1|2" in out.split("distinct layouts by mfu:")[1]
+
+
+def test_main_job_rows_list_the_knob_values_that_change_nothing(ties, tmp_path, capsys):
+    code, out, err = _call(capsys, ["--spec", ties["spec"], "--no-save", "--no-progress"])
+    assert code == 0, err
+    table = out.split("Best layout of each parallel split", 1)[1]
+    rows = [line for line in table.splitlines() if re.match(r"\s*\d+ ", line)]
+    assert len(rows) == 3  # one per TP split, each standing for its 4 equal layouts
+    assert "same in every row: pp_size=1, microbatch_count=1|2, v_stages=1|2" in table
+    assert "a|b: layouts with these values are equal in every output" in out

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import analysis
 from ..analysis import NoAdmissibleError, explain_runner_up, scenario_dims
+from ..analysis.ties import EQUIVALENT, parse_equivalent
 from ..preflight import ResourceError
 from ..spec import builtin_spec, load_spec
 from ._common import DEFAULT_SPEC, _GB, _SPLIT_DIMS, EXIT_OK, UsageError, _check_output, _progress
@@ -64,6 +65,19 @@ def _scenarios(cube) -> list:
     return [dict(zip(dims, combo)) for combo in itertools.product(*values)]
 
 
+def _with_equivalents(cube, row, scenario) -> dict:
+    """``row`` showing every value of its knobs that gives the same outputs: ``1|2|4``.
+
+    The best layout of a split may tie with others of the same split (a microbatch
+    count that changes nothing with one pipeline stage); those are one layout.
+    """
+    pinned = {d: [row[d]] for d in (*scenario, *_SPLIT_DIMS) if d in cube.dims and d in row}
+    best = analysis.top_k(cube.sel(pinned), objective="mfu", k=1)
+    if not best.sizes.get("rank") or EQUIVALENT not in best:
+        return row
+    return {**row, **parse_equivalent(str(best[EQUIVALENT].values[0]))}
+
+
 def _block(spec, cube, scenario, rows) -> None:
     """Print one scenario's table of the best layout per split, and why #1 wins."""
     rows = [_with_dp(r, dict(spec.fixed), spec.physics[0]) for r in rows]
@@ -73,7 +87,10 @@ def _block(spec, cube, scenario, rows) -> None:
     where = (", ".join(f"{d}={_fmt(v)}" for d, v in scenario.items()) + ": ") if scenario else ""
     print()
     print(f"{where}Best layout of each parallel split, by MFU ({len(rows)} shown):")
-    print(_layout_table(rows, dims, values, units))
+    shown = [_with_equivalents(cube, row, scenario) for row in rows]
+    print(_layout_table(shown, dims, values, units))
+    if any(shown[i] != rows[i] for i in range(len(rows))):
+        print("a|b: layouts with these values are equal in every output")
     if len(rows) > 1:
         print(explain_runner_up(spec, rows[0], rows[1]))
     else:

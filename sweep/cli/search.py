@@ -17,6 +17,23 @@ from .format import _TABLE_VALUES, _layout_table
 __all__ = ["command"]
 
 
+#: Layouts fetched per row asked for with -k (ties collapse into one row).
+FETCH_FACTOR = 8
+
+
+def _distinct_rows(rows, dims, values, objective, k, fetched) -> list:
+    """The first ``k`` rows of distinct outputs, each group whole.
+
+    Layouts tied with the last one fetched may have more equals beyond it, so
+    their group is left out unless the search returned fewer layouts than asked
+    (then every admissible layout is there).
+    """
+    if len(rows) >= fetched and rows:
+        last = rows[-1].get(objective)
+        rows = [r for r in rows if r.get(objective) != last] or rows
+    return collapse_rows(rows, dims, values)[:k]
+
+
 def _search_rows(result) -> tuple:
     """``(rows, names)`` of a :class:`SearchResult`'s top layouts, for :func:`_layout_table`."""
     rows = []
@@ -47,7 +64,9 @@ def _search_options(search, args) -> dict:
         args.memory_limit), objective=args.objective, sampler=args.sampler,
         storage=args.storage, study_name=args.study_name, progress=_progress(args),
         n_jobs=args.jobs)
-    options["k"] = args.k
+    # Ask for more than -k layouts: ties (layouts equal in every output) collapse into one
+    # row, and a group is shown only when it is known whole (see _distinct_rows).
+    options["k"] = FETCH_FACTOR * args.k
     if args.exact and args.mode not in (None, "exhaustive"):
         raise UsageError(f"--exact is --mode exhaustive, but got --mode {args.mode} with it")
     options["mode"] = "exhaustive" if args.exact else (args.mode or "auto")
@@ -89,7 +108,8 @@ def command(args) -> int:
         return EXIT_EMPTY
     if result.top:
         rows, dims = _search_rows(result)
-        rows = collapse_rows(rows, dims, [k for k in rows[0] if k not in dims])
+        rows = _distinct_rows(rows, dims, [k for k in rows[0] if k not in dims],
+                              args.objective, args.k, FETCH_FACTOR * args.k)
         values = [args.objective] + [v for v in _TABLE_VALUES if v != args.objective]
         values = [v for v in values if v in rows[0]]
         units = {v: _units(v) for v in values}
