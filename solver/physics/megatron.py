@@ -71,7 +71,6 @@ References
 
 from __future__ import annotations
 
-import importlib.resources
 import math
 import tomllib
 from pathlib import Path
@@ -79,6 +78,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import knobs as knobs_
+from ..catalog import resource_dir
 from ..specs import Fleet, Workload
 from . import megatron_compose as after
 from . import megatron_steps as steps
@@ -107,15 +107,7 @@ CONSTANTS_PACKAGE = "layout_sweep_configs.physics"
 _SOURCE_CONSTANTS_DIR = Path(__file__).resolve().parent.parent.parent / "configs" / "physics"
 
 
-def _resource_dir(package: str, source_dir: Path):
-    """``package`` as an :mod:`importlib.resources` traversable, else ``source_dir``."""
-    try:
-        return importlib.resources.files(package)
-    except ModuleNotFoundError:
-        return source_dir
-
-
-_CONSTANTS_FILE = _resource_dir(CONSTANTS_PACKAGE, _SOURCE_CONSTANTS_DIR) / "megatron.toml"
+_CONSTANTS_FILE = resource_dir(CONSTANTS_PACKAGE, _SOURCE_CONSTANTS_DIR) / "megatron.toml"
 
 #: Constant name -> (low, high, meaning). Values: :data:`CONSTANTS`.
 CONSTANT_BOUNDS = {

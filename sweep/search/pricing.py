@@ -185,11 +185,11 @@ def _price(setup: _Setup, workload_label, fleet_label, knobs) -> _Priced:
         "memory": violated_if_invalid((out["memory_footprint"] - limit) / limit),
     }
     low, high = spec.accelerator_range(fleet)
-    if high is not None:
+    if high is not None or low is not None:
         n_acc = outputs_.n_accelerators(out, knobs)
+    if high is not None:
         constraints["accelerators"] = violated_if_invalid((n_acc - high) / high)
     if low is not None:
-        n_acc = outputs_.n_accelerators(out, knobs)
         constraints["min_accelerators"] = violated_if_invalid((low - n_acc) / low)
     if spec.require_realizable:  # a framework can run it: whole microbatches, no idle ranks
         constraints["realizable"] = np.where(
