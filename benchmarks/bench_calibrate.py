@@ -15,13 +15,26 @@ Knobs a source does not state (microbatch, interleaving, recompute) are set
 by fidelity.py's choice rule (the shipped model's fastest realizable layout
 that fits memory), never by the measurement.
 
-    python benchmarks/bench_calibrate.py     # results/bench_calibrate.{json,md}
+Two starting points, each calibrated with the default prior (``sweep.calibrate``)
+and without one (``prior_width=inf``, plain least squares):
+
+- **shipped**: the shipped constants (in-sample for every H100 run, see above);
+- **new cluster**: the constants fitted, as ``fidelity.py`` fits them, on the
+  runs of every other system only (NAR21, KOR22, vTrain: all A100), so no
+  H100 run has been seen -- what a user with a new kind of cluster starts from.
+  No A100 run is in FP8, so ``fp8_gemm_scale`` is unseen there and starts at
+  ``fidelity.PRIOR``'s value.
+
+    python benchmarks/bench_calibrate.py          # results/bench_calibrate.{json,md}
+    python benchmarks/bench_calibrate.py --loo    # also each fit's leave-one-out error (slow)
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
+import math
 import sys
 import time
 import warnings
@@ -79,44 +92,72 @@ def ape(pred, meas):
     return np.abs(np.asarray(pred) / np.asarray(meas) - 1.0) * 100.0
 
 
-def main():
+def new_cluster_start():
+    """The constants fitted on every non-H100 run (fidelity.py's fit), FP8 scale at its prior."""
+    runs, _ = fidelity.load_runs()
+    others = [r for r in runs if r.source not in SOURCES]
+    assert not any(r.knobs["precision"] in ("fp8", "fp4") for r in others)
+    return {**fidelity.fit_megatron(others), "fp8_gemm_scale": fidelity.PRIOR["fp8_gemm_scale"]}
+
+
+#: (label, prior_width) of each calibration compared.
+FITS = (("prior", None), ("plain", math.inf))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--loo", action="store_true", help="also each fit's leave-one-out error")
+    args = ap.parse_args(argv)
     t0 = time.time()
     rows = records()
     data = read_measurements(rows, name="published_runs.csv (H100)")
-    results = {"splits": []}
+    starts = {"shipped": dict(M.CONSTANTS), "new cluster": new_cluster_start()}
+    results = {"splits": [], "starts": starts}
     cases = [(f"{exp} {d}", pair if d == "A->B" else pair[::-1])
              for exp, srcs in EXPERIMENTS.items() for pair in [halves(rows, srcs)]
              for d in ("A->B", "B->A")]
-    for name, (train, test) in cases:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", CalibrationWarning)
-            cal = sweep.calibrate(data.subset(train), loo=True)
-        held_out = data.subset(test)
-        meas = held_out.step_times
-        cal_pred = predict(held_out, cal.constants)
-        base_pred = predict(held_out, M.CONSTANTS)
-        split = {"split": name, "train": [rows[i]["run_id"] for i in train],
-                 "test": [rows[i]["run_id"] for i in test],
-                 "constants": {n: cal.constants[n] for n in cal.profile.free},
-                 "std": {n: cal.profile.uncertainty[n] for n in cal.profile.free},
-                 "train_in_sample_mape": cal.in_sample_error, "train_loo_mape": cal.loo_error,
-                 "test_calibrated_mape": float(np.mean(ape(cal_pred, meas))),
-                 "test_calibrated_max": float(np.max(ape(cal_pred, meas))),
-                 "test_uncalibrated_mape": float(np.mean(ape(base_pred, meas))),
-                 "test_uncalibrated_max": float(np.max(ape(base_pred, meas))),
-                 "warnings": [str(w.message) for w in caught],
-                 "per_run": [{"run_id": r.run_id, "measured_s": float(m), "calibrated_s": float(c),
-                              "uncalibrated_s": float(u)}
-                             for r, m, c, u in zip(held_out.runs, meas, cal_pred, base_pred)]}
-        results["splits"].append(split)
-        print(f"{name}: calibrated {split['test_calibrated_mape']:.2f}% (max "
-              f"{split['test_calibrated_max']:.1f}%), uncalibrated "
-              f"{split['test_uncalibrated_mape']:.2f}% (max {split['test_uncalibrated_max']:.1f}%)")
-    for exp in EXPERIMENTS:
-        splits = [s for s in results["splits"] if s["split"].startswith(exp + " ")]
-        results.setdefault("mean", {})[exp] = {
-            "calibrated": float(np.mean([s["test_calibrated_mape"] for s in splits])),
-            "uncalibrated": float(np.mean([s["test_uncalibrated_mape"] for s in splits]))}
+    for start_name, start in starts.items():
+        for name, (train, test) in cases:
+            held_out = data.subset(test)
+            meas = held_out.step_times
+            base_pred = predict(held_out, start)
+            split = {"start": start_name, "split": name,
+                     "train": [rows[i]["run_id"] for i in train],
+                     "test": [rows[i]["run_id"] for i in test],
+                     "test_uncalibrated_mape": float(np.mean(ape(base_pred, meas))),
+                     "test_uncalibrated_max": float(np.max(ape(base_pred, meas))), "fits": {}}
+            for label, width in FITS:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", CalibrationWarning)
+                    cal = sweep.calibrate(data.subset(train), start=start, prior_width=width,
+                                          loo=args.loo)
+                cal_pred = predict(held_out, cal.constants)
+                split["fits"][label] = {
+                    "constants": {n: cal.constants[n] for n in cal.profile.free},
+                    "std": {n: cal.profile.uncertainty[n] for n in cal.profile.free},
+                    "train_in_sample_mape": cal.in_sample_error,
+                    "train_loo_mape": cal.loo_error if args.loo else None,
+                    "test_mape": float(np.mean(ape(cal_pred, meas))),
+                    "test_max": float(np.max(ape(cal_pred, meas))),
+                    "warnings": [str(w.message) for w in caught],
+                    "per_run": [{"run_id": r.run_id, "measured_s": float(m), "calibrated_s": float(c),
+                                 "uncalibrated_s": float(u)}
+                                for r, m, c, u in zip(held_out.runs, meas, cal_pred, base_pred)]}
+            results["splits"].append(split)
+            f = split["fits"]
+            print(f"{start_name} / {name}: prior {f['prior']['test_mape']:.2f}% (max "
+                  f"{f['prior']['test_max']:.1f}%), plain {f['plain']['test_mape']:.2f}%, "
+                  f"uncalibrated {split['test_uncalibrated_mape']:.2f}%", flush=True)
+    results["mean"] = {}
+    for start_name in starts:
+        for exp in list(EXPERIMENTS) + ["all"]:
+            splits = [s for s in results["splits"] if s["start"] == start_name
+                      and (exp == "all" or s["split"].startswith(exp + " "))]
+            results["mean"][f"{start_name} / {exp}"] = {
+                **{label: float(np.mean([s["fits"][label]["test_mape"] for s in splits]))
+                   for label, _ in FITS},
+                "worst_prior": float(np.max([s["fits"]["prior"]["test_max"] for s in splits])),
+                "uncalibrated": float(np.mean([s["test_uncalibrated_mape"] for s in splits]))}
     results["meta"] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                        "machine": fidelity.machine(),
                        "command": " ".join([Path(sys.executable).name] + sys.argv),
@@ -138,22 +179,30 @@ def markdown(res):
            f"- runs: {meta['runs']} (MLM24 + NEMO2407 + NEMOLS, H100), data sha256 "
            f"{meta['data_sha256'][:16]}, {meta['seconds']} s", "",
            "Mean (max) absolute percentage error of the step time on the held-out half. "
-           "Uncalibrated = the shipped constants, fitted on all published runs (the held-out "
-           "half included).", "",
-           "| split | train in-sample | train LOO | held-out calibrated | held-out uncalibrated |",
-           "|---|---|---|---|---|"]
+           "Start *shipped*: the shipped constants, fitted on all published runs (the held-out "
+           "half included: an in-sample baseline). Start *new cluster*: fitted on the A100 "
+           "runs only (no H100 run seen). *prior*: `sweep.calibrate`'s default (a Gaussian prior "
+           "on each log constant around the start); *plain*: `prior_width=inf`.", "",
+           "| start | split | train in-sample (prior) | held-out prior | held-out plain "
+           "| held-out uncalibrated |", "|---|---|---|---|---|---|"]
     for s in res["splits"]:
-        out.append(f"| {s['split']} | {s['train_in_sample_mape']:.2f} % | {s['train_loo_mape']:.2f} % "
-                   f"| {s['test_calibrated_mape']:.2f} % ({s['test_calibrated_max']:.1f} %) "
+        p, q = s["fits"]["prior"], s["fits"]["plain"]
+        out.append(f"| {s['start']} | {s['split']} | {p['train_in_sample_mape']:.2f} % "
+                   f"| {p['test_mape']:.2f} % ({p['test_max']:.1f} %) "
+                   f"| {q['test_mape']:.2f} % ({q['test_max']:.1f} %) "
                    f"| {s['test_uncalibrated_mape']:.2f} % ({s['test_uncalibrated_max']:.1f} %) |")
-    for exp, m in res["mean"].items():
-        out.append(f"| {exp} mean | | | {m['calibrated']:.2f} % | {m['uncalibrated']:.2f} % |")
+    out += ["", "Means over the splits (worst single run of the prior fits):", "",
+            "| start / runs | prior | plain | uncalibrated | worst run (prior) |", "|---|---|---|---|---|"]
+    for key, m in res["mean"].items():
+        out.append(f"| {key} | {m['prior']:.2f} % | {m['plain']:.2f} % | {m['uncalibrated']:.2f} % "
+                   f"| {m['worst_prior']:.1f} % |")
     for s in res["splits"]:
-        out += ["", f"Split {s['split']}: fitted constants (one standard deviation)", "",
-                "| constant | fitted | std |", "|---|---|---|"]
-        out += [f"| {n} | {v:.4g} | {s['std'][n]:.2g} |" for n, v in s["constants"].items()]
-        if s["warnings"]:
-            out += [""] + [f"- warning: {w}" for w in s["warnings"]]
+        p = s["fits"]["prior"]
+        out += ["", f"Start {s['start']}, split {s['split']}, prior fit: constants (one standard "
+                "deviation)", "", "| constant | fitted | std |", "|---|---|---|"]
+        out += [f"| {n} | {v:.4g} | {p['std'][n]:.2g} |" for n, v in p["constants"].items()]
+        if p["warnings"]:
+            out += [""] + [f"- warning: {w}" for w in p["warnings"]]
     return "\n".join(out) + "\n"
 
 

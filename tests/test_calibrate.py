@@ -64,7 +64,7 @@ def test_constants_recovered_within_their_uncertainty(synthetic_fit):
 
 def test_noise_free_runs_give_the_true_constants_exactly():
     rows = _synthetic(_rows(dps=(1, 16), pps=(1, 4)), TRUE, noise=0.0)
-    cal = sweep.calibrate(rows, loo=False)
+    cal = sweep.calibrate(rows, loo=False, prior_width=math.inf)  # plain least squares
     for name in FREE:
         assert cal.constants[name] == pytest.approx(TRUE[name], rel=2e-3), name
     assert cal.in_sample_error < 1e-3
@@ -87,7 +87,7 @@ def test_leave_one_out_predicts_each_run_from_the_fit_of_the_others():
     cal = sweep.calibrate(rows, free=free, loo=True)
     assert np.all(np.isfinite(cal.loo_predicted))
     # the first run's LOO prediction is the fit of the other runs, priced on it
-    rest = sweep.calibrate(rows[1:], free=free, loo=False, start=cal.constants)
+    rest = sweep.calibrate(rows[1:], free=free, loo=False)  # same start, so the same prior
     first = predict(read_measurements(rows[:1]), rest.constants)[0]
     assert cal.loo_predicted[0] == pytest.approx(first, rel=1e-4)
     assert cal.loo_error >= cal.in_sample_error
@@ -213,3 +213,38 @@ def test_a_spec_with_a_missing_profile_is_refused(tmp_path):
     with pytest.raises(sweep.SpecError, match=r"calibration: .*nope.toml: expected a "
                        r"calibration profile"):
         sweep.load_spec(_spec(calibration=str(tmp_path / "nope.toml")))
+
+
+def test_the_prior_gives_few_runs_an_uncertainty_and_keeps_unseen_constants_near_the_start():
+    # 2 runs inside one node for 2 constants: the plain fit states no uncertainty;
+    # the prior does, and flags the constants the runs barely see
+    rows = _synthetic(_rows(dps=(1,), tps=(4, 8), pps=(1,)), TRUE, 0.01)
+    free = ("gemm_scale", "scale_up_efficiency")
+    with pytest.warns(CalibrationWarning, match="no uncertainty without more runs"):
+        plain = sweep.calibrate(rows, free=free, loo=False, prior_width=math.inf)
+    assert math.isnan(plain.profile.uncertainty["gemm_scale"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CalibrationWarning)
+        cal = sweep.calibrate(rows, free=free, loo=False)
+    assert all(np.isfinite(cal.profile.uncertainty[n]) and cal.profile.uncertainty[n] > 0
+               for n in free)
+    # gemm_scale is seen by every run: it moves from the start (0.78) to the truth (0.65)
+    assert cal.constants["gemm_scale"] == pytest.approx(TRUE["gemm_scale"], rel=0.05)
+    # the posterior is never wider than the prior, in log
+    for n in free:
+        sd_log = cal.profile.uncertainty[n] / cal.constants[n]
+        assert sd_log <= cal.profile.prior_width[n] * 1.0001, n
+    assert any("barely constrained" in str(w.message) for w in caught) or \
+        all(cal.profile.uncertainty[n] / cal.constants[n] < 0.8 * cal.profile.prior_width[n]
+            for n in free)
+    assert cal.in_sample_error < 3.0
+
+
+def test_prior_width_is_checked():
+    rows = _rows()[:3]
+    with pytest.raises(ValueError, match="prior_width must be a positive number"):
+        sweep.calibrate(rows, loo=False, prior_width=0)
+    with pytest.raises(ValueError, match="prior_width names constants"):
+        sweep.calibrate(rows, loo=False, prior_width={"gemm_scal": 0.1})
+    with pytest.raises(ValueError, match="noise must be a positive number"):
+        sweep.calibrate(rows, loo=False, noise=-1.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -109,12 +111,23 @@ def test_cli_calibrate_prints_the_fit_saves_and_plots(tmp_path, capsys):
     steps = predict(data, dict(M.CONSTANTS, gemm_scale=0.6, step_overhead=0.1))
     path = _write(tmp_path, [HEADER] + [r.rsplit(",", 1)[0] + f",{float(s)!r}" for r, s in zip(rows, steps)])
     code = main(["calibrate", str(path), "-o", str(tmp_path / "p.toml"), "--no-loo",
-                 "--free", "gemm_scale,step_overhead", "--plot", str(tmp_path / "cal.png")])
+                 "--free", "gemm_scale,step_overhead", "--plot", str(tmp_path / "cal.png"),
+                 "--prior-width", "inf"])
     out = capsys.readouterr().out
     assert code == 0
     assert "gemm_scale" in out and "step_overhead" in out and "r5" in out
     profile = sweep.load_profile(tmp_path / "p.toml")
     assert profile.constants["gemm_scale"] == pytest.approx(0.6, rel=1e-3)
+    assert profile.prior_width == {"gemm_scale": math.inf, "step_overhead": math.inf}
+    # the default prior moves the fit a little (step_overhead is pulled toward its start,
+    # 0.005, and gemm_scale makes up for it), within a few per cent
+    assert main(["calibrate", str(path), "-o", str(tmp_path / "q.toml"), "--no-loo",
+                 "--free", "gemm_scale,step_overhead"]) == 0
+    pulled = sweep.load_profile(tmp_path / "q.toml")
+    assert pulled.constants["gemm_scale"] == pytest.approx(0.6, rel=0.05)
+    assert pulled.constants["gemm_scale"] != pytest.approx(0.6, rel=1e-3)
+    assert pulled.prior_width == {"gemm_scale": 0.3, "step_overhead": 2.0}
+    assert main(["calibrate", str(path), "--no-loo", "--prior-width", "-1"]) == 2
     assert (tmp_path / "cal.png").stat().st_size > 1000
     # scoring the saved profile, no fit
     assert main(["calibrate", str(path), "--calibration", str(tmp_path / "p.toml")]) == 0

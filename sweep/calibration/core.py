@@ -19,8 +19,20 @@ predicted - log measured)^2`` over the runs with :func:`sweep.calibration.fit.fi
 (bounded by each constant's physical range), pricing every run of one
 (workload, fleet) in one vectorized ``solve`` call per residual evaluation.
 
-A constant the data cannot identify (its residual sensitivity is ~0 at the
-start, e.g. no run crosses nodes, so the scale-out efficiency changes nothing)
+The fit is a maximum a posteriori one: each free constant has a Gaussian prior
+on its log, centered at its start value, with the standard deviation of
+:data:`PRIOR_WIDTHS` (set before looking at any run, from how far each kind of
+constant differs between clusters: a kernel's share of peak by about 30 %,
+NCCL's share of a link by about 50 %, fixed overheads by orders of magnitude),
+against runs whose log step time scatters by ``noise`` (default
+:data:`DEFAULT_NOISE`, 0.03, the error of the best published models). A
+handful of runs then moves a constant as far as they agree on, but cannot drag
+one they barely see to a bound (``benchmarks/bench_calibrate.py`` compares it
+with the plain fit). ``prior_width=math.inf`` is the plain least-squares fit.
+
+A constant the data cannot identify (the runs' step times barely move when it
+changes by its prior's width from the start, e.g. no run crosses nodes, so the
+scale-out efficiency changes nothing)
 is held at its start value with a :class:`CalibrationWarning`; so is the
 uncertainty of a constant that ends at a bound, or of constants so correlated
 that the runs cannot tell them apart.
@@ -42,18 +54,33 @@ from .measurements import Measurements, read_measurements
 from .profile import Profile, load_profile, now
 
 __all__ = ["calibrate", "Calibration", "CalibrationWarning", "DEFAULT_FREE", "predict",
-           "IDENTIFIED_SENSITIVITY", "SEPARABLE_CORRELATION"]
+           "IDENTIFIED_SENSITIVITY", "SEPARABLE_CORRELATION", "PRIOR_WIDTHS",
+           "DEFAULT_NOISE", "PRIOR_DOMINATED"]
 
 #: Free constants unless told otherwise (``fp8_gemm_scale`` joins when a run uses FP8/FP4).
 DEFAULT_FREE = ("gemm_scale", "scale_up_efficiency", "scale_out_efficiency", "overlap_efficiency",
                 "step_overhead")
-#: Below this RMS ``d log(step) / d log(constant)`` the data cannot identify a constant
-#: (a 1 % change moves the step times by less than 0.001 %).
+#: Below this RMS ``d log(step) / d log(constant)`` (a secant over the prior's width, at
+#: most a factor of e) the data cannot identify a constant (a 1 % change moves the step
+#: times by less than 0.001 %).
 IDENTIFIED_SENSITIVITY = 1e-3
+#: Widest step (in log) of the identifiability check: a factor of e.
+IDENTIFY_STEP = 1.0
 #: Above this |correlation| two fitted constants are not told apart by the runs.
 SEPARABLE_CORRELATION = 0.99
 #: Relative step of the finite-difference Jacobian in log(constant).
 DIFF_STEP = 1e-3
+#: Standard deviation of the prior on log(constant) around the start value, per
+#: constant (others: :data:`OTHER_PRIOR_WIDTH`).
+PRIOR_WIDTHS = {"gemm_scale": 0.3, "fp8_gemm_scale": 0.3, "scale_up_efficiency": 0.5,
+                "scale_out_efficiency": 0.5, "overlap_efficiency": 0.5, "step_overhead": 2.0,
+                "layer_overhead": 2.0, "collective_latency": 2.0}
+OTHER_PRIOR_WIDTH = 1.0
+#: Assumed standard deviation of log(measured step time) about the model, per run.
+DEFAULT_NOISE = 0.03
+#: A constant whose posterior standard deviation (in log) is above this share of the
+#: prior's was learned mostly from the prior, not from the runs.
+PRIOR_DOMINATED = 0.8
 
 
 class CalibrationWarning(UserWarning):
@@ -159,16 +186,21 @@ def _log_residuals(measurements):
     return lambda constants: np.log(predict(measurements, constants)) - log_meas
 
 
-def _jacobian(residuals, start, names):
-    """Forward-difference ``d residual / d log(constant)`` at ``start`` (a start check)."""
+def _jacobian(residuals, start, names, steps):
+    """Secant ``d residual / d log(constant)`` from ``start`` over ``steps`` (in log; a start check).
+
+    A wide step, not a derivative: a constant far below what the runs need (a
+    fixed overhead of 3 ms against steps of seconds) has almost no slope at its
+    start, yet the runs can still move it; over the prior's width they see it.
+    """
     base = residuals(start)
     cols = []
     for n in names:
         low, high = megatron.CONSTANT_BOUNDS[n][:2]
-        step = DIFF_STEP if start[n] * np.exp(DIFF_STEP) <= high else -DIFF_STEP
         value = max(start[n], fit_.LOG_FLOOR)
-        shifted = dict(start, **{n: float(np.clip(value * np.exp(step), max(low, 0.0), high))})
-        cols.append((residuals(shifted) - base) / step)
+        step = steps[n] if value * np.exp(steps[n]) <= high else -steps[n]
+        moved = float(np.clip(value * np.exp(step), max(low, fit_.LOG_FLOOR), high))
+        cols.append((residuals(dict(start, **{n: moved})) - base) / np.log(moved / value))
     return np.stack(cols, axis=1) if cols else np.zeros((len(base), 0))
 
 
@@ -185,6 +217,27 @@ def _why_unidentified(name, measurements) -> str:
     return "the step times of these runs do not depend on it"
 
 
+def _positive(label, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{label} must be a positive number (in log units), but got {value!r}")
+
+
+def _prior_widths(prior_width, names) -> dict:
+    """Prior standard deviation in log of each free constant (``inf``: no prior)."""
+    widths = {n: PRIOR_WIDTHS.get(n, OTHER_PRIOR_WIDTH) for n in names}
+    if prior_width is None:
+        return widths
+    if isinstance(prior_width, Mapping):
+        for n, v in prior_width.items():
+            if n not in megatron.CONSTANT_BOUNDS:
+                raise ValueError(f"prior_width names constants of the megatron physics "
+                                 f"({', '.join(megatron.CONSTANT_BOUNDS)}), but got {n!r}")
+            _positive(f"prior_width[{n!r}]", v)
+        return {n: float(prior_width.get(n, widths[n])) for n in names}
+    _positive("prior_width", prior_width)
+    return {n: float(prior_width) for n in names}
+
+
 def _start(start) -> dict:
     if start is None:
         return dict(megatron.CONSTANTS)
@@ -194,7 +247,8 @@ def _start(start) -> dict:
 
 
 def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[str]] = None, *,
-              start=None, loo: bool = True, max_nfev: int = 300) -> Calibration:
+              start=None, loo: bool = True, max_nfev: int = 300,
+              prior_width=None, noise: float = DEFAULT_NOISE) -> Calibration:
     """Fit the physics' free constants to measured step times.
 
     Parameters
@@ -213,6 +267,14 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
         Also refit with each run left out and predict it (one fit per run).
     max_nfev : int
         Most residual evaluations of one fit.
+    prior_width : float or mapping of str -> float, optional
+        Standard deviation of the Gaussian prior on each free constant's log,
+        centered at its start value: one for all, or per constant over
+        :data:`PRIOR_WIDTHS` (the default); ``math.inf``: no prior, plain
+        least squares.
+    noise : float
+        Assumed standard deviation of a run's log step time about the model
+        (the prior's weight is ``noise / prior_width``).
 
     Returns
     -------
@@ -227,12 +289,15 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
     if physics != "megatron":
         raise ValueError(f"physics must be 'megatron' (the physics with fitted constants), "
                          f"but got {physics!r}")
+    _positive("noise", noise)
     data = read_measurements(measurements)
     names = _free_names(free, data)
     base = _start(start)
+    widths = _prior_widths(prior_width, names)
     residuals = _log_residuals(data)
     notes = []
-    sens0 = fit_.sensitivity(_jacobian(residuals, base, names))
+    sens0 = fit_.sensitivity(_jacobian(residuals, base, names,
+                                       {n: min(widths[n], IDENTIFY_STEP) for n in names}))
     seen = tuple(n for n, s in zip(names, sens0) if s >= IDENTIFIED_SENSITIVITY)
     for n, s in zip(names, sens0):
         if s < IDENTIFIED_SENSITIVITY:
@@ -240,47 +305,74 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
                          f"kept at {base[n]:.4g}")
     held = {k: v for k, v in base.items() if k not in seen}
     if seen:
+        prior = {"prior_center": base,
+                 "prior_weight": [float(noise) / widths[n] for n in seen]}
         solution = fit_.fit_log(residuals, base, seen, megatron.CONSTANT_BOUNDS, held=held,
-                                diff_step=DIFF_STEP, max_nfev=max_nfev)
+                                diff_step=DIFF_STEP, max_nfev=max_nfev, **prior)
         constants = dict(solution.constants)
     else:
-        solution, constants = None, dict(base)
+        solution, constants, prior = None, dict(base), {}
     constants = {k: constants[k] for k in megatron.CONSTANT_BOUNDS}
-    uncertainty, sens, corr = _uncertainty(solution, names, constants, len(data), notes)
+    uncertainty, sens, corr = _uncertainty(solution, names, constants, len(data), notes,
+                                           widths, noise)
     for n, s in zip(names, sens0):
         sens.setdefault(n, float(s))
     predicted = predict(data, constants)
-    loo_pred = _leave_one_out(data, constants, seen, max_nfev) if loo else np.full(len(data), np.nan)
+    loo_pred = (_leave_one_out(data, constants, seen, max_nfev, prior) if loo
+                else np.full(len(data), np.nan))
     for note in notes:
         warnings_.warn(note, CalibrationWarning, stacklevel=2)
     meas = data.step_times
     profile = Profile(physics=physics, constants=constants, uncertainty=uncertainty, free=names,
                       data_sha256=data.sha256, data_source=data.source, date=now(), runs=len(data),
                       in_sample_mape=float(np.mean(_ape(predicted, meas))),
-                      loo_mape=float(np.mean(_ape(loo_pred, meas))), warnings=tuple(notes))
+                      loo_mape=float(np.mean(_ape(loo_pred, meas))),
+                      prior_width=dict(widths), noise=float(noise), warnings=tuple(notes))
     return Calibration(profile=profile, measurements=data, predicted=predicted,
                        loo_predicted=loo_pred, uncalibrated=predict(data, base),
                        sensitivity=sens, correlation=corr, warnings=tuple(notes))
 
 
-def _uncertainty(solution, names, constants, n_runs, notes) -> tuple:
-    """``(std per free constant, sensitivity per fitted one, correlation)``; notes appended."""
+def _uncertainty(solution, names, constants, n_runs, notes, widths,
+                 noise=DEFAULT_NOISE) -> tuple:
+    """``(std per free constant, sensitivity per fitted one, correlation)``; notes appended.
+
+    With a prior (a finite width in ``widths``), the posterior's (always
+    defined); without, the least-squares one (needs more runs than fitted
+    constants).
+    """
+    prior_width = widths if any(np.isfinite(w) for w in widths.values()) else None
     std = {n: float("nan") for n in names}
     if solution is None:
         return std, {}, np.zeros((0, 0))
     fitted = solution.names
-    sens = dict(zip(fitted, map(float, fit_.sensitivity(solution.jac))))
+    n_prior = len(fitted) if prior_width is not None else 0
+    data_jac = solution.jac[:solution.jac.shape[0] - n_prior]
+    sens = dict(zip(fitted, map(float, fit_.sensitivity(data_jac))))
     use = ~solution.active
     for n, at_bound in zip(fitted, solution.active):
         if at_bound:
             low, high = megatron.CONSTANT_BOUNDS[n][:2]
             notes.append(f"{n}: ended at its bound ({constants[n]:.4g} in [{low:g}, {high:g}]): "
                          f"the runs push it past its physical range; uncertainty not stated")
-    if n_runs <= int(use.sum()):
-        notes.append(f"{n_runs} runs for {int(use.sum())} fitted constants: no uncertainty "
-                     f"without more runs than constants")
-    cov = fit_.covariance(solution.jac, solution.residuals, use)
+    if prior_width is not None:
+        cov = np.full((len(fitted),) * 2, np.nan)
+        rows = np.concatenate([np.arange(data_jac.shape[0]),
+                               data_jac.shape[0] + np.flatnonzero(use)])
+        cov[np.ix_(use, use)] = fit_.posterior_covariance(
+            solution.jac[np.ix_(rows, use)], solution.residuals[rows], int(use.sum()), noise)
+    else:
+        if n_runs <= int(use.sum()):
+            notes.append(f"{n_runs} runs for {int(use.sum())} fitted constants: no uncertainty "
+                         f"without more runs than constants")
+        cov = fit_.covariance(solution.jac, solution.residuals, use)
     sd_x = np.sqrt(np.diag(cov))
+    if prior_width is not None:
+        for n, s in zip(fitted, sd_x):
+            if np.isfinite(s) and s > PRIOR_DOMINATED * widths[n]:
+                notes.append(f"{n}: barely constrained by these runs (posterior sd {s:.2f} in "
+                             f"log against the prior's {widths[n]:g}); its value is mostly "
+                             f"the start's")
     for n, s in zip(fitted, sd_x):
         std[n] = float(constants[n] * s)  # delta method: d c = c d log c
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -294,7 +386,7 @@ def _uncertainty(solution, names, constants, n_runs, notes) -> tuple:
     return std, sens, corr
 
 
-def _leave_one_out(data, constants, names, max_nfev) -> np.ndarray:
+def _leave_one_out(data, constants, names, max_nfev, prior=None) -> np.ndarray:
     """Each run predicted by the fit of all the others (started from the full fit)."""
     out = np.full(len(data), np.nan)
     if not names or len(data) < 2:
@@ -303,6 +395,6 @@ def _leave_one_out(data, constants, names, max_nfev) -> np.ndarray:
     for i in range(len(data)):
         rest = data.subset([j for j in range(len(data)) if j != i])
         sol = fit_.fit_log(_log_residuals(rest), constants, names, megatron.CONSTANT_BOUNDS,
-                           held=held, diff_step=DIFF_STEP, max_nfev=max_nfev)
+                           held=held, diff_step=DIFF_STEP, max_nfev=max_nfev, **(prior or {}))
         out[i] = predict(data.subset([i]), sol.constants)[0]
     return out

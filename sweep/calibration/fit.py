@@ -8,14 +8,25 @@ physical range (:data:`solver.physics.megatron.CONSTANT_BOUNDS`, a zero lower
 bound taken as 1e-9). The optimizer is :func:`scipy.optimize.least_squares`
 (trust-region reflective, finite-difference Jacobian).
 
+A Gaussian prior on ``x`` (``prior_center``, ``prior_weight``) makes the fit a
+maximum a posteriori one: the residuals gain a row ``prior_weight * (x_j -
+log center_j)`` per fitted constant, a ridge that keeps a constant the runs
+barely see near its center instead of letting a handful of runs drag it to a
+bound [2].
+
 The uncertainty is the linearized one: ``cov(x) = s^2 (J^T J)^-1`` with ``s^2 =
-sum(r^2) / (n - p)`` [1]; a constant's standard deviation is
+sum(r^2) / (n - p)`` [1] (:func:`covariance`), or with a prior, the Laplace
+approximation of the posterior ``s^2 (J^T J + w^2 I)^-1`` [2]
+(:func:`posterior_covariance`); a constant's standard deviation is
 ``constant * sqrt(cov(x)_jj)`` (the delta method).
 
 References
 ----------
 [1] Bates, D. M. and Watts, D. G. (1988), "Nonlinear Regression Analysis and Its
     Applications", Wiley, Sec. 2.3 (linear approximation inference regions).
+[2] Gelman, A. et al. (2013), "Bayesian Data Analysis", 3rd ed., CRC, Sec. 4.1
+    (normal approximation to the posterior) and Sec. 14.6 (a normal prior on
+    regression coefficients is ridge regression).
 """
 
 from __future__ import annotations
@@ -25,7 +36,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["LogFit", "fit_log", "log_bounds", "covariance", "sensitivity", "FAILED_RESIDUAL",
+__all__ = ["LogFit", "fit_log", "log_bounds", "covariance", "posterior_covariance", "sensitivity", "FAILED_RESIDUAL",
            "LOG_FLOOR"]
 
 #: Residual given to a prediction that is NaN or infinite (the layout cannot be priced
@@ -58,17 +69,21 @@ def log_bounds(names: Sequence[str], bounds: Mapping) -> tuple:
     return lo, hi
 
 
-def _residual_fn(residuals: Callable, names, held):
+def _residual_fn(residuals: Callable, names, held, prior_x=None, prior_weight=0.0):
     def fn(x):
         constants = {**held, **{n: float(np.exp(v)) for n, v in zip(names, x)}}
         res = np.asarray(residuals(constants), dtype=np.float64)
-        return np.where(np.isfinite(res), res, FAILED_RESIDUAL)
+        res = np.where(np.isfinite(res), res, FAILED_RESIDUAL)
+        if prior_x is None:
+            return res
+        return np.concatenate([res, prior_weight * (x - prior_x)])
     return fn
 
 
 def fit_log(residuals: Callable[[dict], np.ndarray], start: Mapping[str, float],
             names: Sequence[str], bounds: Mapping, *, held: Optional[Mapping] = None,
-            diff_step: float = 1e-3, max_nfev: int = 300) -> LogFit:
+            diff_step: float = 1e-3, max_nfev: int = 300,
+            prior_center: Optional[Mapping[str, float]] = None, prior_weight=0.0) -> LogFit:
     """Fit ``names`` so that ``residuals(constants)`` is least in the 2-norm.
 
     Parameters
@@ -97,7 +112,11 @@ def fit_log(residuals: Callable[[dict], np.ndarray], start: Mapping[str, float],
 
     names = tuple(names)
     held = dict(held or {})
-    fn = _residual_fn(residuals, names, held)
+    prior_x = None
+    weight = np.broadcast_to(np.asarray(prior_weight, dtype=np.float64), (len(names),))
+    if prior_center is not None and np.any(weight > 0):
+        prior_x = np.array([np.log(max(prior_center[n], LOG_FLOOR)) for n in names])
+    fn = _residual_fn(residuals, names, held, prior_x, weight)
     lo, hi = log_bounds(names, bounds)
     x0 = np.clip(np.array([np.log(max(start[n], LOG_FLOOR)) for n in names]), lo + 1e-9, hi - 1e-9)
     sol = least_squares(fn, x0, bounds=(lo, hi), x_scale=1.0, diff_step=diff_step,
@@ -138,3 +157,24 @@ def covariance(jac: np.ndarray, residuals: np.ndarray, use: Optional[np.ndarray]
     sub = jac[:, use]
     cov[np.ix_(use, use)] = s2 * np.linalg.pinv(sub.T @ sub)
     return cov
+
+
+def posterior_covariance(jac: np.ndarray, residuals: np.ndarray, n_prior: int,
+                         noise: float) -> np.ndarray:
+    """``s^2 (J^T J)^-1`` of a MAP fit whose last ``n_prior`` rows are the prior's [2].
+
+    ``J`` holds the prior rows (``prior_weight`` times the identity), so this is
+    the Laplace approximation ``s^2 (J_data^T J_data + w^2 I)^-1``; ``s`` is
+    the larger of the stated ``noise`` and the data residuals' RMS (a fit worse
+    than the stated noise widens its own uncertainty).
+
+    Returns
+    -------
+    numpy.ndarray, shape (p, p)
+        Covariance of ``x = log(constant)``.
+    """
+    jac = np.atleast_2d(jac)
+    data = np.asarray(residuals)[:len(residuals) - n_prior]
+    rms2 = float(np.mean(data ** 2)) if data.size else 0.0
+    s2 = max(noise ** 2, rms2)
+    return s2 * np.linalg.pinv(jac.T @ jac)

@@ -12,6 +12,7 @@ The file::
     free = ["gemm_scale", "scale_up_efficiency", ...]
     in_sample_mape = 2.1                # mean |predicted / measured - 1| [%]
     loo_mape = 3.4                      # the same, each run left out of its own fit
+    noise = 0.03                        # assumed scatter of log(step time) per run
     warnings = ["scale_out_efficiency: ..."]
 
     [constants]                         # every constant of the physics
@@ -20,6 +21,9 @@ The file::
 
     [uncertainty]                       # one standard deviation, fitted constants only
     gemm_scale = 0.012                  # nan: the data cannot identify it
+
+    [prior_width]                       # of the prior on log(constant) around the start
+    gemm_scale = 0.3                    # inf: no prior
 
 The ``[constants]`` table holds every constant of the physics, so
 ``solver.physics.megatron.load_constants(path)`` reads a profile too, and
@@ -66,6 +70,8 @@ class Profile:
     runs: int = 0
     in_sample_mape: float = math.nan
     loo_mape: float = math.nan
+    prior_width: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    noise: float = math.nan
     warnings: tuple = ()
     path: str = ""
 
@@ -78,6 +84,7 @@ class Profile:
         meta = {"physics": self.physics, "date": self.date, "data_source": self.data_source,
                 "data_sha256": self.data_sha256, "runs": int(self.runs), "free": list(self.free),
                 "in_sample_mape": float(self.in_sample_mape), "loo_mape": float(self.loo_mape),
+                "noise": float(self.noise),
                 "warnings": list(self.warnings)}
         lines = [f"# written by sweep.calibrate (layout-sweep {solver.__version__})",
                  "[calibration]"]
@@ -85,6 +92,8 @@ class Profile:
         lines += ["", "[constants]"] + [f"{k} = {_toml(float(v))}" for k, v in self.constants.items()]
         lines += ["", "[uncertainty]"] + [f"{k} = {_toml(float(v))}"
                                           for k, v in self.uncertainty.items()]
+        lines += ["", "[prior_width]"] + [f"{k} = {_toml(float(v))}"
+                                          for k, v in self.prior_width.items()]
         return "\n".join(lines) + "\n"
 
     def save(self, path) -> Path:
@@ -170,6 +179,8 @@ def _from_data(data: Mapping, where: str) -> Profile:
                    runs=int(meta.get("runs", 0)),
                    in_sample_mape=float(meta.get("in_sample_mape", math.nan)),
                    loo_mape=float(meta.get("loo_mape", math.nan)),
+                   prior_width={k: float(v) for k, v in data.get("prior_width", {}).items()},
+                   noise=float(meta.get("noise", math.nan)),
                    warnings=tuple(meta.get("warnings", ())), path=where)
 
 

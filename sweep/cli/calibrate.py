@@ -61,7 +61,9 @@ def _fit(args, data):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            cal = sweep.calibrate(data, free=free, loo=not args.no_loo)
+            extra = {} if args.noise is None else {"noise": args.noise}
+            cal = sweep.calibrate(data, free=free, loo=not args.no_loo,
+                                  prior_width=args.prior_width, **extra)
         except ValueError as err:
             raise UsageError(f"calibrate: {err}") from None
     print(f"{data.source}: {len(data)} runs, sha256 {data.sha256[:16]}; fitted "

@@ -335,6 +335,13 @@ def _add_calibrate(commands):
                      "[fp8_gemm_scale,] scale_up_efficiency, scale_out_efficiency, "
                      "overlap_efficiency, step_overhead)")
     cal.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
+    cal.add_argument("--prior-width", metavar="W", type=float, default=None,
+                     help="standard deviation of the prior on each log constant around its "
+                     "start (default: per constant, sweep.calibration.core.PRIOR_WIDTHS; "
+                     "inf: plain least squares)")
+    cal.add_argument("--noise", metavar="S", type=float, default=None,
+                     help="assumed scatter of a run's log step time about the model "
+                     "(default 0.03)")
     cal.add_argument("--calibration", metavar="FILE",
                      help="score this profile on the runs instead of fitting")
     cal.add_argument("--plot", metavar="PNG", help="also plot predicted vs measured")
