@@ -155,3 +155,20 @@ def test_gemm_depth_term_and_lm_head_stay_16_bit_under_fp8():
     assert np.all(shallow > deep)
     # The LM head runs in 16 bits: FP8 saves less than half of the GEMM time.
     assert deep[1] > deep[0] / 2
+
+
+def test_fsdp_gathers_layer_by_layer_pay_one_call_per_layer_and_pass():
+    # FSDP runs one gather forward, one backward and one reduce-scatter per layer: with
+    # TP = PP = CP = 1 (no other collective), each call's fixed cost adds 3 per layer
+    # per microbatch (the first layer's is inside the stage-wide collective's)
+    knobs = dict(batch_size=64, seq_len=4096, dp_size=16, micro_batch_size=2, zero_stage=3,
+                 overlap_param_gather=False)
+    base = M.solve(WL, FL, **knobs, collective_latency=0.0)
+    more = M.solve(WL, FL, **knobs, collective_latency=1e-5)
+    m = 64 / (16 * 2)
+    assert float(more["communication_latency"]) - float(base["communication_latency"]) == \
+        pytest.approx(m * 3 * (WL.layers - 1) * 1e-5, rel=1e-9)
+    # the distributed optimizer gathers once per step: no per-layer calls
+    z1 = {**knobs, "zero_stage": 1}
+    assert float(M.solve(WL, FL, **z1, collective_latency=1e-5)["communication_latency"]) - \
+        float(M.solve(WL, FL, **z1, collective_latency=0.0)["communication_latency"]) < 1e-5 * 4

@@ -82,10 +82,15 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # prefetched behind the whole compute.
     # The gathers run as one flat ring per rank over its own NIC (DeepSpeed ZeRO-3 and
     # FSDP shard over all DP ranks, not per node), the bound NAR21 Table 2 measured.
+    # They run layer by layer (one gather forward, one backward, one reduce-scatter per
+    # layer [9]), so each of the stage's layers pays the ring's (n-1) latency steps [8]
+    # and the per-call cost; the bytes are the stage's.
     fsdp_bw, fsdp_lat = hw.link(group <= hw.domain)
+    fsdp_calls = 3.0 * (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"])
     t_fsdp = m * (2.0 * net.all_gather_time(params_bytes, group, bus_bandwidth=fsdp_bw, latency=fsdp_lat)
                   + net.reduce_scatter_time((heavy_params + expert_stage_params) * grad_bytes, group,
-                                            bus_bandwidth=fsdp_bw, latency=fsdp_lat))
+                                            bus_bandwidth=fsdp_bw, latency=fsdp_lat)
+                  + fsdp_calls)
     exp_fsdp = np.where(k["overlap_param_gather"], _exposed(t_fsdp, pl.t_pipe, eta), t_fsdp)
     fsdp = zero == 3
     # Optimizer: Adam over the local (sharded) parameters at HBM bandwidth.
