@@ -78,38 +78,39 @@ _FP0, _FP1, _FP2, _FP3 = _FP
 _SL0, _SL1, _SL2 = _SL
 
 _INLINE = dict(inline="always", error_model="numpy")
+_PRIM = dict(error_model="numpy")
 
 
 # ---------------------------------------------------------------- primitives
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _max(a, b):
     """np.maximum: the larger, NaN if either is NaN."""
     r = a if a >= b else b
     return a if a != a else r
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _min(a, b):
     """np.minimum: the smaller, NaN if either is NaN."""
     r = a if a <= b else b
     return a if a != a else r
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _divides(a, b):
     """``a % b == 0`` for whole numbers below 2**53 held in floats (b >= 1)."""
     return np.floor(a / b) * b == a
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _pick(table, code):
     """``np.array(table)[code]`` for a 4-tuple and a code 0..3, as selects."""
     a, b, c, d = table
     return a if code == 0 else (b if code == 1 else (c if code == 2 else d))
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _interp(x):
     """np.interp(x, gemm._LOG_KNOTS, gemm.GEMM_CURVE_EFFICIENCY) (numpy's formula and slopes)."""
     if x < _LK1:
@@ -124,13 +125,13 @@ def _interp(x):
     return x if x != x else r
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _ideal(flops, calls, peak):
     """gemm.gemm_size_efficiency's argument of np.log: the ideal duration of one call [s]."""
     return _max(flops / calls / peak, 1e-30)
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _gemm(flops, calls, peak, plat, k, log_ideal, log_shift, k_overhead):
     """Hardware.gemm -> gemm.gemm_time with a depth term (k_dim given); ``log_ideal`` is
     ``np.log(_ideal(flops, calls, peak))``, taken in the kernel's log pass."""
@@ -141,7 +142,7 @@ def _gemm(flops, calls, peak, plat, k, log_ideal, log_shift, k_overhead):
     return calls * f1 / (peak * eff)
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _gemm_nok(flops, calls, peak, plat, log_ideal, log_shift):
     """Hardware.gemm -> gemm.gemm_time without a depth term (k_dim None)."""
     f1 = flops / calls
@@ -150,25 +151,25 @@ def _gemm_nok(flops, calls, peak, plat, log_ideal, log_shift):
     return calls * f1 / (peak * eff)
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _mbt(nbytes, hbm):
     """gemm.memory_bound_time."""
     return nbytes / (hbm * _MEM_EFF)
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _coll_ar(m, n, bw, lat):
     """network._collective("all_reduce", ...)."""
     return 2.0 * (n - 1) / n * m / bw + 2.0 * (n - 1) * lat
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _coll_1(m, n, bw, lat):
     """network._collective for reduce_scatter, all_gather, all_to_all (factor (n-1)/n)."""
     return (n - 1) / n * m / bw + 1.0 * (n - 1) * lat
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _two_level(is_ar, m, n, rpd, up_bw, up_lat, out_bw, out_lat):
     """network.two_level_time (``is_ar``: all_reduce, else a (n-1)/n collective)."""
     g = _min(rpd, n)
@@ -178,13 +179,13 @@ def _two_level(is_ar, m, n, rpd, up_bw, up_lat, out_bw, out_lat):
     return _coll_1(m, g, up_bw, up_lat) + _coll_1(m / g, domains, out_bw, out_lat)
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _exposed(comm, window, efficiency):
     """megatron_steps._exposed."""
     return _max(comm - efficiency * window, 0.0)
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _mlp_flops(tok, width, h, gated):
     """The two GEMMs' FLOPs of megatron_steps._mlp_time."""
     fc1 = 2.0 * tok * h * width * (1.0 + gated)
@@ -192,7 +193,7 @@ def _mlp_flops(tok, width, h, gated):
     return fc1, fc2
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _mlp_time(tok, width, calls, h, gated, hbm, peak, plat, log_shift, k_overhead, lg1, lg2):
     """megatron_steps._mlp_time (``lg1``, ``lg2``: the logs of its two GEMMs' ideal durations)."""
     fc1, fc2 = _mlp_flops(tok, width, h, gated)
@@ -201,7 +202,7 @@ def _mlp_time(tok, width, calls, h, gated, hbm, peak, plat, log_shift, k_overhea
             + _gemm(fc2, calls, peak, plat, width, lg2, log_shift, k_overhead) + act)
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _model_flops_one(B, s, l, h, heads, kv_heads, ffn, vocab, gate, ept, shared, d):
     """flops.megatron_model_flops (head_dim given)."""
     q_ratio = heads * d / h
@@ -465,7 +466,7 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
 
 # ----------------------------------------------------------------- 7. memory
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _model_state(p, group, zero):
     """megatron_memory.model_state."""
     weights = _WB * p / (group if zero >= 3 else 1.0)
@@ -474,7 +475,7 @@ def _model_state(p, group, zero):
     return weights, grads, optim
 
 
-@njit(**_INLINE)
+@njit(**_PRIM)
 def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc, flash):
     """megatron_memory.layer_activation_bytes (``attention0`` = 4 + 4 kv / a, ``mlp_scale`` =
     (4 + 2 gated) * mlp_width: the workload-only parts, computed in Python)."""
@@ -582,7 +583,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             lg[G_HEAD, j] = _ideal(f_head, 1.0, peak16)
         # (b) np.log of those the numpy path uses (libm's log, as numpy's loop calls it)
         for g in range(N_GEMMS):
-            if g == G_CORE or (g >= G_MOE1 and moe == 0.0) or ((g == G_SH1 or g == G_SH2) and shared == 0.0):
+            if (g == G_CORE or (G_MOE1 <= g <= G_ROUTER and moe == 0.0)
+                    or ((g == G_SH1 or g == G_SH2) and shared == 0.0)):
                 continue
             for j in range(stop - start):
                 lg[g, j] = math.log(lg[g, j])
@@ -634,33 +636,33 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             mfu = per_acc / peak_gemm
             ms = m * layers_stage
             x = 0.0 if valid else nan
-            fo[0, i] = dp * 1.0 + x
-            fo[1, i] = m_exact + x
-            fo[2, i] = total + x
-            fo[3, i] = batch / total + x
-            fo[4, i] = batch * 1.0 * s / (total * n_acc) + x
-            fo[5, i] = per_acc + x
-            fo[6, i] = mfu + x
-            fo[7, i] = mfu * (1.0 + recompute_extra) + x
-            fo[8, i] = ms * (layer_f + layer_b) + m * t_head + x
-            fo[9, i] = ms * tp_layer + x
-            fo[10, i] = ms * cp_layer + x
-            fo[11, i] = ms * ep_layer + x
-            fo[12, i] = t_pp + x
-            fo[13, i] = t_dp + x
-            fo[14, i] = ms * (tp_total + cp_total + ep_layer) + t_pp + t_dp_total + x
-            fo[15, i] = bubble + x
-            fo[16, i] = bubble / t_pipe + x
-            fo[17, i] = t_opt + x
-            fo[18, i] = footprint + x
-            fo[19, i] = weights + x
-            fo[20, i] = grads + x
-            fo[21, i] = optim + x
-            fo[22, i] = activations + x
-            fo[23, i] = buffers + x
-            bo[0, i] = valid
-            bo[1, i] = realizable
-            bo[2, i] = valid and footprint <= capacity
+            fo[0][i] = dp * 1.0 + x
+            fo[1][i] = m_exact + x
+            fo[2][i] = total + x
+            fo[3][i] = batch / total + x
+            fo[4][i] = batch * 1.0 * s / (total * n_acc) + x
+            fo[5][i] = per_acc + x
+            fo[6][i] = mfu + x
+            fo[7][i] = mfu * (1.0 + recompute_extra) + x
+            fo[8][i] = ms * (layer_f + layer_b) + m * t_head + x
+            fo[9][i] = ms * tp_layer + x
+            fo[10][i] = ms * cp_layer + x
+            fo[11][i] = ms * ep_layer + x
+            fo[12][i] = t_pp + x
+            fo[13][i] = t_dp + x
+            fo[14][i] = ms * (tp_total + cp_total + ep_layer) + t_pp + t_dp_total + x
+            fo[15][i] = bubble + x
+            fo[16][i] = bubble / t_pipe + x
+            fo[17][i] = t_opt + x
+            fo[18][i] = footprint + x
+            fo[19][i] = weights + x
+            fo[20][i] = grads + x
+            fo[21][i] = optim + x
+            fo[22][i] = activations + x
+            fo[23][i] = buffers + x
+            bo[0][i] = valid
+            bo[1][i] = realizable
+            bo[2][i] = valid and footprint <= capacity
 
 
 # ------------------------------------------------------------ Python side
@@ -732,6 +734,8 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     """
     fo = np.empty((len(FLOAT_OUTPUTS), n), dtype=np.float64)
     bo = np.empty((len(BOOL_OUTPUTS), n), dtype=np.bool_)
+    # Rows as separate 1-D arrays: LLVM can check them for overlap at run time (rows of one
+    # 2-D array are apart by a stride it cannot bound, which keeps the loop scalar).
     _kernel(w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-            opg, flash, fo, bo)
+            opg, flash, tuple(fo), tuple(bo))
     return fo, bo

@@ -379,7 +379,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     if engine != "numpy":
         why = _fused_refusal(k, c, shape, engine)
         if why is None:
-            return _solve_fused(_Shape(workload), fleet, k, c, shape[0])
+            return _solve_fused(_Shape(workload), fleet, k, c, shape)
         if engine == "fused":
             raise ValueError(f"engine='fused' cannot price this call: {why} (engine='numpy' or "
                              f"'auto' can)")
@@ -400,7 +400,7 @@ def _fused_refusal(k, c, shape, engine):
     from .. import fused
     if not fused.NUMBA:
         return "numba is not installed (pip install numba)"
-    if len(shape) != 1:
+    if len(shape) > 1:
         return (f"it prices flat inputs (every knob a scalar or a 1-D array of one length), "
                 f"but the knobs broadcast to shape {shape}")
     for name, value in c.items():
@@ -423,9 +423,11 @@ def _flat(name, value, n):
     return np.full(n, array.reshape(()) if array.ndim else array, dtype=dtype)
 
 
-def _solve_fused(w: _Shape, fleet: Fleet, k, c, n):
-    """:func:`_solve` for flat inputs, in one pass (:mod:`solver.fused.megatron_kernel`)."""
+def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape):
+    """:func:`_solve` for flat inputs (``shape`` is ``(n,)`` or ``()``), in one pass
+    (:mod:`solver.fused.megatron_kernel`)."""
     from ..fused import megatron_kernel as fk
+    n = shape[0] if shape else 1
     a = {name: _flat(name, k[name], n) for name in KNOBS if name in k}
     has_dp = "dp_size" in a
     fo, bo = fk.run(fk.workload_scalars(w), fk.fleet_scalars(fleet), fk.constant_scalars(c), n,
@@ -434,8 +436,8 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, n):
                     a["micro_batch_size"], a["sequence_parallel"], a["recompute"], a["zero_stage"],
                     a["precision"], a["tp_comm_overlap"], a["overlap_grad_reduce"],
                     a["overlap_param_gather"], a["flash_attention"])
-    rows = {name: fo[j] for j, name in enumerate(fk.FLOAT_OUTPUTS)}
-    rows.update({name: bo[j] for j, name in enumerate(fk.BOOL_OUTPUTS)})
+    rows = {name: fo[j].reshape(shape) for j, name in enumerate(fk.FLOAT_OUTPUTS)}
+    rows.update({name: bo[j].reshape(shape) for j, name in enumerate(fk.BOOL_OUTPUTS)})
     return {name: rows[name] for name in OUTPUTS}
 
 
