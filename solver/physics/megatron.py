@@ -406,8 +406,9 @@ def _fused_refusal(k, c, shape, engine):
     for name, value in c.items():
         if np.ndim(value):
             return f"constants must be scalars there, but {name} is an array of shape {np.shape(value)}"
-    if engine == "auto" and shape[0] < FUSED_MIN_POINTS:
-        return f"{shape[0]} configurations are fewer than FUSED_MIN_POINTS={FUSED_MIN_POINTS}"
+    points = shape[0] if shape else 1
+    if engine == "auto" and points < FUSED_MIN_POINTS:
+        return f"{points} configurations are fewer than FUSED_MIN_POINTS={FUSED_MIN_POINTS}"
     return None
 
 
