@@ -730,12 +730,75 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
 
     Returns
     -------
-    (float block of shape (len(FLOAT_OUTPUTS), n), bool block of shape (3, n))
+    (tuple of len(FLOAT_OUTPUTS) float64 arrays, tuple of 3 bool arrays), each of length n
     """
-    fo = np.empty((len(FLOAT_OUTPUTS), n), dtype=np.float64)
-    bo = np.empty((len(BOOL_OUTPUTS), n), dtype=np.bool_)
-    # Rows as separate 1-D arrays: LLVM can check them for overlap at run time (rows of one
-    # 2-D array are apart by a stride it cannot bound, which keeps the loop scalar).
+    # One array per output, not rows of one block: LLVM can check separate arrays for
+    # overlap at run time (rows of one 2-D array are a stride apart it cannot bound), and
+    # glibc serves n-sized blocks again from its heap after the first call frees some,
+    # where one big block would be a fresh mmap, page-faulted in on every call.
+    fo = tuple(np.empty(n, dtype=np.float64) for _ in FLOAT_OUTPUTS)
+    bo = tuple(np.empty(n, dtype=np.bool_) for _ in BOOL_OUTPUTS)
     _kernel(w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-            opg, flash, tuple(fo), tuple(bo))
+            opg, flash, fo, bo)
     return fo, bo
+
+
+# ------------------------------------------------------- input normalization
+
+@njit(cache=True, nogil=True)
+def _match_rows(chars, table):
+    codes = np.empty(chars.shape[0], dtype=np.int64)
+    width = chars.shape[1]
+    for i in range(chars.shape[0]):
+        code = -1
+        for t in range(table.shape[0]):
+            same = True
+            for j in range(width):
+                if chars[i, j] != table[t, j]:
+                    same = False
+                    break
+            if same:
+                code = t
+                break
+        codes[i] = code
+    return codes
+
+
+def factorize_choices(array, choices):
+    """Codes into ``choices`` of a 1-D unicode array, in one pass; None if any value is not
+    exactly one of ``choices`` (the caller's slow path then lowers case or raises)."""
+    if array.dtype.kind != "U" or array.ndim != 1:
+        return None
+    width = array.dtype.itemsize // 4
+    chars = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape[0], width)
+    # A choice longer than the array's strings gets a row no character equals (above U+10FFFF).
+    table = np.full((len(choices), width), 0xFFFFFFFF, dtype=np.uint32)
+    for t, choice in enumerate(choices):
+        if len(choice) <= width:
+            table[t] = 0
+            table[t, :len(choice)] = np.frombuffer(choice.encode("utf-32-le"), dtype=np.uint32)
+    codes = _match_rows(chars, table)
+    if codes.size and codes.min() < 0:
+        return None
+    return codes
+
+
+@njit(cache=True, nogil=True)
+def _min_max(values):
+    lo = values[0]
+    hi = values[0]
+    for i in range(1, values.shape[0]):
+        x = values[i]
+        lo = x if x < lo else lo
+        hi = x if x > hi else hi
+    return lo, hi
+
+
+def int_in_bounds(array, low, high, limit):
+    """A 1-D int64 array whose values lie in [low, high] and below ``limit`` in magnitude
+    (one pass); False sends the caller to the checking converter, which says what is wrong."""
+    if array.dtype != np.int64 or array.ndim != 1 or array.size == 0:
+        return False
+    lo, hi = _min_max(array)
+    return (-limit < lo and hi < limit and (low is None or lo >= low)
+            and (high is None or hi <= high))

@@ -224,12 +224,30 @@ def _codes(name, value):
     return table[codes]
 
 
-def _normalize(values):
+def _normalize(values, fast=False):
+    """The knobs checked and converted (int64, bool, int64 codes of the choices).
+
+    ``fast``: big 1-D arrays that are already right (int64 in bounds, exact choice names)
+    pass in one numba pass each (:mod:`solver.fused.megatron_kernel`); anything else, and
+    every error message, goes through the checking converters.
+    """
+    fk = None
+    if fast:
+        from .. import fused
+        if fused.NUMBA and any(np.ndim(v) == 1 and np.size(v) >= FUSED_MIN_POINTS
+                               for v in values.values()):
+            from ..fused import megatron_kernel as fk
     out = {}
     for name, value in values.items():
         knob = KNOBS[name]
+        big = fk is not None and isinstance(value, np.ndarray) and value.ndim == 1 \
+            and value.size >= FUSED_MIN_POINTS
         if knob.kind == "choice":
-            out[name] = _codes(name, value)
+            codes = fk.factorize_choices(value, _CHOICES[name]) if big else None
+            out[name] = codes if codes is not None else _codes(name, value)
+        elif big and knob.kind == "int" and fk.int_in_bounds(value, knob.low, knob.high,
+                                                              knobs_.MAX_INTEGER):
+            out[name] = value
         else:
             out[name] = knobs_._CONVERT[knob.kind](knob, value)
     return out
@@ -368,7 +386,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         values["dp_size"] = dp_size
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, but got {engine!r}")
-    k = _normalize(values)
+    k = _normalize(values, fast=engine != "numpy")
     c = _constants(constants)
     try:
         shape = np.broadcast_shapes(*(np.shape(v) for v in list(k.values()) + list(c.values())))
