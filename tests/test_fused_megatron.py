@@ -165,3 +165,31 @@ def test_fused_refuses_what_it_cannot_price():
     # a scalar call is flat too: shape (), priced by the numpy path under auto
     _assert_same(M.solve(wl, fl, engine="fused", tp_size=8, pp_size=2, recompute="full"),
                  M.solve(wl, fl, tp_size=8, pp_size=2, recompute="full"))
+
+
+def test_fast_normalization_is_the_checking_one():
+    """Big 1-D knobs take a one-pass check; what it does not accept goes through the
+    checking converters, so values, codes and error messages are the numpy path's."""
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    n = M.FUSED_MIN_POINTS
+    rng = np.random.default_rng(5)
+    knobs = _draw(rng, n, dp_given=True)
+    knobs["precision"] = rng.choice(["bf16", "FP8", "fp16", "Fp4"], n)  # case-folded by the slow path
+    knobs["recompute"] = rng.choice(["none", "selective", "full"], n).astype("<U12")
+    knobs["tp_size"] = knobs["tp_size"].astype(np.int32)  # not int64: converted
+    knobs["pp_size"] = knobs["pp_size"].astype(np.float64)  # whole floats: converted
+    fast = M._normalize(knobs, fast=True)
+    slow = M._normalize(knobs, fast=False)
+    for name in knobs:
+        assert fast[name].dtype == slow[name].dtype, name
+        np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
+    _assert_same(M.solve(wl, fl, engine="fused", **knobs), M.solve(wl, fl, engine="numpy", **knobs))
+    bad = dict(knobs, zero_stage=np.where(np.arange(n) == n - 1, 4, knobs["zero_stage"]))
+    with pytest.raises(ValueError, match="zero_stage"):
+        M.solve(wl, fl, engine="fused", **bad)
+    bad = dict(knobs, recompute=np.where(np.arange(n) == 7, "sometimes", knobs["recompute"]))
+    with pytest.raises(ValueError, match="recompute must be one of.*'sometimes'"):
+        M.solve(wl, fl, engine="fused", **bad)
+    bad = dict(knobs, batch_size=np.full(n, 2 ** 53))
+    with pytest.raises(ValueError, match="batch_size must be below 2\\*\\*53"):
+        M.solve(wl, fl, engine="fused", **bad)
