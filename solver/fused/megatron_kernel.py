@@ -316,11 +316,13 @@ def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, 
     t_qkv = _gemm(f_qkv, 1.0, peak_gemm, plateau, h, lg[G_QKV], log_shift, k_overhead)
     t_proj = _gemm(f_proj, 1.0, peak_gemm, plateau, heads_t * d, lg[G_PROJ], log_shift, k_overhead)
     # Attention core: fused causal kernel, or the unfused softmax (np.where: a select).
-    t_flash = core_flops / (peak16 * flash_eff * attn_eff)
-    scores = mbs * heads_t * s_local * s
-    t_unfused = (_gemm_nok(core_flops, calls_core, peak16, plateau16, lg[G_CORE], log_shift)
-                 + _mbt(_SOFTMAX * scores, hbm))
-    t_core_f = t_flash if flash else t_unfused
+    # The loop is scalar (see _kernel), so only the side np.where keeps is computed.
+    if flash:
+        t_core_f = core_flops / (peak16 * flash_eff * attn_eff)
+    else:
+        scores = mbs * heads_t * s_local * s
+        t_core_f = (_gemm_nok(core_flops, calls_core, peak16, plateau16, lg[G_CORE], log_shift)
+                    + _mbt(_SOFTMAX * scores, hbm))
     t_core_b = t_core_f * (_FLASH_BWD if flash else 2.0)
     t_mlp_dense = _mlp_time(tokens, ffn_t, 1.0, h, gated, hbm, peak_gemm, plateau, log_shift,
                             k_overhead, lg[G_FC1], lg[G_FC2])
@@ -432,31 +434,35 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
     sharded = zero >= 1
     rpd_g = _min(ranks_up, group)
     rpd_e = _min(ranks_up, expert_group)
-    if moe != 0.0:
-        rs = (_two_level(False, grads_dense, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
-              + _two_level(False, grads_expert, expert_group, rpd_e, up_bw, up_lat, out_bw, out_lat))
-        ar = (_two_level(True, grads_dense, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
-              + _two_level(True, grads_expert, expert_group, rpd_e, up_bw, up_lat, out_bw, out_lat))
-        ag = (_two_level(False, _WB * heavy, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
-              + _two_level(False, _WB * expert_stage_params, expert_group, rpd_e, up_bw, up_lat,
-                           out_bw, out_lat))
-    else:
-        rs = _two_level(False, grads_dense, group, rpd_g, up_bw, up_lat, out_bw, out_lat) + 0.0
-        ar = _two_level(True, grads_dense, group, rpd_g, up_bw, up_lat, out_bw, out_lat) + 0.0
-        ag = _two_level(False, _WB * heavy, group, rpd_g, up_bw, up_lat, out_bw, out_lat) + 0.0
-    t_grad = rs if sharded else ar
     params_bytes = _WB * (heavy + expert_stage_params)
-    t_gather = ag if sharded else 0.0
-    stage_b = layers_stage * (layer_b + tp_layer / 2)
-    stage_f = layers_stage * (layer_f + tp_layer / 2)
-    exp_grad = _exposed(t_grad, stage_b, eta) if ogr else t_grad
-    exp_gather = _exposed(t_gather, stage_f, eta) if opg else t_gather
-    inside = group <= domain
-    fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
-    t_fsdp = m * (2.0 * _coll_1(params_bytes, group, fsdp_bw, fsdp_lat)
-                  + _coll_1((heavy + expert_stage_params) * grad_bytes, group, fsdp_bw, fsdp_lat))
-    exp_fsdp = _exposed(t_fsdp, t_pipe, eta) if opg else t_fsdp
     fsdp = zero == 3
+    # Only the branch np.where keeps is computed (the same expressions, so the same bits).
+    t_fsdp = exp_fsdp = t_grad = t_gather = exp_grad = exp_gather = 0.0
+    if fsdp:
+        inside = group <= domain
+        fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
+        t_fsdp = m * (2.0 * _coll_1(params_bytes, group, fsdp_bw, fsdp_lat)
+                      + _coll_1((heavy + expert_stage_params) * grad_bytes, group, fsdp_bw, fsdp_lat))
+        exp_fsdp = _exposed(t_fsdp, t_pipe, eta) if opg else t_fsdp
+    else:
+        is_ar = not sharded  # zero 0: all-reduce; else reduce-scatter + all-gather
+        t_grad = _two_level(is_ar, grads_dense, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
+        if moe != 0.0:
+            t_grad = t_grad + _two_level(is_ar, grads_expert, expert_group, rpd_e, up_bw, up_lat,
+                                         out_bw, out_lat)
+        else:
+            t_grad = t_grad + 0.0
+        if sharded:
+            t_gather = _two_level(False, _WB * heavy, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
+            if moe != 0.0:
+                t_gather = t_gather + _two_level(False, _WB * expert_stage_params, expert_group,
+                                                 rpd_e, up_bw, up_lat, out_bw, out_lat)
+            else:
+                t_gather = t_gather + 0.0
+        stage_b = layers_stage * (layer_b + tp_layer / 2)
+        stage_f = layers_stage * (layer_f + tp_layer / 2)
+        exp_grad = _exposed(t_grad, stage_b, eta) if ogr else t_grad
+        exp_gather = _exposed(t_gather, stage_f, eta) if opg else t_gather
     local_params = heavy + expert_stage_params
     t_opt = _mbt(_OPT_BYTES * local_params / (group if sharded else 1.0), hbm)
     t_dp_total = t_fsdp if fsdp else t_grad + t_gather
