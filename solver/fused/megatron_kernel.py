@@ -547,6 +547,11 @@ def _model_flops(w, batch, s):
     return mf
 
 
+_MEMO = 256
+_HASH = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of the bits into 8 bits
+_SHIFT = np.uint64(56)
+_EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+
 #: Configurations per block: the log scratch (N_GEMMS x BLOCK floats) stays in L1/L2.
 BLOCK = 512
 
@@ -566,6 +571,11 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
     step_overhead = c[10]
     nan = np.nan
     lg = np.empty((N_GEMMS, BLOCK))
+    bits = lg.view(np.uint64)
+    # memo of the logs: key = the argument's bits (an all-ones NaN pattern, whose log is NaN
+    # too, marks an empty slot)
+    memo_key = np.full((N_GEMMS, _MEMO), _EMPTY, dtype=np.uint64)
+    memo_log = np.full((N_GEMMS, _MEMO), np.nan)
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
         # (a) the GEMMs' ideal durations (gemm.gemm_size_efficiency before its np.log)
@@ -587,16 +597,23 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             lg[G_SH2, j] = _ideal(f_sh2, 1.0, peak_gemm)
             lg[G_ROUTER, j] = _ideal(f_router, 1.0, peak_gemm)
             lg[G_HEAD, j] = _ideal(f_head, 1.0, peak16)
-        # (b) np.log of those the numpy path uses (libm's log, as numpy's loop calls it)
+        # (b) np.log of those the numpy path uses (libm's log, as numpy's loop calls it),
+        # memoized on the exact bits of its argument: a draw has few distinct GEMMs
         for g in range(N_GEMMS):
-            if (g == G_CORE or (G_MOE1 <= g <= G_ROUTER and moe == 0.0)
-                    or ((g == G_SH1 or g == G_SH2) and shared == 0.0)):
+            if (G_MOE1 <= g <= G_ROUTER and moe == 0.0) or ((g == G_SH1 or g == G_SH2) and shared == 0.0):
                 continue
             for j in range(stop - start):
-                lg[g, j] = math.log(lg[g, j])
-        for j in range(stop - start):  # the unfused attention core's GEMM, where it runs
-            if not flash_a[start + j]:
-                lg[G_CORE, j] = math.log(lg[G_CORE, j])
+                if g == G_CORE and flash_a[start + j]:
+                    continue  # the unfused attention core's GEMM only where it runs
+                key = bits[g, j]
+                slot = (key * _HASH) >> _SHIFT
+                if memo_key[g, slot] == key:
+                    lg[g, j] = memo_log[g, slot]
+                else:
+                    y = math.log(lg[g, j])
+                    memo_key[g, slot] = key
+                    memo_log[g, slot] = y
+                    lg[g, j] = y
         # (c) the steps
         for i in range(start, stop):
             j = i - start
