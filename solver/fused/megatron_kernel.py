@@ -24,6 +24,16 @@ How the port stays exact:
   AVX-512 machine the two may differ in the last bit (see the test).
 - No fastmath (it would reassociate); ``error_model="numpy"`` (a division by
   zero gives inf/NaN as numpy does, no exception checks in the loop).
+- Where numpy computes both sides of an ``np.where``, the kernel computes the side
+  it keeps, with the same expression, so the same bits.
+
+The named steps (``_split`` ... ``_memory``, compose in ``_kernel``) are
+``inline="always"`` numba functions; the small formula helpers (``_gemm``,
+``_two_level``, ...) are plain ``njit`` functions (inlining those too at numba's
+level triples the cold compile time, ~20 s -> ~60 s, for no measured gain).
+``cache=True``: the compiled kernel is stored next to this file, or in numba's
+user cache directory (``~/.cache/numba``, ``NUMBA_CACHE_DIR``) when the package
+directory is not writable.
 
 Per-workload, per-fleet and per-constant scalars are computed once in Python
 (:func:`workload_scalars`, :func:`fleet_scalars`, :func:`constant_scalars`) and
@@ -562,8 +572,15 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
     """Steps 1-8 of megatron._solve for every configuration, outputs into ``fo``/``bo``.
 
     Per block of BLOCK configurations, three passes: (a) the ideal duration of every
-    GEMM (branch-free, vectorized); (b) their logs (libm, one call each, only the
-    GEMMs the workload has); (c) everything else (branch-free, vectorized).
+    GEMM; (b) their logs (libm, only the GEMMs the workload has, memoized on the exact
+    bits of the argument); (c) everything else, one scalar iteration per configuration.
+
+    Pass (c) stays scalar on purpose: it is bound by its ~130 IEEE divisions per
+    configuration, which must stay divisions to keep the numpy path's bits. LLVM does
+    vectorize it when forced (``-force-vector-width=4``, raised runtime alias-check
+    thresholds, every helper inlined), still bitwise equal, but the if-converted body
+    then computes both sides of every select and was no faster on this AVX2 machine,
+    at ten times the compile time; the scalar loop computes only the side np.where keeps.
     """
     n = batch_a.shape[0]
     layers, h, moe, shared = w[0], w[1], w[6], w[11]
@@ -770,19 +787,16 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
 
 @njit(cache=True, nogil=True)
 def _match_rows(chars, table):
-    codes = np.empty(chars.shape[0], dtype=np.int64)
-    width = chars.shape[1]
-    for i in range(chars.shape[0]):
+    """Index of the row of ``table`` equal to each row of ``chars``, -1 if none (branch-free)."""
+    n, width = chars.shape
+    codes = np.empty(n, dtype=np.int64)
+    for i in range(n):
         code = -1
         for t in range(table.shape[0]):
-            same = True
+            diff = np.uint32(0)
             for j in range(width):
-                if chars[i, j] != table[t, j]:
-                    same = False
-                    break
-            if same:
-                code = t
-                break
+                diff |= chars[i, j] ^ table[t, j]
+            code = t if diff == 0 else code
         codes[i] = code
     return codes
 
