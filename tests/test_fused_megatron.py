@@ -8,9 +8,10 @@ so a formula changed there and not ported here fails it.
 
 Bitwise holds because the kernel evaluates every expression in the numpy path's
 order without fastmath, and the one transcendental, ``np.log`` of the GEMM size
-curve, is libm's ``log`` in both (numpy dispatches its own SIMD float64 log only on
-AVX-512 machines; there the two may differ in the last bit of the log, which this
-test would report -- it is not loosened for it).
+curve, is the same function in both: libm's ``log`` where numpy's float64 loop calls
+libm (the kernel checks this once, ``libm_is_numpy_log``), else (numpy's own AVX-512
+log) the kernel takes those logs with ``np.log`` itself between its passes. No
+tolerance anywhere.
 """
 
 import dataclasses
@@ -193,3 +194,22 @@ def test_fast_normalization_is_the_checking_one():
     bad = dict(knobs, batch_size=np.full(n, 2 ** 53))
     with pytest.raises(ValueError, match="batch_size must be below 2\\*\\*53"):
         M.solve(wl, fl, engine="fused", **bad)
+
+
+@pytest.mark.parametrize("case", [1, 12, 27, 44])
+def test_numpy_log_mode_is_numpy_bitwise(case, monkeypatch):
+    """Where numpy's float64 log is not libm's (its AVX-512 code), the kernel takes the
+    GEMM curve's logs with np.log between its passes: the same bits there too."""
+    from solver.fused import megatron_kernel as fk
+    monkeypatch.setattr(fk, "_LIBM_IS_NUMPY_LOG", False)
+    monkeypatch.setattr(fk, "_NUMPY_LOG_CHUNK", 1000)  # several chunks, a ragged last one
+    wl_name, fl_name = CASES[case]
+    wl, fl = catalog.workload(wl_name), catalog.fleet(fl_name)
+    knobs = _draw(np.random.default_rng(case), 2500, dp_given=bool(case % 2))
+    _assert_same(M.solve(wl, fl, engine="fused", **knobs), M.solve(wl, fl, engine="numpy", **knobs))
+
+
+def test_libm_log_probe_here():
+    """The probe that picks the kernel's log mode runs and says what it found."""
+    from solver.fused import megatron_kernel as fk
+    assert fk.libm_is_numpy_log() in (True, False)

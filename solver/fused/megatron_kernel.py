@@ -19,9 +19,10 @@ How the port stays exact:
   products stay exact.
 - ``np.interp`` of the GEMM size curve is numpy's formula
   ``slope * (x - xp[j]) + fp[j]`` with numpy's precomputed slopes.
-- ``np.log`` is libm's ``log`` on x86-64 without AVX-512 (numpy dispatches its
-  own SIMD log only for AVX512_SKX); numba calls the same libm ``log``. On an
-  AVX-512 machine the two may differ in the last bit (see the test).
+- ``np.log`` is libm's ``log`` on x86-64 without AVX-512, and numba calls the same
+  libm ``log``. numpy dispatches its own SIMD float64 log on AVX-512 machines; where
+  a one-time probe (:func:`libm_is_numpy_log`) finds the two differ, :func:`run`
+  takes the logs with ``np.log`` between the kernel's first and last pass instead.
 - No fastmath (it would reassociate); ``error_model="numpy"`` (a division by
   zero gives inf/NaN as numpy does, no exception checks in the loop).
 - Where numpy computes both sides of an ``np.where``, the kernel computes the side
@@ -568,7 +569,7 @@ BLOCK = 512
 
 @njit(error_model="numpy", cache=True, nogil=True)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
-            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo):
+            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, lo, hi, ext, mode):
     """Steps 1-8 of megatron._solve for every configuration, outputs into ``fo``/``bo``.
 
     Per block of BLOCK configurations, three passes: (a) the ideal duration of every
@@ -581,23 +582,28 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
     thresholds, every helper inlined), still bitwise equal, but the if-converted body
     then computes both sides of every select and was no faster on this AVX2 machine,
     at ten times the compile time; the scalar loop computes only the side np.where keeps.
+
+    Configurations ``lo:hi``. ``mode`` 0: the three passes, logs from libm; 1: pass (a)
+    only, into ``ext`` (rows G_*, columns ``i - lo``); 2: pass (c) only, its logs read from
+    ``ext`` (where numpy's log is not libm's, :func:`run` takes them with ``np.log``).
     """
     n = batch_a.shape[0]
     layers, h, moe, shared = w[0], w[1], w[6], w[11]
     n_total, capacity = f[11], f[12]
     step_overhead = c[10]
     nan = np.nan
-    lg = np.empty((N_GEMMS, BLOCK))
+    lg = np.empty((N_GEMMS, BLOCK)) if mode == 0 else ext
     bits = lg.view(np.uint64)
     # memo of the logs: key = the argument's bits (an all-ones NaN pattern, whose log is NaN
     # too, marks an empty slot)
     memo_key = np.full((N_GEMMS, _MEMO), _EMPTY, dtype=np.uint64)
     memo_log = np.full((N_GEMMS, _MEMO), np.nan)
-    for start in range(0, n, BLOCK):
-        stop = min(start + BLOCK, n)
+    for start in range(lo, hi, BLOCK):
+        stop = min(start + BLOCK, hi)
+        base = start if mode == 0 else lo
         # (a) the GEMMs' ideal durations (gemm.gemm_size_efficiency before its np.log)
-        for i in range(start, stop):
-            j = i - start
+        for i in range(start, stop if mode != 2 else start):
+            j = i - base
             s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
             mbs, flash, prec = float(mbs_a[i]), flash_a[i], prec_a[i]
             peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
@@ -616,7 +622,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             lg[G_HEAD, j] = _ideal(f_head, 1.0, peak16)
         # (b) np.log of those the numpy path uses (libm's log, as numpy's loop calls it),
         # memoized on the exact bits of its argument: a draw has few distinct GEMMs
-        for g in range(N_GEMMS):
+        for g in range(N_GEMMS if mode == 0 else 0):
             if (G_MOE1 <= g <= G_ROUTER and moe == 0.0) or ((g == G_SH1 or g == G_SH2) and shared == 0.0):
                 continue
             for j in range(stop - start):
@@ -632,8 +638,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                     memo_log[g, slot] = y
                     lg[g, j] = y
         # (c) the steps
-        for i in range(start, stop):
-            j = i - start
+        for i in range(start, stop if mode != 1 else start):
+            j = i - base
             batch, s = float(batch_a[i]), float(s_a[i])
             tp, pp, cp, ep = float(tp_a[i]), float(pp_a[i]), float(cp_a[i]), float(ep_a[i])
             v, mbs = float(v_a[i]), float(mbs_a[i])
@@ -778,9 +784,47 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     # where one big block would be a fresh mmap, page-faulted in on every call.
     fo = tuple(np.empty(n, dtype=np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(np.empty(n, dtype=np.bool_) for _ in BOOL_OUTPUTS)
-    _kernel(w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
+    args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
             opg, flash, fo, bo)
+    if libm_is_numpy_log():
+        _kernel(*args, 0, n, np.empty((1, 1)), 0)
+        return fo, bo
+    # numpy's float64 log is its own SIMD code here (AVX-512): take the logs with it, in
+    # chunks, between the kernel's first and last pass, so they are the numpy path's.
+    rows = [g for g in range(N_GEMMS)
+            if not ((G_MOE1 <= g <= G_ROUTER and not w[6]) or (g in (G_SH1, G_SH2) and not w[11]))]
+    ext = np.empty((N_GEMMS, min(n, _NUMPY_LOG_CHUNK)))
+    for lo in range(0, n, _NUMPY_LOG_CHUNK):
+        hi = min(lo + _NUMPY_LOG_CHUNK, n)
+        _kernel(*args, lo, hi, ext, 1)
+        for g in rows:
+            np.log(ext[g, :hi - lo], out=ext[g, :hi - lo])
+        _kernel(*args, lo, hi, ext, 2)
     return fo, bo
+
+
+_NUMPY_LOG_CHUNK = 1 << 16
+_LIBM_IS_NUMPY_LOG = None
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _libm_log(x):
+    out = np.empty_like(x)
+    for i in range(x.shape[0]):
+        out[i] = math.log(x[i])
+    return out
+
+
+def libm_is_numpy_log():
+    """Whether numpy's float64 ``np.log`` is libm's ``log`` here (what the kernel calls),
+    probed once on 100,000 arguments over the GEMM curve's range and beyond."""
+    global _LIBM_IS_NUMPY_LOG
+    if _LIBM_IS_NUMPY_LOG is None:
+        rng = np.random.default_rng(0)
+        x = np.concatenate([np.exp(rng.uniform(-70.0, 10.0, 99_000)),
+                            np.geomspace(1e-30, 1e3, 1000)])
+        _LIBM_IS_NUMPY_LOG = bool(np.array_equal(np.log(x), _libm_log(x)))
+    return _LIBM_IS_NUMPY_LOG
 
 
 # ------------------------------------------------------- input normalization
