@@ -224,12 +224,30 @@ def _codes(name, value):
     return table[codes]
 
 
-def _normalize(values):
+def _normalize(values, fast=False):
+    """The knobs checked and converted (int64, bool, int64 codes of the choices).
+
+    ``fast``: big 1-D arrays that are already right (int64 in bounds, exact choice names)
+    pass in one numba pass each (:mod:`solver.fused.megatron_kernel`); anything else, and
+    every error message, goes through the checking converters.
+    """
+    fk = None
+    if fast:
+        from .. import fused
+        if fused.NUMBA and any(np.ndim(v) == 1 and np.size(v) >= FUSED_MIN_POINTS
+                               for v in values.values()):
+            from ..fused import megatron_kernel as fk
     out = {}
     for name, value in values.items():
         knob = KNOBS[name]
+        big = fk is not None and isinstance(value, np.ndarray) and value.ndim == 1 \
+            and value.size >= FUSED_MIN_POINTS
         if knob.kind == "choice":
-            out[name] = _codes(name, value)
+            codes = fk.factorize_choices(value, _CHOICES[name]) if big else None
+            out[name] = codes if codes is not None else _codes(name, value)
+        elif big and knob.kind == "int" and fk.int_in_bounds(value, knob.low, knob.high,
+                                                              knobs_.MAX_INTEGER):
+            out[name] = value
         else:
             out[name] = knobs_._CONVERT[knob.kind](knob, value)
     return out
@@ -293,7 +311,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           cp_size=1, ep_size=1, dp_size=None, v_stages=1, micro_batch_size=1,
           sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
-          flash_attention=True, **constants):
+          flash_attention=True, engine="auto", **constants):
     """Megatron-Core training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Every knob may be an array; all broadcast together (pass a grid as an
@@ -331,6 +349,14 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     flash_attention : bool
         Fused causal attention kernel (False: unfused softmax, as Megatron-LM
         ran before 2023).
+    engine : {"auto", "numpy", "fused"}
+        ``"numpy"``: the broadcast numpy path (any shapes). ``"fused"``: the
+        numba kernel of :mod:`solver.fused.megatron_kernel` (bitwise the same
+        outputs), for flat inputs only: every knob a scalar or a 1-D array of
+        one length, the constants scalars; else ``ValueError`` saying why.
+        ``"auto"`` (default): fused where it can run (numba importable, flat
+        inputs) and the call prices at least :data:`FUSED_MIN_POINTS`
+        configurations, else numpy.
     **constants : float or array_like
         Overrides of :data:`CONSTANTS` (names in :data:`CONSTANT_BOUNDS`).
 
@@ -358,7 +384,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention)
     if dp_size is not None:
         values["dp_size"] = dp_size
-    k = _normalize(values)
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, but got {engine!r}")
+    k = _normalize(values, fast=engine != "numpy")
     c = _constants(constants)
     try:
         shape = np.broadcast_shapes(*(np.shape(v) for v in list(k.values()) + list(c.values())))
@@ -366,7 +394,70 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         shapes = {n: np.shape(v) for n, v in {**k, **c}.items() if np.shape(v)}
         raise ValueError("the array knobs must broadcast together, but got "
                          + ", ".join(f"{n} of shape {s}" for n, s in shapes.items())) from None
+    if engine != "numpy":
+        why = _fused_refusal(k, c, shape, engine)
+        if why is None:
+            return _solve_fused(_Shape(workload), fleet, k, c, shape)
+        if engine == "fused":
+            raise ValueError(f"engine='fused' cannot price this call: {why} (engine='numpy' or "
+                             f"'auto' can)")
     return _solve(_Shape(workload), fleet, k, c, shape)
+
+
+# ------------------------------------------------------------------ engines
+
+#: Values of ``solve(..., engine=...)``.
+ENGINES = ("auto", "numpy", "fused")
+#: ``engine="auto"`` takes the fused kernel from this many configurations on (below it
+#: the numpy path costs well under a millisecond and the kernel's call overhead dominates).
+FUSED_MIN_POINTS = 4096
+
+
+def _fused_refusal(k, c, shape, engine):
+    """Why the fused kernel cannot price this call (None: it can)."""
+    from .. import fused
+    if not fused.NUMBA:
+        return "numba is not installed (pip install numba)"
+    if len(shape) > 1:
+        return (f"it prices flat inputs (every knob a scalar or a 1-D array of one length), "
+                f"but the knobs broadcast to shape {shape}")
+    for name, value in c.items():
+        if np.ndim(value):
+            return f"constants must be scalars there, but {name} is an array of shape {np.shape(value)}"
+    points = shape[0] if shape else 1
+    if engine == "auto" and points < FUSED_MIN_POINTS:
+        return f"{points} configurations are fewer than FUSED_MIN_POINTS={FUSED_MIN_POINTS}"
+    return None
+
+
+_FUSED_DTYPES = {"int": np.int64, "bool": np.bool_, "choice": np.int64}
+
+
+def _flat(name, value, n):
+    """A knob as a contiguous 1-D array of length ``n`` of the kernel's dtype (int64 or bool)."""
+    dtype = _FUSED_DTYPES[KNOBS[name].kind]
+    array = np.asarray(value)
+    if array.ndim == 1 and array.shape[0] == n:
+        return np.ascontiguousarray(array, dtype=dtype)
+    return np.full(n, array.reshape(()) if array.ndim else array, dtype=dtype)
+
+
+def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape):
+    """:func:`_solve` for flat inputs (``shape`` is ``(n,)`` or ``()``), in one pass
+    (:mod:`solver.fused.megatron_kernel`)."""
+    from ..fused import megatron_kernel as fk
+    n = shape[0] if shape else 1
+    a = {name: _flat(name, k[name], n) for name in KNOBS if name in k}
+    has_dp = "dp_size" in a
+    fo, bo = fk.run(fk.workload_scalars(w), fk.fleet_scalars(fleet), fk.constant_scalars(c), n,
+                    has_dp, a["batch_size"], a["seq_len"], a["tp_size"], a["pp_size"], a["cp_size"],
+                    a["ep_size"], a["dp_size"] if has_dp else a["tp_size"], a["v_stages"],
+                    a["micro_batch_size"], a["sequence_parallel"], a["recompute"], a["zero_stage"],
+                    a["precision"], a["tp_comm_overlap"], a["overlap_grad_reduce"],
+                    a["overlap_param_gather"], a["flash_attention"])
+    rows = {name: fo[j].reshape(shape) for j, name in enumerate(fk.FLOAT_OUTPUTS)}
+    rows.update({name: bo[j].reshape(shape) for j, name in enumerate(fk.BOOL_OUTPUTS)})
+    return {name: rows[name] for name in OUTPUTS}
 
 
 def _solve(w: _Shape, fleet: Fleet, k, c, shape):

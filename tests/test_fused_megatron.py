@@ -1,0 +1,215 @@
+"""The fused megatron kernel (solver.fused.megatron_kernel) is the numpy path, bit for bit.
+
+The kernel is a port of solver/physics/megatron_steps.py and megatron_compose.py.
+This test holds the two equal with ``np.testing.assert_array_equal`` (NaN-aware) on
+every output, on seeded random draws over the megatron catalog's workloads and
+fleets that reach every branch of the numpy path (the coverage is asserted too),
+so a formula changed there and not ported here fails it.
+
+Bitwise holds because the kernel evaluates every expression in the numpy path's
+order without fastmath, and the one transcendental, ``np.log`` of the GEMM size
+curve, is the same function in both: libm's ``log`` where numpy's float64 loop calls
+libm (the kernel checks this once, ``libm_is_numpy_log``), else (numpy's own AVX-512
+log) the kernel takes those logs with ``np.log`` itself between its passes. No
+tolerance anywhere.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from solver import catalog, fused
+from solver.physics import megatron as M
+
+numba = pytest.importorskip("numba")
+
+WORKLOADS = sorted(n for n in catalog.names("workloads") if n.endswith("_MC"))
+FLEETS = sorted(n for n in catalog.names("fleets") if n.endswith("_MC"))
+
+
+def _no_shape(w):
+    """The workload without a stated shape (megatron._Shape's 12 L h^2 = N fallback)."""
+    return dataclasses.replace(w, name=w.name + "_noshape", hidden_dim=None, heads=None, kv_heads=None,
+                               head_dim=None, ffn_hidden_dim=None, vocab_size=None, gated_mlp=None)
+
+
+def _draw(rng, n, *, dp_given):
+    pick = lambda values: rng.choice(values, n)  # noqa: E731
+    knobs = dict(
+        batch_size=pick([1, 7, 64, 256, 1024, 4096]),
+        seq_len=pick([2048, 3000, 4096, 8192]),
+        tp_size=pick([1, 2, 3, 4, 8, 16]),
+        pp_size=pick([1, 2, 3, 4, 8]),
+        cp_size=pick([1, 2, 4]),
+        ep_size=pick([1, 2, 4, 8]),
+        v_stages=pick([1, 2, 3, 5]),
+        micro_batch_size=pick([1, 2, 4]),
+        sequence_parallel=rng.random(n) < 0.5,
+        recompute=pick(list(M.RECOMPUTE)),
+        zero_stage=pick([0, 1, 2, 3]),
+        precision=pick(list(M.PRECISIONS)),
+        tp_comm_overlap=rng.random(n) < 0.5,
+        overlap_grad_reduce=rng.random(n) < 0.5,
+        overlap_param_gather=rng.random(n) < 0.5,
+        flash_attention=rng.random(n) < 0.7,
+    )
+    if dp_given:
+        knobs["dp_size"] = pick([1, 2, 4, 8, 16, 64])
+    return knobs
+
+
+def _assert_same(fast, ref):
+    assert list(fast) == list(ref) == list(M.OUTPUTS)
+    for name in M.OUTPUTS:
+        a, b = fast[name], np.asarray(ref[name])
+        assert a.dtype == b.dtype, (name, a.dtype, b.dtype)
+        assert a.shape == b.shape, (name, a.shape, b.shape)
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+CASES = [(wl, fl) for wl in WORKLOADS for fl in FLEETS]
+
+
+def test_catalog_covers_the_branches():
+    """The draws below meet every kind of workload and fleet the numpy path distinguishes."""
+    shapes = [M._Shape(catalog.workload(n)) for n in WORKLOADS]
+    assert any(s.moe and s.shared for s in shapes) and any(s.moe and not s.shared for s in shapes)
+    assert any(s.moe and s.dense_layers for s in shapes) and any(not s.moe for s in shapes)
+    assert any(s.gated for s in shapes) and any(not s.gated for s in shapes)
+    assert any(s.kv_heads < s.heads for s in shapes) and any(s.kv_heads == s.heads for s in shapes)
+    domains = {catalog.fleet(n).node.scale_up_domain or catalog.fleet(n).node.accelerators_per_node
+               for n in FLEETS}
+    assert {8, 72} <= domains
+    assert any("fp4" in catalog.fleet(n).node.accelerator.precision_flops for n in FLEETS)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_fused_is_numpy_bitwise(case):
+    wl_name, fl_name = CASES[case]
+    rng = np.random.default_rng(1600 + case)
+    wl, fl = catalog.workload(wl_name), catalog.fleet(fl_name)
+    if case % 5 == 4:
+        wl = _no_shape(wl)
+    knobs = _draw(rng, 3000, dp_given=case % 2 == 0)
+    # scalar knobs and scalar constant overrides ride along on some cases
+    if case % 3 == 0:
+        knobs["seq_len"] = 4096
+        knobs["flash_attention"] = bool(case % 2)
+    constants = {}
+    if case % 4 == 1:
+        constants = dict(gemm_size_shift=0.5, overlap_efficiency=0.3, collective_latency=0.0,
+                         fp8_gemm_scale=1.2, gemm_k_overhead=0.0, attention_efficiency=0.7)
+    fast = M.solve(wl, fl, engine="fused", **knobs, **constants)
+    ref = M.solve(wl, fl, engine="numpy", **knobs, **constants)
+    _assert_same(fast, ref)
+    # the draw reaches both sides of the masks
+    assert ref["valid"].any()
+    assert not ref["valid"].all() or "dp_size" in knobs
+
+
+def test_every_branch_is_reached_somewhere():
+    """Big draws on MoE workloads on an NVL72 fleet: every mask and term takes both values."""
+    fl = catalog.fleet("GB200_NVL72_8_MC")
+    seen = {}
+    for seed, name in enumerate(("DeepSeek_V3_MC", "Mixtral_8x7B_MC")):
+        wl = catalog.workload(name)
+        knobs = _draw(np.random.default_rng(16 + seed), 20000, dp_given=bool(seed))
+        fast = M.solve(wl, fl, engine="fused", **knobs)
+        ref = M.solve(wl, fl, engine="numpy", **knobs)
+        _assert_same(fast, ref)
+        v = ref["valid"]
+        for mask in ("valid", "realizable", "feasible"):
+            seen.setdefault(mask, set()).update(np.unique(ref[mask]).tolist())
+        for term in ("cp_communication_latency", "ep_communication_latency",
+                     "pp_communication_latency", "dp_communication_latency",
+                     "tp_communication_latency", "pipeline_bubble_latency"):
+            seen.setdefault(term, set()).update(np.unique(ref[term][v] > 0).tolist())
+    assert all(values == {False, True} for values in seen.values()), seen
+
+
+def test_auto_picks_fused_for_big_flat_calls(monkeypatch):
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    knobs = _draw(np.random.default_rng(3), M.FUSED_MIN_POINTS, dp_given=True)
+    calls = []
+    real = M._solve_fused
+    monkeypatch.setattr(M, "_solve_fused", lambda *a: calls.append(1) or real(*a))
+    M.solve(wl, fl, **knobs)
+    assert calls == [1]
+    small = {k: v[:10] for k, v in knobs.items()}
+    M.solve(wl, fl, **small)  # too small to be worth it
+    M.solve(wl, fl, engine="numpy", **knobs)
+    M.solve(wl, fl, **knobs, overlap_efficiency=np.full(M.FUSED_MIN_POINTS, 0.5))  # array constant
+    assert calls == [1]
+
+
+def test_auto_falls_back_without_numba(monkeypatch):
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    knobs = _draw(np.random.default_rng(4), M.FUSED_MIN_POINTS, dp_given=True)
+    monkeypatch.setattr(fused, "NUMBA", False)
+    monkeypatch.setattr(M, "_solve_fused", lambda *a: pytest.fail("fused path taken without numba"))
+    out = M.solve(wl, fl, **knobs)
+    assert out["step_latency_total"].shape == (M.FUSED_MIN_POINTS,)
+    with pytest.raises(ValueError, match="numba is not installed"):
+        M.solve(wl, fl, engine="fused", **knobs)
+
+
+def test_fused_refuses_what_it_cannot_price():
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    with pytest.raises(ValueError, match=r"flat inputs.*shape \(4, 3\)"):
+        M.solve(wl, fl, engine="fused", tp_size=np.array([1, 2, 4, 8])[:, None],
+                pp_size=np.array([1, 2, 4])[None, :])
+    with pytest.raises(ValueError, match="constants must be scalars"):
+        M.solve(wl, fl, engine="fused", tp_size=[1, 2], overlap_efficiency=[0.1, 0.2])
+    with pytest.raises(ValueError, match="engine must be one of"):
+        M.solve(wl, fl, engine="numba")
+    # a scalar call is flat too: shape (), priced by the numpy path under auto
+    _assert_same(M.solve(wl, fl, engine="fused", tp_size=8, pp_size=2, recompute="full"),
+                 M.solve(wl, fl, tp_size=8, pp_size=2, recompute="full"))
+
+
+def test_fast_normalization_is_the_checking_one():
+    """Big 1-D knobs take a one-pass check; what it does not accept goes through the
+    checking converters, so values, codes and error messages are the numpy path's."""
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    n = M.FUSED_MIN_POINTS
+    rng = np.random.default_rng(5)
+    knobs = _draw(rng, n, dp_given=True)
+    knobs["precision"] = rng.choice(["bf16", "FP8", "fp16", "Fp4"], n)  # case-folded by the slow path
+    knobs["recompute"] = rng.choice(["none", "selective", "full"], n).astype("<U12")
+    knobs["tp_size"] = knobs["tp_size"].astype(np.int32)  # not int64: converted
+    knobs["pp_size"] = knobs["pp_size"].astype(np.float64)  # whole floats: converted
+    fast = M._normalize(knobs, fast=True)
+    slow = M._normalize(knobs, fast=False)
+    for name in knobs:
+        assert fast[name].dtype == slow[name].dtype, name
+        np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
+    _assert_same(M.solve(wl, fl, engine="fused", **knobs), M.solve(wl, fl, engine="numpy", **knobs))
+    bad = dict(knobs, zero_stage=np.where(np.arange(n) == n - 1, 4, knobs["zero_stage"]))
+    with pytest.raises(ValueError, match="zero_stage"):
+        M.solve(wl, fl, engine="fused", **bad)
+    bad = dict(knobs, recompute=np.where(np.arange(n) == 7, "sometimes", knobs["recompute"]))
+    with pytest.raises(ValueError, match="recompute must be one of.*'sometimes'"):
+        M.solve(wl, fl, engine="fused", **bad)
+    bad = dict(knobs, batch_size=np.full(n, 2 ** 53))
+    with pytest.raises(ValueError, match="batch_size must be below 2\\*\\*53"):
+        M.solve(wl, fl, engine="fused", **bad)
+
+
+@pytest.mark.parametrize("case", [1, 12, 27, 44])
+def test_numpy_log_mode_is_numpy_bitwise(case, monkeypatch):
+    """Where numpy's float64 log is not libm's (its AVX-512 code), the kernel takes the
+    GEMM curve's logs with np.log between its passes: the same bits there too."""
+    from solver.fused import megatron_kernel as fk
+    monkeypatch.setattr(fk, "_LIBM_IS_NUMPY_LOG", False)
+    monkeypatch.setattr(fk, "_NUMPY_LOG_CHUNK", 1000)  # several chunks, a ragged last one
+    wl_name, fl_name = CASES[case]
+    wl, fl = catalog.workload(wl_name), catalog.fleet(fl_name)
+    knobs = _draw(np.random.default_rng(case), 2500, dp_given=bool(case % 2))
+    _assert_same(M.solve(wl, fl, engine="fused", **knobs), M.solve(wl, fl, engine="numpy", **knobs))
+
+
+def test_libm_log_probe_here():
+    """The probe that picks the kernel's log mode runs and says what it found."""
+    from solver.fused import megatron_kernel as fk
+    assert fk.libm_is_numpy_log() in (True, False)
