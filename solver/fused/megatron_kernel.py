@@ -452,8 +452,11 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
     if fsdp:
         inside = group <= domain
         fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
+        # layer by layer: each layer after the first pays (n-1) ring steps and the call cost
+        fsdp_calls = 3.0 * (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11])
         t_fsdp = m * (2.0 * _coll_1(params_bytes, group, fsdp_bw, fsdp_lat)
-                      + _coll_1((heavy + expert_stage_params) * grad_bytes, group, fsdp_bw, fsdp_lat))
+                      + _coll_1((heavy + expert_stage_params) * grad_bytes, group, fsdp_bw, fsdp_lat)
+                      + fsdp_calls)
         exp_fsdp = _exposed(t_fsdp, t_pipe, eta) if opg else t_fsdp
     else:
         is_ar = not sharded  # zero 0: all-reduce; else reduce-scatter + all-gather
