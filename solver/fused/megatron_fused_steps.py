@@ -1,0 +1,353 @@
+"""The named steps of the fused megatron kernel (``inline="always"`` numba functions).
+
+``_split`` ... ``_memory`` and ``_model_flops`` mirror, line for line, the numpy
+functions of :mod:`solver.physics.megatron_steps` and
+:mod:`solver.physics.megatron_compose` named in their docstrings; compose is in
+:func:`solver.fused.megatron_kernel._kernel`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _INLINE, _MAX_INTEGER, _MGB,
+    _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _gemm, _gemm_nok,
+    _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _two_level)
+
+
+# ------------------------------------------------------------------ 1. split
+
+@njit(**_INLINE)
+def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco):
+    """megatron_steps.split."""
+    layers, heads, kv_heads, experts, moe = w[0], w[2], w[3], w[5], w[6]
+    sp = spk and tp > 1.0
+    model_parallel = tp * 1.0 * pp * cp
+    if has_dp:
+        dp = dpk
+        valid = model_parallel * dp < _MAX_INTEGER
+    else:
+        fits = model_parallel <= n_total
+        safe = model_parallel if fits else 1.0
+        q = np.floor(n_total / safe)
+        valid = fits and q * safe == n_total
+        dp = q if valid else 1.0
+    group = dp * cp
+    valid = valid and _divides(group, ep)
+    n_acc = model_parallel * dp
+    m_exact = batch / (dp * 1.0 * mbs)
+    fm = np.floor(m_exact)
+    m = _max(fm, 1.0)
+    realizable = (valid and m_exact == fm and m_exact >= 1.0
+                  and _divides(heads, tp) and (_divides(kv_heads, tp) or _divides(tp, kv_heads))
+                  and _divides(layers, pp * v) and (v == 1.0 or pp > 1.0)
+                  and (cp == 1.0 or _divides(s, 2.0 * cp))
+                  and (_divides(experts, ep) if moe != 0.0 else ep == 1.0)
+                  and not (tco and not sp and tp > 1.0))
+    return sp, dp, group, valid, n_acc, m_exact, m, realizable
+
+
+# --------------------------------------------------------------- 2. hardware
+
+@njit(**_INLINE)
+def _hardware(f, c, prec):
+    """megatron_steps.hardware: the precision code's peaks and plateaus, fitted constants applied."""
+    peak_gemm = _pick(f[0], prec)
+    peak16 = _pick(f[1], prec)
+    low_bits = prec == 2 or prec == 3
+    plateau = _pick(f[2], prec) * c[0] * (c[1] if low_bits else 1.0)
+    plateau16 = _pick(f[3], prec) * c[0]
+    grad_bytes = 2.0 if prec == 1 else 4.0
+    return peak_gemm, peak16, plateau, plateau16, grad_bytes
+
+
+# ------------------------------------------------------------ 3. layer times
+
+#: Rows of the kernel's log scratch: one per GEMM whose size-curve log it takes.
+(G_QKV, G_PROJ, G_CORE, G_FC1, G_FC2, G_MOE1, G_MOE2, G_SH1, G_SH2, G_ROUTER, G_HEAD) = range(11)
+N_GEMMS = 11
+
+
+@njit(**_INLINE)
+def _local(w, s, tp, cp, mbs):
+    """The local sizes at the top of megatron_steps.layer_times."""
+    heads, kv_heads, ffn = w[2], w[3], w[8]
+    s_local = s / (cp * 1.0)
+    tokens = mbs * s_local
+    heads_t = heads / (tp * 1.0)
+    kv_t = _max(kv_heads / (tp * 1.0), 1.0)
+    ffn_t = ffn / tp
+    return s_local, tokens, heads_t, kv_t, ffn_t
+
+
+@njit(**_INLINE)
+def _gemm_flops(w, s, tp, cp, ep, mbs, flash):
+    """(FLOPs, calls) of every GEMM of layer_times and of the LM head (pipeline), as they compute them.
+
+    Both kernel passes call this, so the durations whose logs the first pass takes are
+    the second pass's exactly.
+    """
+    h, d, experts, gated, top_k, moe_ffn, shared, vocab = w[1], w[4], w[5], w[7], w[9], w[10], w[11], w[13]
+    s_local, tokens, heads_t, kv_t, ffn_t = _local(w, s, tp, cp, mbs)
+    f_qkv = 2.0 * tokens * h * (heads_t + 2.0 * kv_t) * d
+    f_proj = 2.0 * tokens * heads_t * d * h
+    f_core = 4.0 * mbs * heads_t * s_local * s * d * (0.5 if flash else 1.0)
+    calls_core = mbs * heads_t
+    f_fc1, f_fc2 = _mlp_flops(tokens, ffn_t, h, gated)
+    calls_moe = experts / (ep * 1.0)
+    f_moe1, f_moe2 = _mlp_flops(tokens * top_k, moe_ffn / tp, h, gated)
+    f_sh1, f_sh2 = _mlp_flops(tokens, shared * moe_ffn / tp, h, gated)
+    f_router = 2.0 * tokens * h * experts
+    f_head = 2.0 * tokens * h * (vocab / tp)
+    return (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
+            f_router, f_head)
+
+
+@njit(**_INLINE)
+def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau, plateau16,
+                 lg):
+    """megatron_steps.layer_times (``lg``: the logs of the GEMMs' ideal durations, by G_* row)."""
+    h, d, moe, gated = w[1], w[4], w[6], w[7]
+    top_k, moe_ffn, shared, moe_share = w[9], w[10], w[11], w[12]
+    hbm, flash_eff = f[4], f[5]
+    log_shift, k_overhead, attn_eff, elem_bytes = c[2], c[3], c[4], c[5]
+    s_local, tokens, heads_t, kv_t, ffn_t = _local(w, s, tp, cp, mbs)
+    (f_qkv, f_proj, core_flops, calls_core, _f1, _f2, _m1, _m2, local_experts, _s1, _s2, f_router,
+     _fh) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
+    norm_split = tp if sp else 1.0
+    t_qkv = _gemm(f_qkv, 1.0, peak_gemm, plateau, h, lg[G_QKV], log_shift, k_overhead)
+    t_proj = _gemm(f_proj, 1.0, peak_gemm, plateau, heads_t * d, lg[G_PROJ], log_shift, k_overhead)
+    # Attention core: fused causal kernel, or the unfused softmax (np.where: a select).
+    # The loop is scalar (see _kernel), so only the side np.where keeps is computed.
+    if flash:
+        t_core_f = core_flops / (peak16 * flash_eff * attn_eff)
+    else:
+        scores = mbs * heads_t * s_local * s
+        t_core_f = (_gemm_nok(core_flops, calls_core, peak16, plateau16, lg[G_CORE], log_shift)
+                    + _mbt(_SOFTMAX * scores, hbm))
+    t_core_b = t_core_f * (_FLASH_BWD if flash else 2.0)
+    t_mlp_dense = _mlp_time(tokens, ffn_t, 1.0, h, gated, hbm, peak_gemm, plateau, log_shift,
+                            k_overhead, lg[G_FC1], lg[G_FC2])
+    elementwise = _mbt(elem_bytes * tokens * h / norm_split, hbm)
+    attn_gemms_f = t_qkv + t_proj
+    t_dense_f = attn_gemms_f + t_mlp_dense + elementwise
+    if moe != 0.0:
+        routed = tokens * top_k
+        t_moe = _mlp_time(routed, moe_ffn / tp, local_experts, h, gated, hbm, peak_gemm, plateau,
+                          log_shift, k_overhead, lg[G_MOE1], lg[G_MOE2])
+        if shared != 0.0:
+            t_moe = t_moe + _mlp_time(tokens, shared * moe_ffn / tp, 1.0, h, gated, hbm, peak_gemm,
+                                      plateau, log_shift, k_overhead, lg[G_SH1], lg[G_SH2])
+        else:
+            t_moe = t_moe + 0.0
+        t_moe = t_moe + _gemm(f_router, 1.0, peak_gemm, plateau, h, lg[G_ROUTER], log_shift, k_overhead)
+        t_moe_f = attn_gemms_f + t_moe + elementwise
+    else:
+        t_moe_f = 0.0
+    layer_f = (1 - moe_share) * t_dense_f + moe_share * t_moe_f
+    layer_b = 2.0 * layer_f + t_core_b
+    layer_b = layer_b + ((layer_f + t_core_f) if rc == 2 else (t_core_f if rc == 1 else 0.0))
+    layer_f = layer_f + t_core_f
+    act_bytes = 2.0 * tokens * h
+    return s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b
+
+
+# ---------------------------------------------------------- 4. communication
+
+@njit(**_INLINE)
+def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
+                   t_core_f, t_core_b):
+    """megatron_steps.communication."""
+    d, moe, top_k, moe_share = w[4], w[6], w[9], w[12]
+    domain, up_bw0, out_bw0, up_lat, out_lat = f[6], f[7], f[8], f[9], f[10]
+    up_bw, out_bw = up_bw0 * c[7], out_bw0 * c[8]
+    call_lat, overlap_eff = c[11], c[9]
+    inside = tp <= domain
+    tp_bw, tp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
+    t_ar = _coll_ar(act_bytes, tp, tp_bw, tp_lat) + (call_lat if tp > 1.0 else 0.0)
+    full = rc == 2
+    tp_calls = 4.0 + (2.0 if full else 0.0)
+    tp_total = tp_calls * t_ar
+    tp_hidden = overlap_eff if (tco and sp) else 0.0
+    tp_layer = tp_total * (1.0 - tp_hidden)
+    kv_bytes = 2.0 * 2.0 * tokens * kv_t * d
+    inside = tp * cp <= domain
+    cp_bw, cp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
+    cp_step = kv_bytes / cp_bw + cp_lat + call_lat
+    cp_f = (cp - 1.0) * cp_step
+    cp_total = 3.0 * cp_f * ((1.0 + 1.0 / 3.0) if full else 1.0)
+    cp_layer = (_exposed(cp_f, t_core_f, 1.0) + _exposed(2.0 * cp_f, t_core_b, 1.0)
+                + (_exposed(cp_f, t_core_f, 1.0) if full else 0.0))
+    if moe != 0.0:
+        inside = tp * cp * ep <= domain
+        ep_bw, ep_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
+        a2a = _coll_1(act_bytes * top_k / norm_split, ep, ep_bw, ep_lat) + (call_lat if ep > 1.0 else 0.0)
+        ep_layer = moe_share * (4.0 + (2.0 if full else 0.0)) * a2a
+    else:
+        ep_layer = 0.0
+    return up_bw, out_bw, tp_total, tp_layer, cp_total, cp_layer, ep_layer
+
+
+# --------------------------------------------------------------- 5. pipeline
+
+@njit(**_INLINE)
+def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, layer_b, tp_layer,
+              cp_layer, ep_layer, peak16, plateau16, up_bw, out_bw, f_head, lg_head):
+    """megatron_steps.pipeline."""
+    layers, h, vocab = w[0], w[1], w[13]
+    hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
+    log_shift, k_overhead, layer_overhead, call_lat = c[2], c[3], c[6], c[11]
+    layers_stage = np.ceil(layers / (pp * 1.0))
+    launches = layer_overhead * (4.0 if rc == 2 else 3.0)
+    per_layer = _max(layer_f + layer_b + tp_layer + cp_layer + ep_layer, launches)
+    t_layers = layers_stage * per_layer
+    vocab_t = vocab / tp
+    t_head = 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift, k_overhead) \
+        + _mbt(_CE_BYTES * tokens * vocab_t, hbm)
+    stage_max = t_layers + t_head
+    stage_mean = t_layers + t_head / pp
+    bubble = (pp - 1.0) / (v * 1.0) * stage_mean
+    t_pipe = m * stage_max + bubble
+    inside = tp * cp * dp * 2.0 <= domain
+    pp_bw, pp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
+    t_p2p = act_bytes / tp / pp_bw + pp_lat + call_lat
+    t_pp = 2.0 * t_p2p * ((pp * v - 1.0) + (m if v == 1.0 else 0.0)) if pp > 1.0 else 0.0
+    return layers_stage, t_head, bubble, t_pipe, t_pp
+
+
+# ---------------------------------------------------------- 6. data parallel
+
+@njit(**_INLINE)
+def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, layers_stage,
+                   layer_f, layer_b, tp_layer, t_pipe, up_bw, out_bw):
+    """megatron_compose.data_parallel (with _stage_params)."""
+    moe, dense_scale, expert_scale, emb = w[6], w[14], w[15], w[16]
+    hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
+    eta = c[9]
+    # _stage_params
+    dense_stage_params = dense_scale * layers_stage / tp + emb / tp * (1.0 if pp == 1.0 else 0.0)
+    expert_stage_params = expert_scale * layers_stage / (tp * ep * 1.0) if moe != 0.0 else 0.0
+    heavy = dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0)
+    ranks_up = _max(np.floor(domain / tp), 1.0)
+    ranks_up = _min(ranks_up, group)
+    expert_group = _max(np.floor(group / ep), 1.0)
+    grads_dense = heavy * grad_bytes
+    grads_expert = expert_stage_params * grad_bytes
+    sharded = zero >= 1
+    rpd_g = _min(ranks_up, group)
+    rpd_e = _min(ranks_up, expert_group)
+    params_bytes = _WB * (heavy + expert_stage_params)
+    fsdp = zero == 3
+    # Only the branch np.where keeps is computed (the same expressions, so the same bits).
+    t_fsdp = exp_fsdp = t_grad = t_gather = exp_grad = exp_gather = 0.0
+    if fsdp:
+        inside = group <= domain
+        fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
+        # layer by layer: each layer after the first pays (n-1) ring steps and the call cost
+        fsdp_calls = 3.0 * (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11])
+        t_fsdp = m * (2.0 * _coll_1(params_bytes, group, fsdp_bw, fsdp_lat)
+                      + _coll_1((heavy + expert_stage_params) * grad_bytes, group, fsdp_bw, fsdp_lat)
+                      + fsdp_calls)
+        exp_fsdp = _exposed(t_fsdp, t_pipe, eta) if opg else t_fsdp
+    else:
+        is_ar = not sharded  # zero 0: all-reduce; else reduce-scatter + all-gather
+        t_grad = _two_level(is_ar, grads_dense, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
+        if moe != 0.0:
+            t_grad = t_grad + _two_level(is_ar, grads_expert, expert_group, rpd_e, up_bw, up_lat,
+                                         out_bw, out_lat)
+        else:
+            t_grad = t_grad + 0.0
+        if sharded:
+            t_gather = _two_level(False, _WB * heavy, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
+            if moe != 0.0:
+                t_gather = t_gather + _two_level(False, _WB * expert_stage_params, expert_group,
+                                                 rpd_e, up_bw, up_lat, out_bw, out_lat)
+            else:
+                t_gather = t_gather + 0.0
+        stage_b = layers_stage * (layer_b + tp_layer / 2)
+        stage_f = layers_stage * (layer_f + tp_layer / 2)
+        exp_grad = _exposed(t_grad, stage_b, eta) if ogr else t_grad
+        exp_gather = _exposed(t_gather, stage_f, eta) if opg else t_gather
+    local_params = heavy + expert_stage_params
+    t_opt = _mbt(_OPT_BYTES * local_params / (group if sharded else 1.0), hbm)
+    t_dp_total = t_fsdp if fsdp else t_grad + t_gather
+    t_dp = exp_fsdp if fsdp else exp_grad + exp_gather
+    return dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp, t_opt
+
+
+# ----------------------------------------------------------------- 7. memory
+
+@njit(**_PRIM)
+def _model_state(p, group, zero):
+    """megatron_memory.model_state."""
+    weights = _WB * p / (group if zero >= 3 else 1.0)
+    grads = _MGB * p / (group if zero >= 2 else 1.0)
+    optim = _ASB * p / (group if zero >= 1 else 1.0)
+    return weights, grads, optim
+
+
+@njit(**_PRIM)
+def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc, flash):
+    """megatron_memory.layer_activation_bytes (``attention0`` = 4 + 4 kv / a, ``mlp_scale`` =
+    (4 + 2 gated) * mlp_width: the workload-only parts, computed in Python)."""
+    sbh = mbs * s * h
+    spt = t if sp else 1.0
+    replicated = 10.0 / spt
+    attention = attention0 / t
+    mlp = mlp_scale / h / t
+    mlp = mlp + 2.0 * top_k / spt
+    scores = 0.0 if (flash or rc >= 1) else 5.0 * heads * s / (h * t)
+    per_layer = sbh * (replicated + attention + mlp + scores)
+    full = 2.0 * sbh / spt
+    return full if rc == 2 else per_layer
+
+
+@njit(**_INLINE)
+def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
+            layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes):
+    """megatron_compose.memory."""
+    h, heads, moe, top_k, moe_share, vocab, emb = w[1], w[2], w[6], w[9], w[12], w[13], w[16]
+    attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
+    weights, grads, optim = _model_state(dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0),
+                                         group, zero)
+    if moe != 0.0:
+        we, ge, oe = _model_state(expert_stage_params, expert_group, zero)
+        weights, grads, optim = weights + we, grads + ge, optim + oe
+    act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash)
+    if moe != 0.0:
+        act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash)
+        act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
+    else:
+        act_layer = act_dense
+    # megatron_memory.in_flight_layers
+    chunks = pp * v + pp - 1 if v > 1.0 else pp
+    in_flight = layers_stage / v * _min(chunks, m * v)
+    logits = 4.0 * mbs * s_local * vocab / tp if pp == 1.0 else 0.0
+    activations = act_layer * in_flight + logits
+    bucket = grad_bytes * _max(4e7, 1e6 * group)
+    buffers = (bucket + 2.0 * act_bytes / tp * (1.0 if pp > 1.0 else 0.0)
+               + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
+    footprint = weights + grads + optim + activations + buffers
+    return weights, grads, optim, activations, buffers, footprint
+
+
+# ---------------------------------------------------------------- 8. compose
+
+@njit(**_INLINE)
+def _model_flops(w, batch, s):
+    """megatron_compose._model_flops."""
+    layers, h, heads, kv_heads, d, moe, ffn, top_k = w[0], w[1], w[2], w[3], w[4], w[6], w[8], w[9]
+    moe_ffn, shared, vocab, gate, dense_layers = w[10], w[11], w[13], w[20], w[21]
+    if moe != 0.0:
+        mf = _model_flops_one(batch, s, layers, h, heads, kv_heads, moe_ffn, vocab, gate, top_k,
+                              shared * moe_ffn, d)
+        if dense_layers != 0.0:
+            mf = mf + _model_flops_one(batch, s, dense_layers, h, heads, kv_heads, ffn, 0.0, gate, 1.0,
+                                       0.0, d) \
+                - _model_flops_one(batch, s, dense_layers, h, heads, kv_heads, moe_ffn, 0.0, gate,
+                                   top_k, shared * moe_ffn, d)
+    else:
+        mf = _model_flops_one(batch, s, layers, h, heads, kv_heads, ffn, vocab, gate, 1.0,
+                              shared * moe_ffn, d)
+    return mf
