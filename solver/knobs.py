@@ -290,13 +290,19 @@ _CONVERT = {
 }
 
 
-def normalize(values: dict) -> dict:
+def normalize(values: dict, *, check_bounds: bool = True) -> dict:
     """Check every knob and convert it to a numpy array of its kind.
 
     Parameters
     ----------
     values : dict
         Knob name -> scalar or array.
+    check_bounds : bool, optional
+        False skips the range checks (bounds, finiteness, below 2**53) of numeric
+        knobs that already have their kind's dtype (int64, float64): a caller that
+        makes them in its own pass over the values (the fused kernels, which then
+        call ``normalize(values)`` to raise) saves two or three passes per knob.
+        Every other check and conversion is made as usual.
 
     Returns
     -------
@@ -312,5 +318,11 @@ def normalize(values: dict) -> dict:
     out = {}
     for name, value in values.items():
         knob = KNOBS[name]
+        if not check_bounds and _DTYPES.get(knob.kind) == getattr(value, "dtype", None):
+            out[name] = np.asarray(value)
+            continue
         out[name] = _CONVERT[knob.kind](knob, value)
     return out
+
+
+_DTYPES = {"int": np.dtype(np.int64), "float": np.dtype(np.float64)}
