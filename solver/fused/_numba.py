@@ -15,12 +15,38 @@ read (two knobs may share one array: reads of shared memory are allowed).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
-from numba import njit, types
+from numba import njit as _njit
+from numba import types
 from numba.core.compiler import Compiler
 from numba.extending import overload
 
-__all__ = ["NoAliasCompiler", "kernel", "at", "floordiv", "ceildiv"]
+__all__ = ["NoAliasCompiler", "njit", "kernel", "at", "floordiv", "ceildiv"]
+
+
+def njit(**options):
+    """``numba.njit(cache=True, error_model="numpy", **options)``, caching where it can.
+
+    numba caches beside the module (``__pycache__``) or, where the package's
+    folder is not writable (a system site-packages), in the user's cache
+    directory (``$NUMBA_CACHE_DIR``, else ``~/.cache/numba``). Where neither
+    is writable it refuses ``cache=True``; the kernels then compile in each
+    process (seconds), with a warning, instead of failing to import.
+    """
+    options = {"cache": True, "error_model": "numpy", **options}
+
+    def decorate(fn):
+        try:
+            return _njit(**options)(fn)
+        except RuntimeError as err:  # "cannot cache function ...: no locator available"
+            warnings.warn(f"numba cannot cache {fn.__name__} ({err}): it compiles in every "
+                          f"process; set NUMBA_CACHE_DIR to a writable folder", RuntimeWarning,
+                          stacklevel=2)
+            return _njit(**{**options, "cache": False})(fn)
+
+    return decorate
 
 
 class NoAliasCompiler(Compiler):
@@ -41,8 +67,7 @@ def kernel(fn):
     reassociate sums and drop NaN rules, and the kernels must equal the numpy
     path bit for bit.
     """
-    return njit(cache=True, error_model="numpy", nogil=True,
-                pipeline_class=NoAliasCompiler)(fn)
+    return njit(nogil=True, pipeline_class=NoAliasCompiler)(fn)
 
 
 def at(x, i):  # pragma: no cover - the overload below replaces it inside numba
@@ -57,7 +82,7 @@ def _at_overload(x, i):
     return lambda x, i: x
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(inline="always")
 def floordiv(a, b):
     """``a // b`` for whole floats ``0 <= a``, ``1 <= b``, both below 2**53, exactly.
 
@@ -71,7 +96,7 @@ def floordiv(a, b):
     return q - (r < 0.0) + (r >= b)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(inline="always")
 def ceildiv(a, b):
     """``-(-a // b)`` for whole floats as in :func:`floordiv`."""
     q = floordiv(a, b)

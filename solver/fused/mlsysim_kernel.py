@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.extending import overload
 
 from .. import collectives as _coll
@@ -53,7 +53,7 @@ from ..physics import mlsysim as _ml
 from ._numba import at as _at
 from ._numba import ceildiv as _ceildiv
 from ._numba import floordiv as _floordiv
-from ._numba import kernel
+from ._numba import kernel, njit
 
 __all__ = ["KNOB_ORDER", "FLOAT_OUTPUTS", "BOOL_OUTPUTS", "PRECISION_KEYS", "scalars",
            "tables", "run", "precision_input"]
@@ -135,13 +135,13 @@ def tables(workload, acc) -> tuple:
 # ------------------------------------------------------------------ numba helpers
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(inline="always")
 def _ring(message, n, bandwidth, latency):
     # solver.collectives.ring_allreduce_time: 2 (n-1)/n * M / beta + 2 (n-1) * alpha
     return 2.0 * (n - 1.0) / n * message / bandwidth + 2.0 * (n - 1.0) * latency
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(inline="always")
 def _clip01(x):
     # np.clip(x, 0.0, 1.0), NaN kept
     x = 0.0 if x < 0.0 else x
@@ -192,13 +192,13 @@ _CONSTANTS = (_H_LAT, _LORA_DP, _TP_AR, _ADAM, _BUCKET, _SEL, _FULL, _TRAFFIC, _
               _LO_DEG, _HI_DEG, _LO_ZERO, _HI_ZERO, _LO_OVL, _HI_OVL, _LO_FAC, _HI_FAC)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(inline="always")
 def _ok(x, lo, hi):
     """Whether a knob value is accepted (in [lo, hi]; NaN is not)."""
     return (x >= lo) & (x <= hi)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(inline="always")
 def _pick7(table, code):
     """``table[code]`` for a float code 0..6, as selects (a runtime tuple index keeps the loop scalar)."""
     t0, t1, t2, t3, t4, t5, t6 = table
@@ -426,7 +426,7 @@ def _name_key(chars):
 _NAMES = tuple(_name_key(name) for name in PRECISION_KEYS)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
+@njit(inline="always")
 def _lower(ch):
     """``str.lower`` of one character code that is ASCII (A-Z -> a-z), as a float."""
     return ch + 32.0 if (ch >= 65.0) & (ch <= 90.0) else ch
