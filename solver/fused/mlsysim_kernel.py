@@ -273,13 +273,17 @@ def _kernel(n, flags, k, c, t, names, fo, bo):  # noqa: C901  (one loop body)
         if has_dp:
             prod = replica * dp_knob
             valid = fits & (prod - _floordiv(prod, apn) * apn == 0.0)
+            dp = dp_knob
         else:
-            valid = fits & (n_acc - _floordiv(n_acc, replica) * replica == 0.0)
+            # One quotient for both: where the split is impossible the replica is 1 and
+            # n_acc // 1 is n_acc.
+            quotient = _floordiv(n_acc, replica)
+            valid = fits & (n_acc - quotient * replica == 0.0)
+            dp = quotient if valid else n_acc
         tp = tp if valid else 1.0
         pp = pp if valid else 1.0
         ep = ep if valid else 1.0
         replica = replica if valid else 1.0
-        dp = dp_knob if has_dp else _floordiv(n_acc, replica)
         local_batch = max(1.0, _floordiv(batch, dp))
         idle = batch < dp
 
