@@ -219,9 +219,9 @@ def _kernel(n, flags, k, c, t, names, fo, bo):  # noqa: C901  (one loop body)
     # Compile-time flags: numba types a tuple by its length, so each pattern of
     # flags is its own specialization and LLVM drops the branches not taken
     # instead of computing both sides of a select (see _flags).
-    has_dp, transformer, has_tdp = len(flags[0]) > 0, len(flags[1]) > 0, len(flags[2]) > 0
+    has_dp, transformer = len(flags[0]) > 0, len(flags[1]) > 0
     (_has_dp, _transformer, n_acc, apn, fwd, params, layers, width, lora_fraction, layer_count,
-     top_k, mem_cap, mem_bw, offload_bw, overhead, _has_tdp, tdp, intra_bw, intra_lat, inter_bw,
+     top_k, mem_cap, mem_bw, offload_bw, overhead, has_tdp, tdp, intra_bw, intra_lat, inter_bw,
      inter_lat, _H_LAT, _LORA_DP, _TP_AR, _ADAM, _BUCKET, _SEL, _FULL, _TRAFFIC, _LORA_FOOT,
      _LORA_EXTRA, _IDLE, _DYN, _MAX_INTEGER, _LO_BATCH, _HI_BATCH, _LO_EFF, _HI_EFF, _LO_DEG,
      _HI_DEG, _LO_ZERO, _HI_ZERO, _LO_OVL, _HI_OVL, _LO_FAC, _HI_FAC) = c
@@ -339,7 +339,7 @@ def _kernel(n, flags, k, c, t, names, fo, bo):  # noqa: C901  (one loop body)
         hfu = _clip01(hardware_ops / latency / replica_peak)
         node_mfu = _clip01(model_ops / latency / replica_peak)
         node_throughput = local_batch / latency
-        energy = (tdp * (_IDLE + _DYN * hfu) * replica * latency) if has_tdp else latency * 0.0
+        energy = (tdp * (_IDLE + _DYN * hfu) * replica * latency) if has_tdp > 0.0 else latency * 0.0
 
         # 4. communication (mlsysim.dp_communication, tp_communication, ep_communication)
         gradients = model_bytes / (tp * pp)
@@ -538,7 +538,7 @@ def run(workload, fleet, values: dict, n: int) -> dict:
         args.append(value)
     fo = tuple(np.empty(n, dtype=np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(np.empty(n, dtype=np.bool_) for _ in BOOL_OUTPUTS)
-    ok = _kernel(n, _flags(has_dp, workload.is_transformer, fleet.node.accelerator.tdp is not None),
+    ok = _kernel(n, _flags(has_dp, workload.is_transformer),
                  tuple(args), scalars(workload, fleet, has_dp=has_dp),
                   tables(workload, fleet.node.accelerator), _NAMES, fo, bo)
     if not ok:
