@@ -31,9 +31,9 @@ How the port stays exact:
   the same pass, as a count of refused values; the caller re-runs
   :func:`solver.knobs.normalize` to raise its message when the count is not 0.
 
-A knob passed as a scalar reaches the kernel as a scalar (numba compiles one
-specialization per pattern of scalars and arrays, cached on disk), so a
-defaulted knob costs no pass over memory.
+A knob passed as a scalar is spread to an array before the call, so numba
+compiles (and caches on disk) one specialization per pattern of flags (DP
+given, transformer) and precision input, not one per pattern of scalars.
 """
 
 from __future__ import annotations
@@ -193,12 +193,6 @@ _CONSTANTS = (_H_LAT, _LORA_DP, _TP_AR, _ADAM, _BUCKET, _SEL, _FULL, _TRAFFIC, _
 
 
 @njit(inline="always")
-def _ok(x, lo, hi):
-    """Whether a knob value is accepted (in [lo, hi]; NaN is not)."""
-    return (x >= lo) & (x <= hi)
-
-
-@njit(inline="always")
 def _pick7(table, code):
     """``table[code]`` for a float code 0..6, as selects (a runtime tuple index keeps the loop scalar)."""
     t0, t1, t2, t3, t4, t5, t6 = table
@@ -252,14 +246,17 @@ def _kernel(n, flags, k, c, t, names, fo, bo):  # noqa: C901  (one loop body)
         gas = float(_at(k[16], i))
         seq = float(_at(k[17], i))
         dp_knob = float(_at(k[18], i))
-        ok &= (_ok(code, 0.0, 6.0) & _ok(batch, _LO_BATCH, _HI_BATCH) & _ok(eff, _LO_EFF, _HI_EFF)
-               & _ok(tp, _LO_DEG, _HI_DEG) & _ok(pp, _LO_DEG, _HI_DEG)
-               & _ok(ep, _LO_DEG, _HI_DEG) & _ok(v, _LO_DEG, _HI_DEG)
-               & _ok(mb, _LO_DEG, _HI_DEG) & _ok(zero, _LO_ZERO, _HI_ZERO)
-               & _ok(ovl_eff, _LO_OVL, _HI_OVL) & _ok(cong, _LO_FAC, _HI_FAC)
-               & _ok(strag, _LO_FAC, _HI_FAC) & _ok(moe, _LO_FAC, _HI_FAC)
-               & _ok(gas, _LO_DEG, _HI_DEG) & _ok(seq, _LO_DEG, _HI_DEG)
-               & (_ok(dp_knob, _LO_DEG, _HI_DEG) | (not has_dp)))
+        # The knobs' ranges (solver.knobs), NaN refused: plain comparisons, no calls to inline.
+        ok &= ((code >= 0.0) & (batch >= _LO_BATCH) & (batch <= _HI_BATCH)
+               & (eff >= _LO_EFF) & (eff <= _HI_EFF) & (tp >= _LO_DEG) & (tp <= _HI_DEG)
+               & (pp >= _LO_DEG) & (pp <= _HI_DEG) & (ep >= _LO_DEG) & (ep <= _HI_DEG)
+               & (v >= _LO_DEG) & (v <= _HI_DEG) & (mb >= _LO_DEG) & (mb <= _HI_DEG)
+               & (zero >= _LO_ZERO) & (zero <= _HI_ZERO)
+               & (ovl_eff >= _LO_OVL) & (ovl_eff <= _HI_OVL)
+               & (cong >= _LO_FAC) & (cong <= _HI_FAC) & (strag >= _LO_FAC) & (strag <= _HI_FAC)
+               & (moe >= _LO_FAC) & (moe <= _HI_FAC) & (gas >= _LO_DEG) & (gas <= _HI_DEG)
+               & (seq >= _LO_DEG) & (seq <= _HI_DEG)
+               & (((dp_knob >= _LO_DEG) & (dp_knob <= _HI_DEG)) | (not has_dp)))
         pb = _pick7(t_bytes, code)
         peak = _pick7(t_peak, code)
         weights_total = _pick7(t_weights, code)
@@ -533,8 +530,12 @@ def run(workload, fleet, values: dict, n: int) -> dict:
         else:
             value = k[name] if name in k else _knobs.normalize(
                 {name: _knobs.KNOBS[name].default})[name]
-        if np.ndim(value) == 0:
-            value = np.asarray(value).item()  # a scalar: its own specialization, no pass
+        if np.ndim(value) == 0 and (name != "dp_size" or has_dp):
+            # A scalar knob is spread to an array (one pass of n bytes, ~1 ms per million)
+            # rather than compiled into a specialization of its own: one kernel per
+            # pattern of flags and precision input, whatever knobs a caller fixes.
+            value = np.full(n, value, dtype=np.int8 if name == "precision" else
+                            np.asarray(value).dtype)
         args.append(value)
     fo = tuple(np.empty(n, dtype=np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(np.empty(n, dtype=np.bool_) for _ in BOOL_OUTPUTS)
