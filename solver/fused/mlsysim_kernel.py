@@ -27,9 +27,10 @@ How the port stays exact:
   code (the order of :data:`solver.knobs.PRECISION_BYTES`).
 - No fastmath (it would reassociate and drop NaN rules); ``error_model="numpy"``
   (no division-by-zero checks in the loop).
-- The bounds checks of :mod:`solver.knobs` on the array knobs are made here, in
-  the same pass, as a count of refused values; the caller re-runs
-  :func:`solver.knobs.normalize` to raise its message when the count is not 0.
+- The range checks of :mod:`solver.knobs` on the numeric knobs are made here,
+  in the same pass (the kernel returns whether every value was accepted); the
+  caller re-runs :func:`solver.knobs.normalize` to raise its message otherwise.
+  So is the decoding of precision names (their characters, read in the loop).
 
 A knob passed as a scalar is spread to an array before the call, so numba
 compiles (and caches on disk) one specialization per pattern of flags (DP
@@ -90,7 +91,7 @@ _MAX_INTEGER = float(_knobs.MAX_INTEGER)
 
 def scalars(workload, fleet, *, has_dp: bool) -> tuple:
     """The workload's and fleet's facts the kernel reads, as one tuple of floats (see ``_kernel``)."""
-    acc, node, fabric = fleet.node.accelerator, fleet.node, fleet.fabric
+    acc, node = fleet.node.accelerator, fleet.node
     net = _ml.links(fleet)
     transformer = workload.is_transformer
     width = _rep.width(workload)
