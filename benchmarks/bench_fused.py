@@ -139,6 +139,14 @@ def main(argv=None):
     mlsysim.solve(wl, fl, engine="fused", **knobs)
     fused_warm = time.perf_counter() - fused_warm
     fu_s, fu_out = best(lambda: mlsysim.solve(wl, fl, engine="fused", **knobs), repeat + 2)
+    fu_dtypes = [v.dtype for v in fu_out.values()]
+    # Fresh output arrays are faulted in (the OS zeroes their pages) on first write, in
+    # either path, unless malloc hands back pages it kept: measured in the fused runs' state.
+    def fresh_outputs():
+        arrays = [np.empty(n, dtype=dtype) for dtype in fu_dtypes]
+        for a in arrays:
+            a.fill(1)
+    touch_s, _ = best(fresh_outputs, repeat + 2)
     np_s, np_out = best(lambda: mlsysim.solve(wl, fl, engine="numpy", **knobs), repeat)
     assert same(fu_out, np_out), "the fused path differs from the numpy path"
     del np_out
@@ -154,13 +162,6 @@ def main(argv=None):
 
     prec_s, _ = best(lambda: mlsysim_kernel.precision_input(knobs["precision"]), repeat)
     full_norm_s, _ = best(lambda: solver.knobs.normalize(knobs), repeat)
-    # Fresh output arrays are faulted in (the OS zeroes their pages) on first write, in
-    # either path: the share of the call that is not pricing.
-    def fresh_outputs():
-        arrays = [np.empty(n, dtype=v.dtype) for v in fu_out.values()]
-        for a in arrays:
-            a.fill(1)
-    touch_s, _ = best(fresh_outputs, repeat + 2)
     res["mlsysim_flat"] = {
         "workload": wl.name, "fleet": fl.name,
         "reference": {"configurations": args.reference, "seconds": ref_s,
