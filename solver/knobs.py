@@ -133,11 +133,10 @@ def _out_of_bounds(knob, array):
     return bad
 
 
-def _check_bounds(knob, array):
-    if array.size == 0:
-        return
-    # Two reductions on the fast path; the mask is built only to report a refusal.
-    edges = np.array([array.min(), array.max()])
+def _check_bounds(knob, array, low, high):
+    # The extremes (the caller's two reductions) on the fast path; the mask is built only
+    # to report a refusal.
+    edges = np.array([low, high])
     if _out_of_bounds(knob, edges).any():
         bad = _out_of_bounds(knob, array)
         kind = "an integer" if knob.kind == "int" else "a number"
@@ -170,12 +169,15 @@ def _as_int(knob, value):
                 f"{knob.name} must be a whole number ({knob.why}), "
                 f"but got {knob.name}={_first_bad(array, bad)!r}"
             )
-    if array.size and np.abs(array).max() >= MAX_INTEGER:
+    if array.size == 0:
+        return array.astype(np.int64, copy=False)
+    low, high = array.min(), array.max()  # two reductions serve every range check
+    if high >= MAX_INTEGER or low <= -MAX_INTEGER:
         raise ValueError(
             f"{knob.name} must be below 2**53 ({knob.why}; larger counts are not exact "
             f"in float64), but got {knob.name}={_first_bad(array, np.abs(array) >= MAX_INTEGER)!r}")
     array = array.astype(np.int64, copy=False)
-    _check_bounds(knob, array)
+    _check_bounds(knob, array, low, high)
     return array
 
 
@@ -185,11 +187,13 @@ def _as_float(knob, value):
         raise ValueError(f"{knob.name} must be a number or an array of numbers ({knob.why}), "
                          f"but got {value!r:.80}")
     array = array.astype(np.float64, copy=False)
-    bad = ~np.isfinite(array)
-    if bad.any():
+    if array.size == 0:
+        return array
+    low, high = array.min(), array.max()  # NaN and inf show in the extremes
+    if not (np.isfinite(low) and np.isfinite(high)):
         raise ValueError(f"{knob.name} must be finite ({knob.why}), "
-                         f"but got {knob.name}={_first_bad(array, bad)!r}")
-    _check_bounds(knob, array)
+                         f"but got {knob.name}={_first_bad(array, ~np.isfinite(array))!r}")
+    _check_bounds(knob, array, low, high)
     return array
 
 
@@ -290,13 +294,19 @@ _CONVERT = {
 }
 
 
-def normalize(values: dict) -> dict:
+def normalize(values: dict, *, check_bounds: bool = True) -> dict:
     """Check every knob and convert it to a numpy array of its kind.
 
     Parameters
     ----------
     values : dict
         Knob name -> scalar or array.
+    check_bounds : bool, optional
+        False skips the range checks (bounds, finiteness, below 2**53) of numeric
+        knobs that already have their kind's dtype (int64, float64): a caller that
+        makes them in its own pass over the values (the fused kernels, which then
+        call ``normalize(values)`` to raise) saves two or three passes per knob.
+        Every other check and conversion is made as usual.
 
     Returns
     -------
@@ -312,5 +322,11 @@ def normalize(values: dict) -> dict:
     out = {}
     for name, value in values.items():
         knob = KNOBS[name]
+        if not check_bounds and _DTYPES.get(knob.kind) == getattr(value, "dtype", None):
+            out[name] = np.asarray(value)
+            continue
         out[name] = _CONVERT[knob.kind](knob, value)
     return out
+
+
+_DTYPES = {"int": np.dtype(np.int64), "float": np.dtype(np.float64)}

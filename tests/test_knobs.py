@@ -234,9 +234,10 @@ def test_topology_override_changes_nothing():
 
 def test_knob_table_matches_solve_signature():
     import inspect
-    # solver.solve dispatches (physics=, **knobs); the mlsysim model carries the signature.
+    # solver.solve dispatches (physics=, **knobs); the mlsysim model carries the signature
+    # (and ``engine``, which picks the path, not a configuration).
     params = inspect.signature(solver.physics.mlsysim.solve).parameters
-    keywords = [p for p in params if p not in ("workload", "fleet")]
+    keywords = [p for p in params if p not in ("workload", "fleet", "engine")]
     assert keywords == list(solver.KNOBS)
     for name in keywords:
         assert params[name].default == solver.KNOBS[name].default, name

@@ -1,9 +1,114 @@
 """Fused numba kernels for flat (1-D) inputs; the numpy paths stay the reference and the fallback.
 
-The kernels import numba, so import them lazily and check :data:`NUMBA` first.
+A physics model's numpy path computes every term on the axes it spans, which is
+what makes open-mesh grids fast; a flat batch of random configurations spans
+one axis everywhere, and there numpy streams hundreds of full-size temporaries
+through memory. A fused kernel prices the same configurations in one loop,
+every intermediate in registers: one pass over the inputs, one over the outputs.
+
+The kernels import numba, so import them lazily and check :data:`NUMBA` first
+(numba is an optional dependency: ``pip install "layout-sweep[fast]"``).
+:func:`resolve_engine` is the one rule by which a model's ``solve(...,
+engine=...)`` picks its path.
 """
+
+from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
+
+__all__ = ["NUMBA", "ENGINES", "FUSED_MIN_POINTS", "shapes_of", "flat_size", "resolve_engine"]
+
 #: numba is importable (the fused kernels can run).
 NUMBA = importlib.util.find_spec("numba") is not None
+
+#: Values of ``solve(..., engine=...)``.
+ENGINES = ("auto", "numpy", "fused")
+
+#: ``engine="auto"`` takes a fused kernel from this many configurations on: below it
+#: the numpy path costs well under a millisecond and the kernel's call overhead
+#: (unboxing some 50 arguments, allocating the outputs) is as large.
+FUSED_MIN_POINTS = 4096
+
+
+#: Knobs that are not arrays of configurations (a name or None, whatever the call).
+_NOT_ARRAYS = frozenset({"topology_override"})
+
+
+def shapes_of(values: dict):
+    """Knob name -> shape of its value; None if numpy cannot shape one (a ragged list).
+
+    The numpy path then refuses the value with a message naming the knob.
+    """
+    try:
+        return {name: np.shape(value) for name, value in values.items()
+                if name not in _NOT_ARRAYS}
+    except (ValueError, TypeError):
+        return None
+
+
+def flat_size(shapes: dict):
+    """``(n, None)`` when every shape is ``()`` or ``(n,)`` for one ``n``, else ``(None, why)``.
+
+    Parameters
+    ----------
+    shapes : dict of str -> tuple
+        Knob name -> ``np.shape`` of its value.
+    """
+    n = None
+    for name, shape in shapes.items():
+        if shape == ():
+            continue
+        if len(shape) != 1:
+            return None, (f"it prices flat inputs (every knob a scalar or a 1-D array of one "
+                          f"length), but {name} has shape {shape}")
+        if n is None:
+            n = shape[0]
+        elif shape[0] != n:
+            return None, (f"it prices flat inputs of one length, but the knobs have lengths "
+                          f"{n} and {shape[0]} ({name})")
+    return (1 if n is None else n), None
+
+
+def resolve_engine(engine, shapes: dict, *, min_points: int = FUSED_MIN_POINTS):
+    """The path a ``solve`` call takes: ``"fused"`` or ``"numpy"``.
+
+    Parameters
+    ----------
+    engine : {"auto", "numpy", "fused"}
+        ``"numpy"``: always the numpy path. ``"fused"``: the kernel, or a
+        ``ValueError`` saying why it cannot price the call. ``"auto"``: the
+        kernel when numba is importable, every knob is a scalar or a 1-D array
+        of one length, and there are at least ``min_points`` configurations;
+        else numpy.
+    shapes : dict of str -> tuple, or None
+        Knob name -> shape (:func:`shapes_of` the values the caller passed);
+        None takes the numpy path, which refuses what could not be shaped.
+    min_points : int
+        The smallest call ``"auto"`` fuses.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``engine``, or ``engine="fused"`` on a call the kernel
+        cannot price (numba absent, inputs not flat), naming the reason.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, "
+                         f"but got {engine!r}")
+    if engine == "numpy" or shapes is None:
+        return "numpy"
+    why = None
+    if not NUMBA:
+        why = 'numba is not installed (pip install "layout-sweep[fast]" or pip install numba)'
+    else:
+        n, why = flat_size(shapes)
+        if why is None and engine == "auto" and n < min_points:
+            return "numpy"
+    if why is None:
+        return "fused"
+    if engine == "fused":
+        raise ValueError(f"engine='fused' cannot price this call: {why} (engine='numpy' or "
+                         f"'auto' can)")
+    return "numpy"

@@ -66,7 +66,8 @@ def model(name: str) -> ModuleType:
     return found
 
 
-def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, **knobs) -> dict:
+def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "auto",
+          **knobs) -> dict:
     """Distributed training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Parameters
@@ -92,6 +93,15 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, **knobs) -> dict:
         ``seq_len``), with its defaults, and ``dp_size`` to size the cluster by
         the layout. Numeric and boolean knobs may be arrays; all broadcast
         together. See :func:`solver.physics.mlsysim.solve`.
+    engine : {"auto", "numpy", "fused"}, optional
+        The path that prices the call, with the same outputs bit for bit:
+        ``"numpy"`` the broadcast numpy model (any shapes: open meshes, grids);
+        ``"fused"`` the model's numba kernel (:mod:`solver.fused`), for flat
+        inputs (every knob a scalar or a 1-D array of one length), or a
+        ``ValueError`` saying why it cannot run; ``"auto"`` (default) fused
+        where it can run and the call is large enough
+        (:data:`solver.fused.FUSED_MIN_POINTS` configurations), else numpy.
+        Passed to the model as its ``engine`` keyword.
 
     Returns
     -------
@@ -108,4 +118,4 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, **knobs) -> dict:
     TypeError
         For a workload or fleet that is not a solver spec, or an unknown keyword.
     """
-    return model(physics).solve(workload, fleet, **knobs)
+    return model(physics).solve(workload, fleet, engine=engine, **knobs)

@@ -79,6 +79,7 @@ import numpy as np
 
 from .. import knobs as knobs_
 from ..catalog import resource_dir
+from ..fused import ENGINES, FUSED_MIN_POINTS
 from ..specs import Fleet, Workload
 from . import megatron_compose as after
 from . import megatron_steps as steps
@@ -406,18 +407,14 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
 
 # ------------------------------------------------------------------ engines
 
-#: Values of ``solve(..., engine=...)``.
-ENGINES = ("auto", "numpy", "fused")
-#: ``engine="auto"`` takes the fused kernel from this many configurations on (below it
-#: the numpy path costs well under a millisecond and the kernel's call overhead dominates).
-FUSED_MIN_POINTS = 4096
+# ENGINES and FUSED_MIN_POINTS: the one rule of solver.fused, shared with mlsysim.
 
 
 def _fused_refusal(k, c, shape, engine):
     """Why the fused kernel cannot price this call (None: it can)."""
     from .. import fused
     if not fused.NUMBA:
-        return "numba is not installed (pip install numba)"
+        return 'numba is not installed (pip install "layout-sweep[fast]" or pip install numba)'
     if len(shape) > 1:
         return (f"it prices flat inputs (every knob a scalar or a 1-D array of one length), "
                 f"but the knobs broadcast to shape {shape}")

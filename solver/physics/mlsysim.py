@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import blocks
+from .. import blocks, fused
 from .. import collectives as coll
 from .. import knobs as knobs_
 from .. import pipeline
@@ -93,7 +93,7 @@ def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", effi
           topology_override=None, zero_stage=0, is_lora=False, activation_recomputation=False,
           overlap_comm=False, overlap_efficiency=0.85, congestion_factor=1.0,
           straggler_factor=1.0, moe_routing_imbalance_factor=1.0,
-          gradient_accumulation_steps=1, seq_len=2048, *, dp_size=None):
+          gradient_accumulation_steps=1, seq_len=2048, *, dp_size=None, engine="auto"):
     """Distributed training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Keyword names and defaults are those of mlsysim 0.3.0
@@ -107,8 +107,18 @@ def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", effi
     accelerators of its node type, which must be whole nodes (else the point
     is not valid). The result equals the reference on a fleet of that size.
 
-    Calls of more than ``2 * solver.blocks.BLOCK_POINTS`` points are priced in
-    blocks along their longest axis (bounded temporaries, same results).
+    ``engine`` (keyword-only) picks the path; every path returns the same
+    outputs, bit for bit:
+
+    - ``"numpy"``: :func:`price`, broadcast numpy, for any shapes (an open
+      mesh computes each term on its own axes). Calls of more than
+      ``2 * solver.blocks.BLOCK_POINTS`` points are priced in blocks along
+      their longest axis (bounded temporaries, same results).
+    - ``"fused"``: the numba kernel of :mod:`solver.fused.mlsysim_kernel`, one
+      pass over flat inputs (every knob a scalar or a 1-D array of one length);
+      ``ValueError`` saying why where it cannot run (numba absent, not flat).
+    - ``"auto"`` (default): fused where it can run and the call has at least
+      :data:`solver.fused.FUSED_MIN_POINTS` configurations, else numpy.
 
     Returns
     -------
@@ -122,11 +132,12 @@ def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", effi
     ------
     ValueError
         For a value no configuration can have, naming the knob and the value, or
-        array knobs whose shapes do not broadcast (naming the knobs and shapes).
+        array knobs whose shapes do not broadcast (naming the knobs and shapes);
+        for an unknown ``engine``, or ``engine="fused"`` where it cannot run.
     TypeError
         For a workload or fleet that is not a solver spec, or an unknown keyword.
     """
-    k = knobs_.normalize({
+    values = {
         "batch_size": batch_size, "precision": precision, "efficiency": efficiency,
         "tp_size": tp_size, "pp_size": pp_size, "ep_size": ep_size, "v_stages": v_stages,
         "microbatch_count": microbatch_count, "topology_override": topology_override,
@@ -137,12 +148,28 @@ def solve(workload: Workload, fleet: Fleet, batch_size=1, precision="fp16", effi
         "moe_routing_imbalance_factor": moe_routing_imbalance_factor,
         "gradient_accumulation_steps": gradient_accumulation_steps, "seq_len": seq_len,
         **({} if dp_size is None else {"dp_size": dp_size}),
-    })
+    }
+    path = fused.resolve_engine(engine, fused.shapes_of(values))
     check_specs(workload, fleet)
+    if path == "fused":
+        return _solve_fused(workload, fleet, values)
+    k = knobs_.normalize(values)
     shape = blocks.broadcast_shape(k)
     # ``price`` is looked up here, at call time (the tests count the blocks through it).
     return blocks.in_blocks(lambda part, block_shape: price(workload, fleet, part, block_shape),
                             k, shape)
+
+
+def _solve_fused(workload: Workload, fleet: Fleet, values: dict) -> dict:
+    """:func:`price` of flat knobs in one pass (:mod:`solver.fused.mlsysim_kernel`)."""
+    from ..fused import mlsysim_kernel
+
+    shapes = fused.shapes_of(values)
+    n, _ = fused.flat_size(shapes)
+    out = mlsysim_kernel.run(workload, fleet, values, n)
+    if all(shape == () for shape in shapes.values()):  # scalars in, 0-d out, as numpy returns
+        out = {name: value.reshape(()) for name, value in out.items()}
+    return out
 
 
 def price(workload: Workload, fleet: Fleet, k: dict, shape: tuple) -> dict:
