@@ -15,10 +15,14 @@ engine=...)`` picks its path.
 from __future__ import annotations
 
 import importlib.util
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["NUMBA", "ENGINES", "FUSED_MIN_POINTS", "shapes_of", "flat_size", "resolve_engine"]
+__all__ = ["NUMBA", "ENGINES", "FUSED_MIN_POINTS", "THREAD_MIN_POINTS", "shapes_of", "flat_size",
+           "resolve_engine", "threads", "in_ranges"]
 
 #: numba is importable (the fused kernels can run).
 NUMBA = importlib.util.find_spec("numba") is not None
@@ -112,3 +116,56 @@ def resolve_engine(engine, shapes: dict, *, min_points: int = FUSED_MIN_POINTS):
         raise ValueError(f"engine='fused' cannot price this call: {why} (engine='numpy' or "
                          f"'auto' can)")
     return "numpy"
+
+
+#: A fused call is spread over threads only from this many configurations per thread on
+#: (a thread's start-up and the pool's hand-off cost some tens of microseconds).
+THREAD_MIN_POINTS = 1 << 16
+#: Environment variable that sets the threads of a fused call (default: the usable cores).
+THREADS_ENV = "LAYOUT_SWEEP_THREADS"
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def threads() -> int:
+    """Threads a fused call may use: ``$LAYOUT_SWEEP_THREADS``, else the cores this process may run on.
+
+    Raises
+    ------
+    ValueError
+        For a ``$LAYOUT_SWEEP_THREADS`` that is not a positive integer.
+    """
+    raw = os.environ.get(THREADS_ENV)
+    if raw is not None and raw.strip():
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ValueError(f"${THREADS_ENV} must be a positive integer, but got {raw!r}")
+        return value
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def in_ranges(fn, n: int) -> list:
+    """``[fn(lo, hi), ...]`` over consecutive ranges covering ``0:n``, in threads where worth it.
+
+    The kernels release the GIL (``nogil=True``) and each configuration is priced
+    on its own, so a range's results are the same bits whichever thread prices it.
+    Calls below :data:`THREAD_MIN_POINTS` per thread run in the caller's thread.
+    """
+    count = min(threads(), max(1, n // THREAD_MIN_POINTS))
+    if count <= 1:
+        return [fn(0, n)]
+    edges = [n * i // count for i in range(count + 1)]
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < count:
+            _POOL = ThreadPoolExecutor(max_workers=count, thread_name_prefix="fused")
+        pool = _POOL
+    futures = [pool.submit(fn, lo, hi) for lo, hi in zip(edges[:-1], edges[1:])]
+    return [f.result() for f in futures]

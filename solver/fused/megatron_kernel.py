@@ -49,6 +49,7 @@ import numpy as np
 from numba import njit
 
 from ..physics import megatron_steps as _steps
+from . import in_ranges
 from .megatron_primitives import _ideal
 from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_MOE1, G_MOE2, G_PROJ, G_QKV,
                                    G_ROUTER, G_SH1, G_SH2, N_GEMMS, _communication,
@@ -300,7 +301,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
             opg, flash, fo, bo)
     if libm_is_numpy_log():
-        _kernel(*args, 0, n, np.empty((1, 1)), 0)
+        in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), 0), n)
         return fo, bo
     # numpy's float64 log is its own SIMD code here (AVX-512): take the logs with it, in
     # chunks, between the kernel's first and last pass, so they are the numpy path's.

@@ -51,6 +51,7 @@ from .. import memory as _mem
 from .. import replica as _rep
 from ..outputs import OUTPUTS
 from ..physics import mlsysim as _ml
+from . import in_ranges
 from ._numba import at as _at
 from ._numba import ceildiv as _ceildiv
 from ._numba import floordiv as _floordiv
@@ -540,9 +541,17 @@ def run(workload, fleet, values: dict, n: int) -> dict:
         args.append(value)
     fo = tuple(np.empty(n, dtype=np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(np.empty(n, dtype=np.bool_) for _ in BOOL_OUTPUTS)
-    ok = _kernel(n, _flags(has_dp, workload.is_transformer),
-                 tuple(args), scalars(workload, fleet, has_dp=has_dp),
-                  tables(workload, fleet.node.accelerator), _NAMES, fo, bo)
+    flags, consts = _flags(has_dp, workload.is_transformer), scalars(workload, fleet, has_dp=has_dp)
+    table = tables(workload, fleet.node.accelerator)
+
+    def part(lo, hi):
+        # Views of the inputs and outputs: contiguous, so the same compiled kernel. An
+        # input holds len // n items a configuration (4 for a precision's characters).
+        cut = tuple(a[lo * (len(a) // n):hi * (len(a) // n)] if np.ndim(a) else a for a in args)
+        return _kernel(hi - lo, flags, cut, consts, table, _NAMES,
+                       tuple(a[lo:hi] for a in fo), tuple(a[lo:hi] for a in bo))
+
+    ok = all(in_ranges(part, n))
     if not ok:
         _knobs.normalize(values)  # raises, naming the knob and the value
         raise AssertionError("the fused kernel refused a knob value solver.knobs accepts")

@@ -1,0 +1,68 @@
+"""Fused calls spread over threads: the same bits as one thread and as the numpy path.
+
+``solver.fused.in_ranges`` cuts a flat call into consecutive ranges priced in
+threads (the kernels release the GIL). A range that is sliced wrong (an input
+holding several items per configuration, like the precision's characters)
+shows up as a mismatch in the second range, so the threshold is lowered here to
+make small draws split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solver import catalog, fused
+from solver.physics import megatron as M
+from solver.physics import mlsysim
+
+pytestmark = pytest.mark.skipif(not fused.NUMBA, reason="numba is not installed")
+
+import test_fused_megatron as meg  # noqa: E402  (its draw of every megatron knob)
+import test_fused_mlsysim as mls  # noqa: E402  (its draw of every mlsysim knob)
+
+N = 3001  # odd: the ranges are uneven
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    monkeypatch.setattr(fused, "THREAD_MIN_POINTS", 500)
+    monkeypatch.setenv(fused.THREADS_ENV, "3")
+
+
+def _same(a, b):
+    assert list(a) == list(b)
+    for name in a:
+        assert a[name].dtype == np.asarray(b[name]).dtype, name
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_ranges_cover_the_call_once(split_small):
+    seen = []
+    out = fused.in_ranges(lambda lo, hi: seen.append((lo, hi)) or hi - lo, N)
+    assert sorted(seen) == [(0, 1000), (1000, 2000), (2000, 3001)]
+    assert out == [1000, 1000, 1001]
+
+
+@pytest.mark.parametrize("workload", ["Llama3_70B", "Mixtral_8x7B", "ResNet50"])
+def test_mlsysim_threads_equal_numpy(split_small, workload):
+    wl, fl = catalog.workload(workload), catalog.fleet("Training_1K")
+    rng = np.random.default_rng(7)
+    knobs = mls._draw(rng, N, wl)
+    _same(mlsysim.solve(wl, fl, engine="fused", **knobs),
+          mlsysim.solve(wl, fl, engine="numpy", **knobs))
+
+
+@pytest.mark.parametrize("workload", ["Llama3_70B_MC", "DeepSeek_V3_MC"])
+def test_megatron_threads_equal_numpy(split_small, workload):
+    wl, fl = catalog.workload(workload), catalog.fleet("HGX_H100_1K_MC")
+    knobs = meg._draw(np.random.default_rng(8), N, dp_given=True)
+    _same(M.solve(wl, fl, engine="fused", **knobs), M.solve(wl, fl, engine="numpy", **knobs))
+
+
+def test_threads_setting_is_checked(monkeypatch):
+    monkeypatch.setenv(fused.THREADS_ENV, "0")
+    with pytest.raises(ValueError, match="LAYOUT_SWEEP_THREADS must be a positive integer"):
+        fused.threads()
+    monkeypatch.setenv(fused.THREADS_ENV, "2")
+    assert fused.threads() == 2
