@@ -79,6 +79,7 @@ import numpy as np
 
 from .. import knobs as knobs_
 from ..catalog import resource_dir
+from .. import fused
 from ..fused import ENGINES, FUSED_MIN_POINTS
 from ..specs import Fleet, Workload
 from . import megatron_compose as after
@@ -234,7 +235,6 @@ def _normalize(values, fast=False):
     """
     fk = None
     if fast:
-        from .. import fused
         if fused.NUMBA and any(np.ndim(v) == 1 and np.size(v) >= FUSED_MIN_POINTS
                                for v in values.values()):
             from ..fused import megatron_kernel as fk
@@ -396,12 +396,13 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         raise ValueError("the array knobs must broadcast together, but got "
                          + ", ".join(f"{n} of shape {s}" for n, s in shapes.items())) from None
     if engine != "numpy":
-        why = _fused_refusal(k, c, shape, engine)
-        if why is None:
-            return _solve_fused(_Shape(workload), fleet, k, c, shape)
-        if engine == "fused":
+        why = _array_constant(c)
+        if why is not None and engine == "fused":
             raise ValueError(f"engine='fused' cannot price this call: {why} (engine='numpy' or "
                              f"'auto' can)")
+        # the one rule of solver.fused on the knobs' broadcast shape
+        if why is None and fused.resolve_engine(engine, {"the broadcast of the knobs": shape}) == "fused":
+            return _solve_fused(_Shape(workload), fleet, k, c, shape)
     return _solve(_Shape(workload), fleet, k, c, shape)
 
 
@@ -410,20 +411,11 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
 # ENGINES and FUSED_MIN_POINTS: the one rule of solver.fused, shared with mlsysim.
 
 
-def _fused_refusal(k, c, shape, engine):
-    """Why the fused kernel cannot price this call (None: it can)."""
-    from .. import fused
-    if not fused.NUMBA:
-        return 'numba is not installed (pip install "layout-sweep[fast]" or pip install numba)'
-    if len(shape) > 1:
-        return (f"it prices flat inputs (every knob a scalar or a 1-D array of one length), "
-                f"but the knobs broadcast to shape {shape}")
+def _array_constant(c):
+    """Why the fused kernel cannot take these constants (None: every one a scalar)."""
     for name, value in c.items():
         if np.ndim(value):
             return f"constants must be scalars there, but {name} is an array of shape {np.shape(value)}"
-    points = shape[0] if shape else 1
-    if engine == "auto" and points < FUSED_MIN_POINTS:
-        return f"{points} configurations are fewer than FUSED_MIN_POINTS={FUSED_MIN_POINTS}"
     return None
 
 
