@@ -66,3 +66,27 @@ def test_threads_setting_is_checked(monkeypatch):
         fused.threads()
     monkeypatch.setenv(fused.THREADS_ENV, "2")
     assert fused.threads() == 2
+
+
+def test_a_forked_child_gets_threads_of_its_own(split_small):
+    import os
+    import time
+
+    # the parent's pool, every thread of it started (each range takes a while), then idle
+    fused.in_ranges(lambda lo, hi: time.sleep(0.2) or hi - lo, N)
+    time.sleep(0.3)
+    pid = os.fork()
+    if pid == 0:  # the child inherits the pool object, not its threads
+        code = 1
+        try:
+            import signal
+            signal.alarm(20)  # a pool without threads would wait forever
+            code = 0 if fused.in_ranges(_width, N) == [1000, 1000, 1001] else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def _width(lo, hi):
+    return hi - lo

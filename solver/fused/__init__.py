@@ -164,8 +164,9 @@ def in_ranges(fn, n: int) -> list:
     edges = [n * i // count for i in range(count + 1)]
     global _POOL
     with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < count:
-            _POOL = ThreadPoolExecutor(max_workers=count, thread_name_prefix="fused")
-        pool = _POOL
+        # A forked child inherits the pool object but not its threads: a new pool there.
+        if _POOL is None or _POOL[0] != os.getpid() or _POOL[1]._max_workers < count:
+            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=count, thread_name_prefix="fused"))
+        pool = _POOL[1]
     futures = [pool.submit(fn, lo, hi) for lo, hi in zip(edges[:-1], edges[1:])]
     return [f.result() for f in futures]
