@@ -213,39 +213,3 @@ def test_libm_log_probe_here():
     """The probe that picks the kernel's log mode runs and says what it found."""
     from solver.fused import megatron_kernel as fk
     assert fk.libm_is_numpy_log() in (True, False)
-
-
-def test_layer_memo_keys_on_every_field():
-    """The kernel memoizes its layer and communication steps on the exact values of their
-    per-configuration inputs: many configurations share a layer key, and next to each
-    base key sit variants that differ from it in one key field only, so a memo that
-    ignored a field would hand a variant its base's bits (both orders are drawn)."""
-    wl, fl = catalog.workload("Mixtral_8x7B_MC"), catalog.fleet("GB200_NVL72_8_MC")
-    base = dict(seq_len=4096, tp_size=2, cp_size=2, ep_size=2, micro_batch_size=2,
-                sequence_parallel=True, recompute="selective", flash_attention=False,
-                precision="bf16", tp_comm_overlap=True)
-    other = dict(seq_len=8192, tp_size=4, cp_size=1, ep_size=4, micro_batch_size=1,
-                 sequence_parallel=False, recompute="full", flash_attention=True,
-                 precision="fp8", tp_comm_overlap=False)
-    rng = np.random.default_rng(7)
-    rows = []
-    for field in [None, *base]:
-        key = dict(base) if field is None else dict(base, **{field: other[field]})
-        for _ in range(300 if field is None else 40):  # a shared key, the rest of the knobs drawn
-            rows.append(dict(key, pp_size=rng.choice([1, 2, 4]), dp_size=rng.choice([1, 2, 4, 8]),
-                             v_stages=rng.choice([1, 2]), batch_size=rng.choice([64, 256, 1024]),
-                             zero_stage=rng.choice([0, 1, 3]),
-                             overlap_grad_reduce=rng.random() < 0.5,
-                             overlap_param_gather=rng.random() < 0.5))
-    order = rng.permutation(len(rows))
-    knobs = {name: np.array([rows[i][name] for i in order]) for name in rows[0]}
-    ref = M.solve(wl, fl, engine="numpy", **knobs)
-    _assert_same(M.solve(wl, fl, engine="fused", **knobs), ref)
-    # every one-field variant prices differently from its base (else the test shows nothing)
-    fixed = dict(base, pp_size=2, dp_size=4, v_stages=1, batch_size=256, zero_stage=1,
-                 overlap_grad_reduce=True, overlap_param_gather=True)
-    one = M.solve(wl, fl, engine="numpy", **fixed)
-    for field in base:
-        variant = M.solve(wl, fl, engine="numpy", **dict(fixed, **{field: other[field]}))
-        assert any(not np.array_equal(one[n], variant[n], equal_nan=True) for n in M.OUTPUTS
-                   if n not in ("valid", "realizable", "feasible")), field

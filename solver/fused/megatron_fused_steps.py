@@ -192,27 +192,19 @@ def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, a
 # --------------------------------------------------------------- 5. pipeline
 
 @njit(**_INLINE)
-def _head_time(w, f, c, tp, tokens, peak16, plateau16, f_head, lg_head):
-    """megatron_steps.pipeline: the LM head's time (the kernel's layer memo holds it)."""
-    h, vocab = w[1], w[13]
-    hbm = f[4]
-    log_shift, k_overhead = c[2], c[3]
-    vocab_t = vocab / tp
-    return 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift, k_overhead) \
-        + _mbt(_CE_BYTES * tokens * vocab_t, hbm)
-
-
-@njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, layer_b, tp_layer,
-              cp_layer, ep_layer, up_bw, out_bw, t_head):
-    """megatron_steps.pipeline (``t_head``: _head_time's)."""
-    layers = w[0]
-    domain, up_lat, out_lat = f[6], f[9], f[10]
-    layer_overhead, call_lat = c[6], c[11]
+              cp_layer, ep_layer, peak16, plateau16, up_bw, out_bw, f_head, lg_head):
+    """megatron_steps.pipeline."""
+    layers, h, vocab = w[0], w[1], w[13]
+    hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
+    log_shift, k_overhead, layer_overhead, call_lat = c[2], c[3], c[6], c[11]
     layers_stage = np.ceil(layers / (pp * 1.0))
     launches = layer_overhead * (4.0 if rc == 2 else 3.0)
     per_layer = _max(layer_f + layer_b + tp_layer + cp_layer + ep_layer, launches)
     t_layers = layers_stage * per_layer
+    vocab_t = vocab / tp
+    t_head = 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift, k_overhead) \
+        + _mbt(_CE_BYTES * tokens * vocab_t, hbm)
     stage_max = t_layers + t_head
     stage_mean = t_layers + t_head / pp
     bubble = (pp - 1.0) / (v * 1.0) * stage_mean
@@ -312,29 +304,22 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
 
 
 @njit(**_INLINE)
-def _activation_layer(w, tp, mbs, sp, rc, flash, s_local):
-    """megatron_compose.memory: one layer's activation bytes (the kernel's layer memo holds them)."""
-    h, heads, moe, top_k, moe_share = w[1], w[2], w[6], w[9], w[12]
+def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
+            layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes):
+    """megatron_compose.memory."""
+    h, heads, moe, top_k, moe_share, vocab, emb = w[1], w[2], w[6], w[9], w[12], w[13], w[16]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
+    weights, grads, optim = _model_state(dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0),
+                                         group, zero)
+    if moe != 0.0:
+        we, ge, oe = _model_state(expert_stage_params, expert_group, zero)
+        weights, grads, optim = weights + we, grads + ge, optim + oe
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash)
     if moe != 0.0:
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash)
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense
-    return act_layer
-
-
-@njit(**_INLINE)
-def _memory(w, tp, pp, v, m, mbs, group, zero, grad_bytes, s_local, act_bytes, layers_stage,
-            dense_stage_params, expert_stage_params, expert_group, params_bytes, act_layer):
-    """megatron_compose.memory (``act_layer``: _activation_layer's)."""
-    moe, vocab, emb = w[6], w[13], w[16]
-    weights, grads, optim = _model_state(dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0),
-                                         group, zero)
-    if moe != 0.0:
-        we, ge, oe = _model_state(expert_stage_params, expert_group, zero)
-        weights, grads, optim = weights + we, grads + ge, optim + oe
     # megatron_memory.in_flight_layers
     chunks = pp * v + pp - 1 if v > 1.0 else pp
     in_flight = layers_stage / v * _min(chunks, m * v)

@@ -53,9 +53,8 @@ from . import in_ranges
 from .megatron_primitives import _ideal
 from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_MOE1, G_MOE2, G_PROJ, G_QKV,
                                    G_ROUTER, G_SH1, G_SH2, N_GEMMS, _communication,
-                                   _activation_layer, _data_parallel, _gemm_flops, _hardware,
-                                   _head_time, _layer_times, _memory, _model_flops, _pipeline,
-                                   _split)
+                                   _data_parallel, _gemm_flops, _hardware, _layer_times, _memory,
+                                   _model_flops, _pipeline, _split)
 
 __all__ = ["run", "workload_scalars", "fleet_scalars", "constant_scalars", "FLOAT_OUTPUTS",
            "BOOL_OUTPUTS"]
@@ -82,48 +81,6 @@ _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 #: Configurations per block: the log scratch (N_GEMMS x BLOCK floats) stays in L1/L2.
 BLOCK = 512
 
-# The layer memo of _kernel: an open-addressing table, local to each call, of the
-# outputs of steps 3-4 (layer times, communication), the LM head's time and a layer's
-# activation bytes, keyed on the exact values of everything those depend on besides
-# the call's scalars: (s, tp, cp, ep, mbs, recompute, precision, sp + flash + tco bits).
-_LAYER_SLOTS = 4096  # a power of two
-_LAYER_SHIFT = np.uint64(64 - 12)  # the hash's top 12 bits: log2(_LAYER_SLOTS)
-_LAYER_PROBES = 8  # slots a lookup probes (linear probing); past them: not memoized
-_KEY = 8  # key columns of a slot, then the values
-_VALS = 18
-_FULL = -1 - _LAYER_SLOTS  # _layer_find: neither the key nor an empty slot in the window
-
-
-@njit(inline="always", error_model="numpy", cache=True, nogil=True)
-def _layer_key(s, tp, cp, ep, mbs, rc, prec, sp, flash, tco):
-    """The layer memo's key: every per-configuration input of steps 3-4 (floats, exact)."""
-    bits = (4.0 if sp else 0.0) + (2.0 if flash else 0.0) + (1.0 if tco else 0.0)
-    return (s, tp, cp, ep, mbs, float(rc), float(prec), bits)
-
-
-@njit(inline="always", error_model="numpy", cache=True, nogil=True)
-def _layer_find(table, key):
-    """Row of ``key`` in the layer memo ``table`` if there (>= 0); else ``-1 - row`` of the
-    empty row it may take, or _FULL. The whole key is compared, the hash only picks rows."""
-    k0, k1, k2, k3, k4, k5, k6, k7 = key
-    h = np.uint64(np.int64(k0)) * _HASH
-    h = (h ^ np.uint64(np.int64(k1))) * _HASH
-    h = (h ^ np.uint64(np.int64(k2))) * _HASH
-    h = (h ^ np.uint64(np.int64(k3))) * _HASH
-    h = (h ^ np.uint64(np.int64(k4))) * _HASH
-    h = (h ^ np.uint64(np.int64(k5) * 8 + np.int64(k6))) * _HASH
-    h = (h ^ np.uint64(np.int64(k7))) * _HASH
-    first = np.int64(h >> _LAYER_SHIFT)
-    for p in range(_LAYER_PROBES):
-        r = (first + p) & (_LAYER_SLOTS - 1)
-        e = table[r]
-        if e[0] != e[0]:  # NaN: an empty row (no key is NaN)
-            return -1 - r
-        if ((e[0] == k0) & (e[1] == k1) & (e[2] == k2) & (e[3] == k3) & (e[4] == k4)
-                & (e[5] == k5) & (e[6] == k6) & (e[7] == k7)):
-            return r
-    return _FULL
-
 
 @njit(error_model="numpy", cache=True, nogil=True)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
@@ -141,20 +98,6 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
     then computes both sides of every select and was no faster on this AVX2 machine,
     at ten times the compile time; the scalar loop computes only the side np.where keeps.
 
-    The layer memo (why it is exact): steps 3-4 (``_layer_times``, ``_communication``),
-    the GEMMs and logs that feed them, the LM head's time (``_head_time``) and a layer's
-    activation bytes (``_activation_layer``) are pure functions of the call's scalars
-    and of the _layer_key fields, computed in float64 from the same floats with no
-    other input; so two configurations with equal keys get equal bits, and the first
-    one's outputs, stored under its full key, are the second's. A lookup compares the
-    whole key (the hash only picks the rows to probe); on a miss or a full probe window
-    the steps are computed as without the memo. Rows are only ever filled, never
-    replaced, so a row pass (0) finds is still that key's in pass (c): pass (0) lets
-    passes (a) and (b) skip the configurations the memo holds. Where a block's keys
-    rarely repeat once the table is half full, the call stops looking up (computing
-    is then cheaper). The table is local to the call (threads price ranges with calls
-    of their own), so nothing is shared between threads.
-
     Configurations ``lo:hi``. ``mode`` 0: the three passes, logs from libm; 1: pass (a)
     only, into ``ext`` (rows G_*, columns ``i - lo``); 2: pass (c) only, its logs read from
     ``ext`` (where numpy's log is not libm's, :func:`run` takes them with ``np.log``).
@@ -169,28 +112,12 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
     # too, marks an empty slot)
     memo_key = np.full((N_GEMMS, _MEMO), _EMPTY, dtype=np.uint64)
     memo_log = np.full((N_GEMMS, _MEMO), np.nan)
-    # the layer memo (see above): per row the _KEY key floats (NaN: empty), then the values
-    table = np.full((_LAYER_SLOTS, _KEY + _VALS), np.nan)
-    need = np.ones(BLOCK, dtype=np.bool_)  # mode 0: whether pass (c) may need the logs
-    found = np.empty(BLOCK, dtype=np.int64)  # mode 0: pass (0)'s _layer_find
-    memo_on, filled = True, 0
     for start in range(lo, hi, BLOCK):
         stop = min(start + BLOCK, hi)
         base = start if mode == 0 else lo
-        hits = 0
-        # (0) which configurations the layer memo holds already (mode 0 only)
-        for i in range(start, stop if (mode == 0 and memo_on) else start):
-            key = _layer_key(float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i]),
-                             float(mbs_a[i]), rc_a[i], prec_a[i], spk_a[i] and float(tp_a[i]) > 1.0,
-                             flash_a[i], tco_a[i])
-            r = _layer_find(table, key)
-            found[i - start] = r
-            need[i - start] = r < 0
         # (a) the GEMMs' ideal durations (gemm.gemm_size_efficiency before its np.log)
         for i in range(start, stop if mode != 2 else start):
             j = i - base
-            if mode == 0 and not need[j]:
-                continue  # pass (c) takes its steps 3-4 from the memo
             s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
             mbs, flash, prec = float(mbs_a[i]), flash_a[i], prec_a[i]
             peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
@@ -213,8 +140,6 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             if (G_MOE1 <= g <= G_ROUTER and moe == 0.0) or ((g == G_SH1 or g == G_SH2) and shared == 0.0):
                 continue
             for j in range(stop - start):
-                if not need[j]:
-                    continue
                 if g == G_CORE and flash_a[start + j]:
                     continue  # the unfused attention core's GEMM only where it runs
                 key = bits[g, j]
@@ -234,59 +159,34 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             v, mbs = float(v_a[i]), float(mbs_a[i])
             rc, zero, prec = rc_a[i], zero_a[i], prec_a[i]
             spk, tco, ogr, opg, flash = spk_a[i], tco_a[i], ogr_a[i], opg_a[i], flash_a[i]
+            lgs = (lg[0, j], lg[1, j], lg[2, j], lg[3, j], lg[4, j], lg[5, j], lg[6, j], lg[7, j],
+                   lg[8, j], lg[9, j], lg[10, j])
             # 1. split
             sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
                 w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco)
             # 2. hardware
             peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
-            key = _layer_key(s, tp, cp, ep, mbs, rc, prec, sp, flash, tco)
-            if not memo_on:
-                r = _FULL
-            elif mode == 0 and found[j] >= 0:
-                r = found[j]  # rows are never replaced: still this key's
-            else:
-                r = _layer_find(table, key)  # (an earlier configuration may have filled it)
-            if r >= 0:
-                hits += 1  # steps 3-4 of an earlier configuration with this key: the same bits
-                e = table[r]
-                s_local, tokens, kv_t, norm_split, act_bytes = e[8], e[9], e[10], e[11], e[12]
-                t_core_f, t_core_b, layer_f, layer_b = e[13], e[14], e[15], e[16]
-                up_bw, out_bw, tp_total, tp_layer, cp_total = e[17], e[18], e[19], e[20], e[21]
-                cp_layer, ep_layer, t_head, act_layer = e[22], e[23], e[24], e[25]
-            else:
-                lgs = (lg[0, j], lg[1, j], lg[2, j], lg[3, j], lg[4, j], lg[5, j], lg[6, j],
-                       lg[7, j], lg[8, j], lg[9, j], lg[10, j])
-                # 3. layer times
-                s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, \
-                    layer_b = _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm,
-                                           peak16, plateau, plateau16, lgs)
-                # 4. communication
-                up_bw, out_bw, tp_total, tp_layer, cp_total, cp_layer, ep_layer = _communication(
-                    w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
-                    t_core_f, t_core_b)
-                f_head = 2.0 * tokens * h * (w[13] / tp)  # as _gemm_flops computes it
-                t_head = _head_time(w, f, c, tp, tokens, peak16, plateau16, f_head, lgs[G_HEAD])
-                act_layer = _activation_layer(w, tp, mbs, sp, rc, flash, s_local)
-                if r != _FULL:
-                    filled += 1
-                    e = table[-1 - r]
-                    e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7] = key
-                    e[8], e[9], e[10], e[11], e[12] = s_local, tokens, kv_t, norm_split, act_bytes
-                    e[13], e[14], e[15], e[16] = t_core_f, t_core_b, layer_f, layer_b
-                    e[17], e[18], e[19], e[20], e[21] = up_bw, out_bw, tp_total, tp_layer, cp_total
-                    e[22], e[23], e[24], e[25] = cp_layer, ep_layer, t_head, act_layer
+            # 3. layer times
+            s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
+                _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
+                             plateau16, lgs)
+            # 4. communication
+            up_bw, out_bw, tp_total, tp_layer, cp_total, cp_layer, ep_layer = _communication(
+                w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f,
+                t_core_b)
             # 5. pipeline
+            f_head = 2.0 * tokens * h * (w[13] / tp)  # as _gemm_flops computes it
             layers_stage, t_head, bubble, t_pipe, t_pp = _pipeline(
                 w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, layer_b, tp_layer,
-                cp_layer, ep_layer, up_bw, out_bw, t_head)
+                cp_layer, ep_layer, peak16, plateau16, up_bw, out_bw, f_head, lgs[G_HEAD])
             # 6. data parallel
             (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
              t_opt) = _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes,
                                      layers_stage, layer_f, layer_b, tp_layer, t_pipe, up_bw, out_bw)
             # 7. memory
             weights, grads, optim, activations, buffers, footprint = _memory(
-                w, tp, pp, v, m, mbs, group, zero, grad_bytes, s_local, act_bytes, layers_stage,
-                dense_stage_params, expert_stage_params, expert_group, params_bytes, act_layer)
+                w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
+                layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes)
             # 8. compose (megatron_compose.compose and _mask)
             total = t_pipe + t_pp + t_dp + t_opt + step_overhead
             model_flops = _model_flops(w, batch, s)
@@ -323,10 +223,6 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             bo[0][i] = valid
             bo[1][i] = realizable
             bo[2][i] = valid and footprint <= capacity
-        if memo_on and filled >= _LAYER_SLOTS // 2 and 4 * hits < stop - start:
-            # a draw whose layer keys rarely repeat: the lookups would only cost, stop them
-            memo_on = False
-            need[:] = True
 
 
 # ------------------------------------------------------------ Python side
