@@ -11,10 +11,11 @@ import numpy as np
 from numba import njit
 
 from .. import gemm as _gemm_module
+from .. import knobs as _knobs
 from .. import megatron_memory as _mem
 from ..physics import megatron_steps as _steps
 
-_MAX_INTEGER = float(2 ** 53)
+_MAX_INTEGER = float(_knobs.MAX_INTEGER)  # megatron_steps.split's bound
 _REF_PEAK = float(_steps.GEMM_REFERENCE_PEAK)
 _MEM_EFF = float(_gemm_module.MEMORY_EFFICIENCY)
 _WB = float(_mem.WEIGHT_BYTES)
