@@ -196,6 +196,36 @@ def test_fast_normalization_is_the_checking_one():
         M.solve(wl, fl, engine="fused", **bad)
 
 
+def test_factorize_choices_matches_exactly_on_every_thread(monkeypatch):
+    """The one-pass name match (7-bit packed keys up to 9 characters, the character table
+    beyond) gives the codes of an exact match and refuses anything else, wherever in a
+    threaded call the odd value sits."""
+    from solver.fused import megatron_kernel as fk
+    monkeypatch.setattr(fused, "THREAD_MIN_POINTS", 1024)
+    monkeypatch.setenv(fused.THREADS_ENV, "3")
+    choices = ("bf16", "fp16", "fp8", "fp4")
+    rng = np.random.default_rng(9)
+    names = rng.choice(list(choices), 5000)
+    for dtype in ("<U4", "<U9", "<U12"):  # packed keys, packed keys, character table
+        values = names.astype(dtype)
+        np.testing.assert_array_equal(fk.factorize_choices(values, choices),
+                                      [choices.index(v) for v in values])
+        # "b\u00e6" + "16" packs, 7 bits a character, to bf16's key (U+00E6 is 'f' + 128,
+        # whose top bit lands on the low bit of '1'): only the check for characters above
+        # 127 refuses it; a case change; a longer name; each in the last thread's range
+        for odd in ("b\u00e616", "BF16", "bf16x"):
+            if len(odd) > int(dtype[2:]) or odd in choices:
+                continue
+            bad = values.copy()
+            bad[-3] = odd
+            assert fk.factorize_choices(bad, choices) is None, (dtype, odd)
+    # a choice longer than the array's strings matches no value
+    assert fk.factorize_choices(np.array(["fp8", "fp4"] * 600, dtype="<U3"), ("fp8", "fp16")) is None
+    np.testing.assert_array_equal(
+        fk.factorize_choices(np.array(["fp8", "fp4"] * 600, dtype="<U3"), ("fp16", "fp8", "fp4")),
+        [1, 2] * 600)
+
+
 @pytest.mark.parametrize("case", [1, 12, 27, 44])
 def test_numpy_log_mode_is_numpy_bitwise(case, monkeypatch):
     """Where numpy's float64 log is not libm's (its AVX-512 code), the kernel takes the

@@ -343,12 +343,44 @@ def libm_is_numpy_log():
 
 # ------------------------------------------------------- input normalization
 
+#: Widths whose characters pack, at 7 bits each, into one 64-bit key (ASCII names).
+_PACKED_WIDTH = 9
+_NO_KEY = np.uint64(0xFFFFFFFFFFFFFFFF)  # no row of width <= 9 packs to this (keys < 2**63)
+
+
 @njit(cache=True, nogil=True)
-def _match_rows(chars, table):
-    """Index of the row of ``table`` equal to each row of ``chars``, -1 if none (branch-free)."""
-    n, width = chars.shape
-    codes = np.empty(n, dtype=np.int64)
-    for i in range(n):
+def _match_packed(chars, keys, codes, lo, hi):
+    """``codes[lo:hi]``: index of the key equal to each row's packed characters, -1 if none.
+
+    A row packs to ``sum(c_j << 7 j)`` when every character is ASCII (c_j < 128), which
+    is injective for widths up to :data:`_PACKED_WIDTH`; a row with any other character
+    matches nothing (the choices are ASCII). Returns whether every row matched.
+    """
+    width = chars.shape[1]
+    ok = True
+    for i in range(lo, hi):
+        key = np.uint64(0)
+        high = np.uint32(0)
+        for j in range(width):
+            ch = chars[i, j]
+            high |= ch
+            key |= np.uint64(ch) << np.uint64(7 * j)
+        code = -1
+        for t in range(keys.shape[0]):
+            code = t if key == keys[t] else code
+        code = -1 if high >= 128 else code
+        codes[i] = code
+        ok = ok and code >= 0
+    return ok
+
+
+@njit(cache=True, nogil=True)
+def _match_rows(chars, table, codes, lo, hi):
+    """``codes[lo:hi]``: index of the row of ``table`` equal to each row of ``chars``, -1 if
+    none (any width, any characters; branch-free). Returns whether every row matched."""
+    width = chars.shape[1]
+    ok = True
+    for i in range(lo, hi):
         code = -1
         for t in range(table.shape[0]):
             diff = np.uint32(0)
@@ -356,26 +388,33 @@ def _match_rows(chars, table):
                 diff |= chars[i, j] ^ table[t, j]
             code = t if diff == 0 else code
         codes[i] = code
-    return codes
+        ok = ok and code >= 0
+    return ok
 
 
 def factorize_choices(array, choices):
-    """Codes into ``choices`` of a 1-D unicode array, in one pass; None if any value is not
-    exactly one of ``choices`` (the caller's slow path then lowers case or raises)."""
+    """Codes into ``choices`` of a 1-D unicode array, in one pass (threaded, see
+    :func:`solver.fused.in_ranges`); None if any value is not exactly one of ``choices``
+    (the caller's slow path then lowers case or raises)."""
     if array.dtype.kind != "U" or array.ndim != 1:
         return None
     width = array.dtype.itemsize // 4
     chars = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape[0], width)
-    # A choice longer than the array's strings gets a row no character equals (above U+10FFFF).
-    table = np.full((len(choices), width), 0xFFFFFFFF, dtype=np.uint32)
-    for t, choice in enumerate(choices):
-        if len(choice) <= width:
-            table[t] = 0
-            table[t, :len(choice)] = np.frombuffer(choice.encode("utf-32-le"), dtype=np.uint32)
-    codes = _match_rows(chars, table)
-    if codes.size and codes.min() < 0:
-        return None
-    return codes
+    codes = np.empty(array.shape[0], dtype=np.int64)
+    if width <= _PACKED_WIDTH and all(ch.isascii() for ch in choices):
+        keys = np.array([sum(ord(ch) << (7 * j) for j, ch in enumerate(choice))
+                         if len(choice) <= width else int(_NO_KEY) for choice in choices],
+                        dtype=np.uint64)
+        matched = in_ranges(lambda lo, hi: _match_packed(chars, keys, codes, lo, hi), codes.size)
+    else:
+        # A choice longer than the array's strings gets a row no character equals (above U+10FFFF).
+        table = np.full((len(choices), width), 0xFFFFFFFF, dtype=np.uint32)
+        for t, choice in enumerate(choices):
+            if len(choice) <= width:
+                table[t] = 0
+                table[t, :len(choice)] = np.frombuffer(choice.encode("utf-32-le"), dtype=np.uint32)
+        matched = in_ranges(lambda lo, hi: _match_rows(chars, table, codes, lo, hi), codes.size)
+    return codes if all(matched) else None
 
 
 @njit(cache=True, nogil=True)
