@@ -91,12 +91,15 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
     GEMM; (b) their logs (libm, only the GEMMs the workload has, memoized on the exact
     bits of the argument); (c) everything else, one scalar iteration per configuration.
 
-    Pass (c) stays scalar on purpose: it is bound by its ~130 IEEE divisions per
-    configuration, which must stay divisions to keep the numpy path's bits. LLVM does
-    vectorize it when forced (``-force-vector-width=4``, raised runtime alias-check
-    thresholds, every helper inlined), still bitwise equal, but the if-converted body
-    then computes both sides of every select and was no faster on this AVX2 machine,
-    at ten times the compile time; the scalar loop computes only the side np.where keeps.
+    Pass (c) stays scalar on purpose. It is bound by the sheer scalar work of one
+    configuration (some 600 cycles on this Zen 3 machine), not by one kind of
+    instruction: with every division of the kernel made a multiplication (wrong results,
+    an experiment only), it ran 18 % faster (best of 7, 179 -> 146 ms for 1M, one
+    thread); with the inputs sorted so every branch predicts, 7 %. LLVM does vectorize
+    it when forced (``-force-vector-width=4``, raised runtime alias-check thresholds,
+    every helper inlined), still bitwise equal, but the if-converted body then computes
+    both sides of every select and was no faster on this AVX2 machine, at ten times the
+    compile time; the scalar loop computes only the side np.where keeps.
 
     Configurations ``lo:hi``. ``mode`` 0: the three passes, logs from libm; 1: pass (a)
     only, into ``ext`` (rows G_*, columns ``i - lo``); 2: pass (c) only, its logs read from
