@@ -1,5 +1,7 @@
 """solver.physics.megatron.solve: limits, broadcasting, validation, realizable mask."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -98,6 +100,25 @@ def test_realizable_mask():
     assert bool(bad_tp["valid"]) and not bool(bad_tp["realizable"])
     bad_v = M.solve(WL, FL, batch_size=512, tp_size=8, pp_size=4, v_stages=3, dp_size=4)  # 80 % 12
     assert not bool(bad_v["realizable"])
+
+
+def test_uneven_pipeline_stages_without_interleaving():
+    """126 layers (Llama 3 405B) on 16 stages: realizable with one schedule (Megatron-Core's
+    uneven first/last stages), priced on the heaviest stage of ceil(126 / 16) = 8 layers;
+    interleaved it needs even chunks; more stages than layers is never realizable."""
+    big = catalog.workload("Llama3_405B_MC")
+    assert big.layers == 126
+    kw = dict(batch_size=512, seq_len=4096, tp_size=8, dp_size=4, micro_batch_size=1,
+              sequence_parallel=True)
+    out = M.solve(big, FL, pp_size=np.array([14, 16, 18, 126, 127]), **kw)
+    assert out["realizable"].tolist() == [True, True, True, True, False]
+    assert bool(out["valid"][4])  # a possible split, just not one Megatron-Core runs
+    inter = M.solve(big, FL, pp_size=np.array([14, 16]), v_stages=np.array([3, 2]), **kw)
+    assert inter["realizable"].tolist() == [True, False]  # 126 % 42 == 0; 126 % 32 != 0
+    # the heaviest stage is priced: 16 stages hold 8 layers at most, as 15.75 rounds up,
+    # so the stage's weights match those of an even split of 128 layers on 16
+    even = M.solve(dataclasses.replace(big, layers=128), FL, pp_size=16, **kw)
+    np.testing.assert_allclose(out["memory_weights"][1], even["memory_weights"], rtol=1e-12)
 
 
 @pytest.mark.parametrize("kw,needle", [

@@ -41,7 +41,8 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco):
     m = _max(fm, 1.0)
     realizable = (valid and m_exact == fm and m_exact >= 1.0
                   and _divides(heads, tp) and (_divides(kv_heads, tp) or _divides(tp, kv_heads))
-                  and _divides(layers, pp * v) and (v == 1.0 or pp > 1.0)
+                  and (_divides(layers, pp * v) or (v == 1.0 and pp <= layers))
+                  and (v == 1.0 or pp > 1.0)
                   and (cp == 1.0 or _divides(s, 2.0 * cp))
                   and (_divides(experts, ep) if moe != 0.0 else ep == 1.0)
                   and not (tco and not sp and tp > 1.0))

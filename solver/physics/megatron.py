@@ -6,7 +6,11 @@ with the reference. It is composed of the topic modules' formula functions in
 named steps, like pvlib's ModelChain:
 
 1. **split**: TP x CP x DP x PP ranks (EP folded into DP x CP, as Megatron-Core
-   does [6]); microbatches ``m = batch / (dp * micro_batch)``.
+   does [6]); microbatches ``m = batch / (dp * micro_batch)``. Without
+   interleaving, stages may be uneven [13] (126 layers on 16 stages, as Llama 3
+   405B trained [14]): any ``pp_size`` up to the layer count is realizable and the
+   heaviest stage, ``ceil(layers / pp_size)`` layers, is priced; interleaved
+   schedules need ``layers`` divisible by ``pp_size * v_stages``.
 2. **layer**: GEMM by GEMM FLOPs (:mod:`solver.flops`) timed on the accelerator's
    efficiency curve (:mod:`solver.gemm`: size curve times the depth term
    ``K / (K + K0)`` of each GEMM's local reduction dimension after the TP split),
@@ -67,6 +71,12 @@ References
     host and run when the device is free, so a step is bound by the slower of
     the host's issue rate and the device's work (CUDA Graphs exist to lift the
     host bound).
+[13] Megatron-Core ``TransformerConfig.num_layers_in_first_pipeline_stage`` /
+    ``num_layers_in_last_pipeline_stage`` (``--decoder-first/last-pipeline-num-layers``)
+    and ``pipeline_model_parallel_layout``: uneven pipeline stages, e.g. fewer layers
+    on the first and last stage when the layer count does not divide evenly.
+[14] Dubey, A. et al. (2024), "The Llama 3 Herd of Models", arXiv:2407.21783: the
+    405B model has 126 layers and trained with pipeline parallelism of 16.
 """
 
 from __future__ import annotations
@@ -175,7 +185,7 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
 #: Output name -> (CF units, long name).
 OUTPUTS = {
     "valid": ("1", "split is possible: TP*PP*CP divides the fleet and EP divides DP*CP"),
-    "realizable": ("1", "Megatron-Core can run it: whole microbatches, even splits, no idle ranks"),
+    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads and experts split evenly, layers over the stages (unevenly only without interleaving [13]), no idle ranks"),
     "dp_size": ("1", "data-parallel degree"),
     "microbatch_count": ("1", "microbatches per step per data-parallel rank"),
     "step_latency_total": ("s", "training step time"),

@@ -130,7 +130,9 @@ def split(w, fleet, k) -> Split:
     m = np.maximum(np.floor(m_exact), 1.0)
     realizable = (valid & (m_exact == np.floor(m_exact)) & (m_exact >= 1)
                   & (w.heads % tp == 0) & ((w.kv_heads % tp == 0) | (tp % w.kv_heads == 0))
-                  & (w.layers % (pp * v) == 0) & ((v == 1) | (pp > 1))
+                  # uneven stages without interleaving [13]; even chunks with it
+                  & ((w.layers % (pp * v) == 0) | ((v == 1) & (pp <= w.layers)))
+                  & ((v == 1) | (pp > 1))
                   & ((cp == 1) | (s % (2 * cp) == 0))
                   & ((w.experts % ep == 0) if w.moe else (ep == 1))
                   & ~(k["tp_comm_overlap"] & ~sp & (tp > 1)))
