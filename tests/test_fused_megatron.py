@@ -243,3 +243,31 @@ def test_libm_log_probe_here():
     """The probe that picks the kernel's log mode runs and says what it found."""
     from solver.fused import megatron_kernel as fk
     assert fk.libm_is_numpy_log() in (True, False)
+
+
+def test_sources_digest_is_current():
+    """numba keys the cached kernel on its own file only: the digest recorded there must be
+    that of the other sources it compiles in, or a stale cache could serve old code. On a
+    failure, set the module's SOURCES_DIGEST to the value this test prints."""
+    from solver.fused import megatron_primitives
+    from solver.fused import megatron_kernel as module
+    from solver.fused._numba import sources_digest
+    actual = sources_digest(module.COMPILED_FROM, megatron_primitives.COMPILED_CONSTANTS)
+    assert module.SOURCES_DIGEST == actual, (
+        f"solver/fused/megatron_kernel.py: set SOURCES_DIGEST = {actual!r} (its other sources changed)")
+
+
+def test_stale_sources_digest_compiles_instead_of_reading_the_cache(tmp_path):
+    """A recorded digest that does not match says so and turns the disk cache off."""
+    from solver.fused._numba import cache_is_current, sources_digest
+    src = tmp_path / "steps.py"
+    src.write_text("x = 1\n")
+    recorded = sources_digest([src], (1.0,))
+    assert cache_is_current("m", recorded, [src], (1.0,))
+    src.write_bytes(b"x = 1\r\n")  # a Windows checkout of the same file
+    assert cache_is_current("m", recorded, [src], (1.0,))
+    src.write_text("x = 2\n")
+    with pytest.warns(RuntimeWarning, match="set SOURCES_DIGEST = '[0-9a-f]{16}' in m"):
+        assert not cache_is_current("m", recorded, [src], (1.0,))
+    with pytest.warns(RuntimeWarning):
+        assert not cache_is_current("m", sources_digest([src], (1.0,)), [src], (2.0,))

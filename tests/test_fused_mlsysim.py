@@ -274,3 +274,14 @@ def test_fused_matches_reference():
             point = {name: value[j].item() for name, value in ours.items()}
             assert_matches(point, reference(model, fleet, **draws[i][2]),
                            where=f"{wl_key} on {fleet_key} {draws[i][2]}")
+
+
+def test_sources_digest_is_current():
+    """numba keys the cached kernel on its own file only: the digest recorded there must be
+    that of the other sources it compiles in, or a stale cache could serve old code. On a
+    failure, set the module's SOURCES_DIGEST to the value this test prints."""
+    from solver.fused import mlsysim_kernel as module
+    from solver.fused._numba import sources_digest
+    actual = sources_digest(module.COMPILED_FROM)
+    assert module.SOURCES_DIGEST == actual, (
+        f"solver/fused/mlsysim_kernel.py: set SOURCES_DIGEST = {actual!r} (its other sources changed)")

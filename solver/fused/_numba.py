@@ -15,7 +15,9 @@ read (two knobs may share one array: reads of shared memory are allowed).
 
 from __future__ import annotations
 
+import hashlib
 import warnings
+from pathlib import Path
 
 import numpy as np
 from numba import njit as _njit
@@ -23,7 +25,8 @@ from numba import types
 from numba.core.compiler import Compiler
 from numba.extending import overload
 
-__all__ = ["NoAliasCompiler", "njit", "kernel", "at", "floordiv", "ceildiv"]
+__all__ = ["NoAliasCompiler", "njit", "kernel", "at", "floordiv", "ceildiv", "sources_digest",
+           "cache_is_current"]
 
 
 def njit(**options):
@@ -49,6 +52,40 @@ def njit(**options):
     return decorate
 
 
+def sources_digest(files, values=()) -> str:
+    """16 hex digits of the sha256 of ``files`` (their bytes, in order, CRLF read as LF, as
+    a Windows checkout writes them) and ``repr(values)``."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(Path(path).read_bytes().replace(b"\r\n", b"\n"))
+    digest.update(repr(tuple(values)).encode())
+    return digest.hexdigest()[:16]
+
+
+def cache_is_current(module: str, recorded: str, files, values=()) -> bool:
+    """Whether a kernel may read numba's disk cache: its other sources match ``recorded``.
+
+    numba keys a cached kernel on the content of the kernel's own file only. Code it
+    compiles in from other files (inlined steps, overloads) and module constants it
+    reads as globals are frozen into the cached machine code, so after a change there
+    the cache would hand back the old kernel, silently different from the numpy path
+    (an upgrade leaves numba's files in ``__pycache__``). Each kernel module records
+    the digest of those sources (:func:`sources_digest`) as ``SOURCES_DIGEST``: a
+    change to them then changes the module's own file, which numba does notice.
+    When the recorded digest is stale (the sources changed and it was not updated;
+    the module's test fails too), the kernel compiles in this process instead, with
+    a warning.
+    """
+    actual = sources_digest(files, values)
+    if actual == recorded:
+        return True
+    warnings.warn(f"{module}: the sources its kernel compiles in changed since its SOURCES_DIGEST "
+                  f"was recorded ({recorded} -> {actual}); the kernel compiles in this process "
+                  f"instead of reading numba's disk cache, which may hold the old code (set "
+                  f"SOURCES_DIGEST = {actual!r} in {module})", RuntimeWarning, stacklevel=2)
+    return False
+
+
 class NoAliasCompiler(Compiler):
     """numba's compiler with every pointer argument marked ``noalias`` (``restrict``)."""
 
@@ -57,7 +94,7 @@ class NoAliasCompiler(Compiler):
         return super().define_pipelines()
 
 
-def kernel(fn):
+def kernel(fn=None, *, cache=True):
     """``njit`` as the kernels need it: cached, numpy's error model, no fastmath, restrict arguments.
 
     ``cache=True``: compiled once per pattern of argument types, then read from
@@ -65,9 +102,11 @@ def kernel(fn):
     when the package's folder is not writable). ``error_model="numpy"``: no
     division-by-zero checks in the loop. fastmath stays off: it would
     reassociate sums and drop NaN rules, and the kernels must equal the numpy
-    path bit for bit.
+    path bit for bit. ``cache=False`` (see :func:`cache_is_current`): compiled in
+    each process.
     """
-    return njit(nogil=True, pipeline_class=NoAliasCompiler)(fn)
+    decorate = njit(nogil=True, pipeline_class=NoAliasCompiler, cache=cache)
+    return decorate if fn is None else decorate(fn)
 
 
 def at(x, i):  # pragma: no cover - the overload below replaces it inside numba

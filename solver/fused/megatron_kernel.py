@@ -44,13 +44,15 @@ passed as tuples; per-precision facts are 4-tuples indexed by the precision code
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 from numba import njit
 
 from ..physics import megatron_steps as _steps
 from . import in_ranges
-from .megatron_primitives import _ideal
+from ._numba import cache_is_current
+from .megatron_primitives import COMPILED_CONSTANTS, _ideal
 from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_MOE1, G_MOE2, G_PROJ, G_QKV,
                                    G_ROUTER, G_SH1, G_SH2, N_GEMMS, _communication,
                                    _data_parallel, _gemm_flops, _hardware, _layer_times, _memory,
@@ -73,6 +75,14 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 
 
 
+#: What :func:`_kernel` compiles in besides this file (numba keys its cache on this file
+#: only; see solver.fused._numba.cache_is_current), and their digest, which
+#: tests/test_fused_megatron.py holds current: update it with every change to them.
+COMPILED_FROM = tuple(Path(__file__).with_name(name)
+                      for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
+SOURCES_DIGEST = "5d351e8586e843a1"
+_CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
+
 _MEMO = 256
 _HASH = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of the bits into 8 bits
 _SHIFT = np.uint64(56)
@@ -82,7 +92,7 @@ _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
 BLOCK = 512
 
 
-@njit(error_model="numpy", cache=True, nogil=True)
+@njit(error_model="numpy", cache=_CACHE, nogil=True)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
             zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, lo, hi, ext, mode):
     """Steps 1-8 of megatron._solve for every configuration, outputs into ``fo``/``bo``.

@@ -36,6 +36,11 @@ _LK0, _LK1, _LK2, _LK3 = _LK
 _FP0, _FP1, _FP2, _FP3 = _FP
 _SL0, _SL1, _SL2 = _SL
 
+#: Every value above, read as a global by the compiled steps (so frozen into numba's cached
+#: kernel): part of solver.fused.megatron_kernel.SOURCES_DIGEST.
+COMPILED_CONSTANTS = (_MAX_INTEGER, _REF_PEAK, _MEM_EFF, _WB, _MGB, _ASB, _SOFTMAX, _FLASH_BWD,
+                      _CE_BYTES, _OPT_BYTES, _LK, _FP, _SL)
+
 _INLINE = dict(inline="always", error_model="numpy")
 _PRIM = dict(error_model="numpy")
 

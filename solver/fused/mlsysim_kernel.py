@@ -40,6 +40,7 @@ given, transformer) and precision input, not one per pattern of scalars.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -54,7 +55,7 @@ from .mlsysim_precision import _NAMES, PRECISION_KEYS, _code_at, precision_input
 from ._numba import at as _at
 from ._numba import ceildiv as _ceildiv
 from ._numba import floordiv as _floordiv
-from ._numba import kernel, njit
+from ._numba import cache_is_current, kernel, njit
 
 __all__ = ["KNOB_ORDER", "FLOAT_OUTPUTS", "BOOL_OUTPUTS", "PRECISION_KEYS", "scalars",
            "tables", "run", "precision_input"]
@@ -206,7 +207,15 @@ def _pick7(table, code):
 # ------------------------------------------------------------------ the kernel
 
 
-@kernel
+#: What :func:`_kernel` compiles in besides this file (numba keys its cache on this file
+#: only; see solver.fused._numba.cache_is_current: every constant is passed, none read as a
+#: global), and their digest, which tests/test_fused_mlsysim.py holds current: update it with
+#: every change to them.
+COMPILED_FROM = tuple(Path(__file__).with_name(name) for name in ("mlsysim_precision.py", "_numba.py"))
+SOURCES_DIGEST = "c616486928826864"
+
+
+@kernel(cache=cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM))
 def _kernel(n, flags, k, c, t, names, fo, bo):  # noqa: C901  (one loop body)
     # Compile-time flags: numba types a tuple by its length, so each pattern of
     # flags is its own specialization and LLVM drops the branches not taken
