@@ -541,3 +541,18 @@ def test_local_moves_sampler_wraps_the_inner_sampler():
 
 def search_mod_attr(name):
     return getattr(importlib.import_module("sweep.search"), name)
+
+
+def test_utilization_objective_across_precisions_warns():
+    """MFU divides by each precision's own peak: searching it along a precision axis of
+    mixed widths warns (and says what ranks speed); speed objectives, or precisions of one
+    width, do not."""
+    with pytest.warns(UserWarning, match="objective 'mfu' is measured against each precision's "
+                                         "own peak.*effective_throughput"):
+        search(SMALL, mode="exhaustive")
+    same_width = dict(SMALL, axes=dict(SMALL["axes"], precision=["bf16", "fp16"]))
+    for spec, objective in ((SMALL, "effective_throughput"), (same_width, "mfu")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            search(spec, mode="exhaustive", objective=objective)
+        assert not [w for w in caught if "own peak" in str(w.message)], (objective, spec["axes"])
