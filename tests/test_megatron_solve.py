@@ -193,3 +193,19 @@ def test_fsdp_gathers_layer_by_layer_pay_one_call_per_layer_and_pass():
     z1 = {**knobs, "zero_stage": 1}
     assert float(M.solve(WL, FL, **z1, collective_latency=1e-5)["communication_latency"]) - \
         float(M.solve(WL, FL, **z1, collective_latency=0.0)["communication_latency"]) < 1e-5 * 4
+
+
+def test_partial_last_microbatch_is_priced_as_a_whole_one():
+    """7 sequences over dp 4 x micro_batch 1: 1.75 microbatches, not realizable, priced as
+    2 (the last one partly filled) so the step takes batch 8's time and MFU is batch 8's
+    times 7/8 (pricing 1 microbatch for 7 sequences' FLOPs gave MFU above 1)."""
+    kw = dict(seq_len=4096, tp_size=8, pp_size=4, dp_size=4, micro_batch_size=1,
+              sequence_parallel=True)
+    part, whole = M.solve(WL, FL, batch_size=7, **kw), M.solve(WL, FL, batch_size=8, **kw)
+    assert not bool(part["realizable"]) and bool(whole["realizable"])
+    assert float(part["microbatch_count"]) == 1.75
+    np.testing.assert_allclose(part["step_latency_total"], whole["step_latency_total"], rtol=1e-12)
+    np.testing.assert_allclose(part["mfu"], whole["mfu"] * 7 / 8, rtol=1e-12)
+    tiny = M.solve(WL, FL, batch_size=1, **kw)  # a quarter microbatch: one whole one's time
+    np.testing.assert_allclose(tiny["step_latency_total"], M.solve(
+        WL, FL, batch_size=4, **kw)["step_latency_total"], rtol=1e-12)

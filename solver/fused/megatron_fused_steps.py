@@ -38,7 +38,7 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco):
     n_acc = model_parallel * dp
     m_exact = batch / (dp * 1.0 * mbs)
     fm = np.floor(m_exact)
-    m = _max(fm, 1.0)
+    m = _max(np.ceil(m_exact), 1.0)
     realizable = (valid and m_exact == fm and m_exact >= 1.0
                   and _divides(heads, tp) and (_divides(kv_heads, tp) or _divides(tp, kv_heads))
                   and (_divides(layers, pp * v) or (v == 1.0 and pp <= layers))

@@ -127,7 +127,10 @@ def split(w, fleet, k) -> Split:
     valid = valid & (group % ep == 0)
     n_acc = model_parallel * dp
     m_exact = batch / (dp * 1.0 * mbs)
-    m = np.maximum(np.floor(m_exact), 1.0)
+    # A batch that does not split into whole microbatches runs its last one partly
+    # filled, in a whole microbatch's time (and is not realizable): pricing floor(m)
+    # microbatches for the whole batch's FLOPs gave an MFU above 1.
+    m = np.maximum(np.ceil(m_exact), 1.0)
     realizable = (valid & (m_exact == np.floor(m_exact)) & (m_exact >= 1)
                   & (w.heads % tp == 0) & ((w.kv_heads % tp == 0) | (tp % w.kv_heads == 0))
                   # uneven stages without interleaving [13]; even chunks with it
