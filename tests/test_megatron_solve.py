@@ -209,3 +209,29 @@ def test_partial_last_microbatch_is_priced_as_a_whole_one():
     tiny = M.solve(WL, FL, batch_size=1, **kw)  # a quarter microbatch: one whole one's time
     np.testing.assert_allclose(tiny["step_latency_total"], M.solve(
         WL, FL, batch_size=4, **kw)["step_latency_total"], rtol=1e-12)
+
+
+def test_utilization_is_physical_on_random_layouts():
+    """Seeded random layouts over every _MC workload and fleet: wherever a layout is valid,
+    MFU and HFU lie in (0, 1], times and bytes are positive and finite."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_fused_megatron import _draw
+
+    rng = np.random.default_rng(11)
+    workloads = sorted(n for n in catalog.names("workloads") if n.endswith("_MC"))
+    fleets = sorted(n for n in catalog.names("fleets") if n.endswith("_MC"))
+    for wl in workloads:
+        for fl in fleets:
+            out = M.solve(catalog.workload(wl), catalog.fleet(fl),
+                          **_draw(rng, 2000, dp_given=bool(rng.random() < 0.5)))
+            valid = np.asarray(out["valid"])
+            assert valid.any(), (wl, fl)
+            for name in ("mfu", "hfu"):
+                x = np.asarray(out[name])[valid]
+                assert np.all((x > 0) & (x <= 1)), (wl, fl, name, x.max())
+            for name in ("step_latency_total", "compute_latency", "memory_footprint",
+                         "memory_weights"):
+                x = np.asarray(out[name])[valid]
+                assert np.all(np.isfinite(x) & (x > 0)), (wl, fl, name)
