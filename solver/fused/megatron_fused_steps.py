@@ -201,7 +201,14 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, lay
     log_shift, k_overhead, layer_overhead, call_lat = c[2], c[3], c[6], c[11]
     layers_stage = np.ceil(layers / (pp * 1.0))
     launches = layer_overhead * (4.0 if rc == 2 else 3.0)
-    per_layer = _max(layer_f + layer_b + tp_layer + cp_layer + ep_layer, launches)
+    work = layer_f + layer_b + tp_layer + cp_layer + ep_layer
+    per_layer = _max(work, launches)
+    if launches > work:
+        window_f = launches * (1.0 / (4.0 if rc == 2 else 3.0))
+        window_b = launches * ((3.0 if rc == 2 else 2.0) / (4.0 if rc == 2 else 3.0))
+    else:
+        window_f = layer_f + tp_layer / 2
+        window_b = layer_b + tp_layer / 2
     t_layers = layers_stage * per_layer
     vocab_t = vocab / tp
     t_head = 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift, k_overhead) \
@@ -214,14 +221,14 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, lay
     pp_bw, pp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
     t_p2p = act_bytes / tp / pp_bw + pp_lat + call_lat
     t_pp = 2.0 * t_p2p * ((pp * v - 1.0) + (m if v == 1.0 else 0.0)) if pp > 1.0 else 0.0
-    return layers_stage, t_head, bubble, t_pipe, t_pp
+    return layers_stage, t_head, bubble, t_pipe, t_pp, window_f, window_b
 
 
 # ---------------------------------------------------------- 6. data parallel
 
 @njit(**_INLINE)
 def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, layers_stage,
-                   layer_f, layer_b, tp_layer, t_pipe, up_bw, out_bw):
+                   window_f, window_b, t_pipe, up_bw, out_bw):
     """megatron_compose.data_parallel (with _stage_params)."""
     moe, dense_scale, expert_scale, emb = w[6], w[14], w[15], w[16]
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
@@ -266,8 +273,8 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
                                                  rpd_e, up_bw, up_lat, out_bw, out_lat)
             else:
                 t_gather = t_gather + 0.0
-        stage_b = layers_stage * (layer_b + tp_layer / 2)
-        stage_f = layers_stage * (layer_f + tp_layer / 2)
+        stage_b = layers_stage * window_b
+        stage_f = layers_stage * window_f
         exp_grad = _exposed(t_grad, stage_b, eta) if ogr else t_grad
         exp_gather = _exposed(t_gather, stage_f, eta) if opg else t_gather
     local_params = heavy + expert_stage_params

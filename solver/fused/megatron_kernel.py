@@ -80,7 +80,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "3486079f220f6725"
+SOURCES_DIGEST = "ff06ba904e8e5bfb"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 _MEMO = 256
@@ -189,13 +189,13 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 t_core_b)
             # 5. pipeline
             f_head = 2.0 * tokens * h * (w[13] / tp)  # as _gemm_flops computes it
-            layers_stage, t_head, bubble, t_pipe, t_pp = _pipeline(
+            layers_stage, t_head, bubble, t_pipe, t_pp, window_f, window_b = _pipeline(
                 w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, layer_b, tp_layer,
                 cp_layer, ep_layer, peak16, plateau16, up_bw, out_bw, f_head, lgs[G_HEAD])
             # 6. data parallel
             (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
              t_opt) = _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes,
-                                     layers_stage, layer_f, layer_b, tp_layer, t_pipe, up_bw, out_bw)
+                                     layers_stage, window_f, window_b, t_pipe, up_bw, out_bw)
             # 7. memory
             weights, grads, optim, activations, buffers, footprint = _memory(
                 w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,

@@ -73,8 +73,8 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
                                    expert_group) if w.moe else 0.0), 0.0)
     # Last microbatch's backward hides the bucketed gradient reduction; the first forward
     # hides the parameter all-gather [7].
-    stage_b = layers_stage * (ly.layer_b + cm.tp_layer / 2)
-    stage_f = layers_stage * (ly.layer_f + cm.tp_layer / 2)
+    stage_b = layers_stage * pl.window_b
+    stage_f = layers_stage * pl.window_f
     eta = c["overlap_efficiency"]
     exp_grad = np.where(k["overlap_grad_reduce"], _exposed(t_grad, stage_b, eta), t_grad)
     exp_gather = np.where(k["overlap_param_gather"], _exposed(t_gather, stage_f, eta), t_gather)

@@ -339,6 +339,8 @@ class Pipeline:
     bubble: object
     t_pipe: object
     t_pp: object
+    window_f: object
+    window_b: object
 
 
 def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pipeline:
@@ -350,7 +352,18 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # backward twice, the recomputed forward again) -- small microbatches of small
     # models are launch-bound, and then a bigger microbatch costs nothing extra.
     launches = c["layer_overhead"] * (3.0 + (sp.rc == 2))
-    per_layer = np.maximum(ly.layer_f + ly.layer_b + cm.tp_layer + cm.cp_layer + cm.ep_layer, launches)
+    work = ly.layer_f + ly.layer_b + cm.tp_layer + cm.cp_layer + cm.ep_layer
+    per_layer = np.maximum(work, launches)
+    # One layer's forward and backward wall time, the windows that hide the data-parallel
+    # traffic (megatron_compose.data_parallel): a launch-bound layer's phases last as long
+    # as the host takes to issue them [12] (forward one unit of `launches`, backward two,
+    # the recomputed forward a third), so GPU work added under the floor (selective
+    # recompute) or taken out of it (tp_comm_overlap) neither widens nor narrows them.
+    host_bound = launches > work
+    window_f = np.where(host_bound, launches * (1.0 / (3.0 + (sp.rc == 2))),
+                        ly.layer_f + cm.tp_layer / 2)
+    window_b = np.where(host_bound, launches * ((2.0 + (sp.rc == 2)) / (3.0 + (sp.rc == 2))),
+                        ly.layer_b + cm.tp_layer / 2)
     t_layers = layers_stage * per_layer
     vocab_t = w.vocab / tp
     head_tokens = ly.tokens
@@ -368,4 +381,5 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     pp_bw, pp_lat = hw.link(tp * sp.cp * sp.dp * 2 <= hw.domain)
     t_p2p = net.p2p_time(ly.act_bytes / tp, bandwidth=pp_bw, latency=pp_lat) + hw.call_lat
     t_pp = np.where(pp > 1, 2.0 * t_p2p * ((pp * v - 1) + np.where(v == 1, m, 0.0)), 0.0)
-    return Pipeline(layers_stage=layers_stage, t_head=t_head, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp)
+    return Pipeline(layers_stage=layers_stage, t_head=t_head, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
+                    window_f=window_f, window_b=window_b)
