@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -352,3 +353,20 @@ def test_explain_empty_from_counts_alone():
     one = {"total": 5, "removed": {"a": 5}, "relaxed": {"a": 1}}
     assert sweep.analysis.explain_empty(one).endswith("relax a: 1 layout passes every other "
                                                       "condition")
+
+
+def test_top_k_of_a_utilization_across_precisions_warns():
+    """top_k by MFU over a precision dim of mixed widths warns and names what ranks speed;
+    one precision, one width (bf16 and fp16) or a speed objective do not warn."""
+    cube = _random_cube(0)
+    cube = xr.concat([cube, cube], dim=xr.DataArray(["bf16", "fp8"], dims="precision",
+                                                    name="precision"))
+    with pytest.warns(UserWarning, match="'mfu' is measured against each precision's own "
+                                         "peak.*effective_throughput"):
+        sweep.top_k(cube, "mfu")
+    quiet = [(cube.sel(precision=["bf16"]), "mfu"), (cube, "step_latency_total"),
+             (cube.assign_coords(precision=["bf16", "fp16"]), "mfu")]
+    for one, objective in quiet:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sweep.top_k(one, objective)

@@ -21,6 +21,7 @@ from ._aliases import OLD_DIRECTIONS, checked_direction, direction_of, renamed
 from .empty import admissible_counts, explain_empty
 from .masks import _check_complete, _require, aligned, mask
 from .ties import collapse
+from .utilization import warn_across_precisions
 
 __all__ = ["top_k", "best_along", "pareto_front", "DEFAULT_OBJECTIVES", "BLOCK_POINTS"]
 
@@ -223,6 +224,8 @@ def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
     direction = direction_of(objective, direction, largest)
     block_points = _block_points(block_points, slab_points)
     _require(cube, objective, keyword)
+    if "precision" in cube.dims:
+        warn_across_precisions([objective], cube["precision"].values)
     sign = _sign(direction)
     if not collapse_ties:
         best_values, best_flat = _best_flat(cube, objective, sign, k, where, constraints,

@@ -129,9 +129,9 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 import optuna
 
-import solver.knobs
 from solver.blocks import BLOCK_POINTS
 
+from ..analysis.utilization import warn_across_precisions
 from ..calibration.profile import with_calibration
 from ..spec import SpecError, load_spec
 from .auto import DEFAULT_TIME_BUDGET, MODES, Probe, duration, mode_name
@@ -365,30 +365,12 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
                     patience=patience)
 
 
-#: Objectives measured against the dense peak of each layout's own precision.
-PER_PRECISION_PEAK = ("mfu", "hfu", "node_mfu", "node_hfu")
-
-
 def _warn_utilization_across_precisions(spec, objs) -> None:
-    """Warn when a utilization objective would rank layouts of different precisions.
-
-    MFU (and HFU) divide by the peak of the layout's own precision, FP8's about twice
-    BF16's, so along a precision axis the layout with the higher MFU need not be the
-    faster one: an FP8 layout 1.35x faster than its BF16 twin can score 0.29 against
-    0.43. The search still maximizes what was asked; the warning says how to rank speed.
-    """
-    names = [name for name, _ in objs if name in PER_PRECISION_PEAK]
+    """Warn when a utilization objective would rank a precision axis of mixed widths
+    (:mod:`sweep.analysis.utilization`)."""
     axis = next((a for a in spec.axes if a.name == "precision"), None)
-    if not names or axis is None or axis.values is None:
-        return
-    widths = {solver.knobs.PRECISION_BYTES.get(str(v).lower(), str(v).lower()) for v in axis.values}
-    if len(widths) < 2:
-        return
-    warnings.warn(f"objective {names[0]!r} is measured against each precision's own peak, so "
-                  f"across the precision axis ({', '.join(map(str, axis.values))}) it does not "
-                  f"rank speed: a faster FP8 layout can have the lower {names[0]}. To rank by "
-                  f"speed, use objective='effective_throughput' (or 'step_latency_total'), or "
-                  f"fix the precision", UserWarning, stacklevel=3)
+    warn_across_precisions([name for name, _ in objs], None if axis is None else axis.values,
+                           stacklevel=4)
 
 
 def _check_storage(storage) -> None:
