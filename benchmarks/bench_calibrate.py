@@ -72,6 +72,22 @@ def records():
     return out
 
 
+def write_measurements(path):
+    """The H100 runs (:func:`records`) as a measurements CSV, one run a line, in file order."""
+    import csv
+
+    rows = records()
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("true" if v is True else "false" if v is False else v)
+                             for k, v in row.items()})
+    read_measurements(path)  # the file reads back as measurements
+    print(f"wrote {len(rows)} runs to {path}")
+
+
 def halves(rows, sources=SOURCES):
     """Alternate runs of each of ``sources``: (half A indices, half B indices)."""
     a, b, seen = [], [], {}
@@ -107,7 +123,13 @@ FITS = (("prior", None), ("plain", math.inf))
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--loo", action="store_true", help="also each fit's leave-one-out error")
+    ap.add_argument("--write-measurements", type=Path, metavar="CSV",
+                    help="only write the H100 runs as a measurements CSV (the file "
+                         "notebooks/04_megatron.ipynb calibrates on) and stop")
     args = ap.parse_args(argv)
+    if args.write_measurements:
+        write_measurements(args.write_measurements)
+        return None
     t0 = time.time()
     rows = records()
     data = read_measurements(rows, name="published_runs.csv (H100)")
