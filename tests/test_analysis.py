@@ -361,8 +361,8 @@ def test_top_k_of_a_utilization_across_precisions_warns():
     cube = _random_cube(0)
     cube = xr.concat([cube, cube], dim=xr.DataArray(["bf16", "fp8"], dims="precision",
                                                     name="precision"))
-    with pytest.warns(UserWarning, match="'mfu' is measured against each precision's own "
-                                         "peak.*effective_throughput"):
+    with pytest.warns(sweep.analysis.UtilizationWarning,
+                      match="'mfu' is measured against each precision's own peak.*effective_throughput"):
         sweep.top_k(cube, "mfu")
     quiet = [(cube.sel(precision=["bf16"]), "mfu"), (cube, "step_latency_total"),
              (cube.assign_coords(precision=["bf16", "fp16"]), "mfu")]

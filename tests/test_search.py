@@ -547,8 +547,9 @@ def test_utilization_objective_across_precisions_warns():
     """MFU divides by each precision's own peak: searching it along a precision axis of
     mixed widths warns (and says what ranks speed); speed objectives, or precisions of one
     width, do not."""
-    with pytest.warns(UserWarning, match="objective 'mfu' is measured against each precision's "
-                                         "own peak.*effective_throughput"):
+    from sweep.analysis import UtilizationWarning
+    with pytest.warns(UtilizationWarning, match="objective 'mfu' is measured against each "
+                                                "precision's own peak.*effective_throughput"):
         search(SMALL, mode="exhaustive")
     same_width = dict(SMALL, axes=dict(SMALL["axes"], precision=["bf16", "fp16"]))
     for spec, objective in ((SMALL, "effective_throughput"), (same_width, "mfu")):

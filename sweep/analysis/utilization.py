@@ -14,14 +14,18 @@ import warnings
 
 import solver.knobs
 
-__all__ = ["PER_PRECISION_PEAK", "warn_across_precisions"]
+__all__ = ["PER_PRECISION_PEAK", "UtilizationWarning", "warn_across_precisions"]
+
+class UtilizationWarning(UserWarning):
+    """A utilization objective ranks layouts of different precisions (filter it by class)."""
+
 
 #: Objectives measured against the dense peak of each layout's own precision.
 PER_PRECISION_PEAK = ("mfu", "hfu", "node_mfu", "node_hfu")
 
 
 def warn_across_precisions(objectives, precisions, *, stacklevel: int = 3) -> bool:
-    """Warn (UserWarning) when a utilization objective would rank precisions of different
+    """Warn (:class:`UtilizationWarning`) when a utilization objective would rank precisions of different
     widths; returns whether it warned. ``precisions``: the values in play (None: one)."""
     names = [name for name in objectives if name in PER_PRECISION_PEAK]
     if not names or precisions is None:
@@ -34,5 +38,5 @@ def warn_across_precisions(objectives, precisions, *, stacklevel: int = 3) -> bo
                   f"across the precisions {', '.join(values)} it does not rank speed: a faster "
                   f"FP8 layout can have the lower {names[0]}. To rank by speed, use "
                   f"objective='effective_throughput' (or 'step_latency_total'), or fix the "
-                  f"precision", UserWarning, stacklevel=stacklevel)
+                  f"precision", UtilizationWarning, stacklevel=stacklevel)
     return True
