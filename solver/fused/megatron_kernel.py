@@ -32,9 +32,11 @@ The named steps (``_split`` ... ``_memory``, compose in ``_kernel``) are
 ``inline="always"`` numba functions; the small formula helpers (``_gemm``,
 ``_two_level``, ...) are plain ``njit`` functions (inlining those too at numba's
 level triples the cold compile time, ~20 s -> ~60 s, for no measured gain).
-``cache=True``: the compiled kernel is stored next to this file, or in numba's
-user cache directory (``~/.cache/numba``, ``NUMBA_CACHE_DIR``) when the package
-directory is not writable.
+The compiled kernel is cached next to this file, or in numba's user cache
+directory (``~/.cache/numba``, ``NUMBA_CACHE_DIR``) when the package directory is
+not writable, while :data:`SOURCES_DIGEST` matches the steps and primitives it
+compiles in (numba itself checks only this file; see
+:func:`solver.fused._numba.cache_is_current`).
 
 Per-workload, per-fleet and per-constant scalars are computed once in Python
 (:func:`workload_scalars`, :func:`fleet_scalars`, :func:`constant_scalars`) and
