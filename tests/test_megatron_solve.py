@@ -257,3 +257,40 @@ def test_launch_bound_layers_hide_dp_traffic_behind_their_wall_time():
     tco = M.solve(small, FL, tp_comm_overlap=np.array([False, True]), **off)
     assert rc["step_latency_total"][1] > rc["step_latency_total"][0]
     assert tco["step_latency_total"][1] < tco["step_latency_total"][0]
+
+
+def test_step_is_monotone_in_knobs_and_constants_on_random_layouts():
+    """Seeded random layouts: more recomputation never makes a step shorter, an overlap
+    never longer, and every fitted constant moves the step one way only (a faster GEMM,
+    link or host, or better overlap, never slows it). The DP windows once broke this at
+    the launch floor (selective recompute looked faster than none)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_fused_megatron import _draw
+
+    rng = np.random.default_rng(17)
+    faster = {"gemm_scale": 1.2, "fp8_gemm_scale": 1.2, "scale_up_efficiency": 1.0,
+              "scale_out_efficiency": 1.2, "overlap_efficiency": 1.3, "layer_overhead": 0.5,
+              "step_overhead": 0.5, "collective_latency": 0.5, "attention_efficiency": 1.2,
+              "elementwise_bytes": 0.8, "gemm_k_overhead": 0.5, "gemm_size_shift": 0.8}
+    for wl in ("Llama3_8B_MC", "Mixtral_8x7B_MC", "DeepSeek_V3_MC", "GPT3_175B_MC"):
+        for fl in ("HGX_H100_1K_MC", "GB200_NVL72_8_MC", "Selene_MC"):
+            workload, fleet = catalog.workload(wl), catalog.fleet(fl)
+            k = _draw(rng, 1500, dp_given=True)
+            step = lambda **over: np.asarray(M.solve(workload, fleet, **{**k, **over})  # noqa: E731
+                                             ["step_latency_total"])
+            base, valid = step(), np.asarray(M.solve(workload, fleet, **k)["valid"])
+            # a <= b up to rounding (where two terms trade the same time, the last bit moves)
+            le = lambda a, b: np.all((a <= b * (1 + 1e-12)) | ~valid)  # noqa: E731
+            none, sel, full = (step(recompute=r) for r in ("none", "selective", "full"))
+            assert le(none, sel) and le(sel, full), (wl, fl)
+            for flag in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather"):
+                assert le(step(**{flag: True}), step(**{flag: False})), (wl, fl, flag)
+            for name, factor in faster.items():
+                value = min(M.CONSTANTS[name] * factor, M.CONSTANT_BOUNDS[name][1])
+                if name == "scale_up_efficiency":
+                    value = M.CONSTANTS[name] * 0.8  # at its bound of 1: test the slower side
+                    assert le(base, step(**{name: value})), (wl, fl, name)
+                    continue
+                assert le(step(**{name: value}), base), (wl, fl, name)

@@ -178,37 +178,37 @@ def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, a
     cp_step = kv_bytes / cp_bw + cp_lat + call_lat
     cp_f = (cp - 1.0) * cp_step
     cp_total = 3.0 * cp_f * ((1.0 + 1.0 / 3.0) if full else 1.0)
-    cp_layer = (_exposed(cp_f, t_core_f, 1.0) + _exposed(2.0 * cp_f, t_core_b, 1.0)
-                + (_exposed(cp_f, t_core_f, 1.0) if full else 0.0))
+    cp_layer_f = _exposed(cp_f, t_core_f, 1.0)
+    cp_layer_b = _exposed(2.0 * cp_f, t_core_b, 1.0) + (_exposed(cp_f, t_core_f, 1.0) if full else 0.0)
+    cp_layer = cp_layer_f + cp_layer_b
     if moe != 0.0:
         inside = tp * cp * ep <= domain
         ep_bw, ep_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
         a2a = _coll_1(act_bytes * top_k / norm_split, ep, ep_bw, ep_lat) + (call_lat if ep > 1.0 else 0.0)
         ep_layer = moe_share * (4.0 + (2.0 if full else 0.0)) * a2a
+        ep_layer_f = moe_share * 2.0 * a2a
+        ep_layer_b = moe_share * (2.0 + (2.0 if full else 0.0)) * a2a
     else:
-        ep_layer = 0.0
-    return up_bw, out_bw, tp_total, tp_layer, cp_total, cp_layer, ep_layer
+        ep_layer = ep_layer_f = ep_layer_b = 0.0
+    return (up_bw, out_bw, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
+            ep_layer_f, ep_layer_b)
 
 
 # --------------------------------------------------------------- 5. pipeline
 
 @njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, layer_b, tp_layer,
-              cp_layer, ep_layer, peak16, plateau16, up_bw, out_bw, f_head, lg_head):
+              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, peak16, plateau16, up_bw, out_bw,
+              f_head, lg_head):
     """megatron_steps.pipeline."""
     layers, h, vocab = w[0], w[1], w[13]
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
     log_shift, k_overhead, layer_overhead, call_lat = c[2], c[3], c[6], c[11]
     layers_stage = np.ceil(layers / (pp * 1.0))
-    launches = layer_overhead * (4.0 if rc == 2 else 3.0)
-    work = layer_f + layer_b + tp_layer + cp_layer + ep_layer
-    per_layer = _max(work, launches)
-    if launches > work:
-        window_f = launches * (1.0 / (4.0 if rc == 2 else 3.0))
-        window_b = launches * ((3.0 if rc == 2 else 2.0) / (4.0 if rc == 2 else 3.0))
-    else:
-        window_f = layer_f + tp_layer / 2
-        window_b = layer_b + tp_layer / 2
+    window_f = _max(layer_f + tp_layer / 2 + cp_layer_f + ep_layer_f, layer_overhead)
+    window_b = _max(layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b,
+                    layer_overhead * (2.0 + (1.0 if rc == 2 else 0.0)))
+    per_layer = window_f + window_b
     t_layers = layers_stage * per_layer
     vocab_t = vocab / tp
     t_head = 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift, k_overhead) \

@@ -82,7 +82,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "ff06ba904e8e5bfb"
+SOURCES_DIGEST = "5b7243737db17b86"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 _MEMO = 256
@@ -186,14 +186,16 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
                              plateau16, lgs)
             # 4. communication
-            up_bw, out_bw, tp_total, tp_layer, cp_total, cp_layer, ep_layer = _communication(
+            (up_bw, out_bw, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
+             ep_layer_f, ep_layer_b) = _communication(
                 w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f,
                 t_core_b)
             # 5. pipeline
             f_head = 2.0 * tokens * h * (w[13] / tp)  # as _gemm_flops computes it
             layers_stage, t_head, bubble, t_pipe, t_pp, window_f, window_b = _pipeline(
                 w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, layer_b, tp_layer,
-                cp_layer, ep_layer, peak16, plateau16, up_bw, out_bw, f_head, lgs[G_HEAD])
+                cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, peak16, plateau16, up_bw, out_bw,
+                f_head, lgs[G_HEAD])
             # 6. data parallel
             (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
              t_opt) = _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes,

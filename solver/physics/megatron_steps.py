@@ -294,6 +294,11 @@ class Communication:
     cp_total: object
     cp_layer: object
     ep_layer: object
+    #: the exposed CP and EP time of the forward and of the backward (recomputation in it)
+    cp_layer_f: object
+    cp_layer_b: object
+    ep_layer_f: object
+    ep_layer_b: object
 
 
 def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
@@ -315,18 +320,22 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     cp_step = net.p2p_time(kv_bytes, bandwidth=cp_bw, latency=cp_lat) + call_lat
     cp_f = (cp - 1) * cp_step
     cp_total = 3.0 * cp_f * (1.0 + (rc == 2) / 3.0)
-    cp_layer = (_exposed(cp_f, ly.t_core_f, 1.0) + _exposed(2.0 * cp_f, ly.t_core_b, 1.0)
-                + (rc == 2) * _exposed(cp_f, ly.t_core_f, 1.0))
+    cp_layer_f = _exposed(cp_f, ly.t_core_f, 1.0)
+    cp_layer_b = _exposed(2.0 * cp_f, ly.t_core_b, 1.0) + (rc == 2) * _exposed(cp_f, ly.t_core_f, 1.0)
+    cp_layer = cp_layer_f + cp_layer_b
     # EP: dispatch + combine forward and backward per MoE layer, top-k copies of each token.
     if w.moe:
         ep_bw, ep_lat = hw.link(tp * cp * ep <= hw.domain)
         a2a = net.all_to_all_time(ly.act_bytes * w.top_k / ly.norm_split, ep,
                                   bus_bandwidth=ep_bw, latency=ep_lat) + call_lat * (ep > 1)
         ep_layer = ly.moe_share * (4.0 + 2.0 * (rc == 2)) * a2a
+        ep_layer_f = ly.moe_share * 2.0 * a2a
+        ep_layer_b = ly.moe_share * (2.0 + 2.0 * (rc == 2)) * a2a
     else:
-        ep_layer = np.zeros(())
+        ep_layer = ep_layer_f = ep_layer_b = np.zeros(())
     return Communication(tp_total=tp_total, tp_layer=tp_layer, cp_total=cp_total,
-                         cp_layer=cp_layer, ep_layer=ep_layer)
+                         cp_layer=cp_layer, ep_layer=ep_layer, cp_layer_f=cp_layer_f,
+                         cp_layer_b=cp_layer_b, ep_layer_f=ep_layer_f, ep_layer_b=ep_layer_b)
 
 
 # --------------------------------------------------------------- 5. pipeline
@@ -347,23 +356,20 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     """Heaviest stage (with the LM head [11]) times microbatches, plus the bubble [1] and p2p."""
     tp, pp, v, m = sp.tp, sp.pp, sp.v, sp.m
     layers_stage = np.ceil(w.layers / (pp * 1.0))
-    # The host launches kernels asynchronously: a layer takes its GPU time or the
-    # host's time to issue its kernels, whichever is longer [12] (forward once,
-    # backward twice, the recomputed forward again) -- small microbatches of small
-    # models are launch-bound, and then a bigger microbatch costs nothing extra.
-    launches = c["layer_overhead"] * (3.0 + (sp.rc == 2))
-    work = ly.layer_f + ly.layer_b + cm.tp_layer + cm.cp_layer + cm.ep_layer
-    per_layer = np.maximum(work, launches)
-    # One layer's forward and backward wall time, the windows that hide the data-parallel
-    # traffic (megatron_compose.data_parallel): a launch-bound layer's phases last as long
-    # as the host takes to issue them [12] (forward one unit of `launches`, backward two,
-    # the recomputed forward a third), so GPU work added under the floor (selective
-    # recompute) or taken out of it (tp_comm_overlap) neither widens nor narrows them.
-    host_bound = launches > work
-    window_f = np.where(host_bound, launches * (1.0 / (3.0 + (sp.rc == 2))),
-                        ly.layer_f + cm.tp_layer / 2)
-    window_b = np.where(host_bound, launches * ((2.0 + (sp.rc == 2)) / (3.0 + (sp.rc == 2))),
-                        ly.layer_b + cm.tp_layer / 2)
+    # The host launches kernels asynchronously [12]: each phase of a layer takes the
+    # longer of its GPU time (compute and the communication left exposed; TP's time
+    # halved between forward and backward) and the host's time to issue its kernels, one
+    # unit of `layer_overhead` forward, two backward, one more for a forward recomputed
+    # in full. Small microbatches of small models are launch-bound, and then a bigger
+    # microbatch costs nothing extra. The two phases are also the windows that hide the
+    # data-parallel traffic (megatron_compose.data_parallel): work added under a phase's
+    # floor (selective recompute) or taken out of it (tp_comm_overlap) changes neither,
+    # and the step is monotone in every constant.
+    window_f = np.maximum(ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f + cm.ep_layer_f,
+                          c["layer_overhead"])
+    window_b = np.maximum(ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b + cm.ep_layer_b,
+                          c["layer_overhead"] * (2.0 + (sp.rc == 2)))
+    per_layer = window_f + window_b
     t_layers = layers_stage * per_layer
     vocab_t = w.vocab / tp
     head_tokens = ly.tokens
