@@ -18,8 +18,9 @@ named steps, like pvlib's ModelChain:
    kernel at the accelerator's sourced efficiency [10], or unfused softmax);
    memory-bound kernels at HBM bandwidth; TP all-reduces (or RS + AG under SP,
    hidden by ``tp_comm_overlap``), CP ring exchange of K/V hidden behind
-   attention, EP all-to-all (:mod:`solver.network`). A layer takes the longer
-   of its GPU time and the host's time to launch its kernels [12].
+   attention, EP all-to-all (:mod:`solver.network`). Each phase of a layer
+   (forward; backward with any recomputed forward) takes the longer of its GPU time
+   and the host's time to launch its kernels [12].
 3. **pipeline**: heaviest stage (LM head on the last: its GEMMs in 16 bits and
    the FP32 cross-entropy at HBM bandwidth [11]), 1F1B / interleaved bubble
    ``(p-1)/v`` stage-microbatches [1], p2p activation sends (divided by TP [1]).
@@ -129,7 +130,7 @@ CONSTANT_BOUNDS = {
     "gemm_k_overhead": (0.0, 8192.0, "fixed cost per GEMM output tile, in columns of the reduction dimension at 312 TFLOP/s"),
     "attention_efficiency": (1e-3, 2.0, "multiplier on the accelerator's sourced fused-attention efficiency"),
     "elementwise_bytes": (0.0, 1e4, "HBM bytes per token per hidden unit per layer, forward (counted: ELEMENTWISE_BYTES)"),
-    "layer_overhead": (0.0, 1.0, "host time to launch one layer's forward kernels; a layer takes at least this [s]"),
+    "layer_overhead": (0.0, 1.0, "host time to launch one layer's forward kernels; a forward takes at least this, a backward twice it (three times with full recompute) [s]"),
     "scale_up_efficiency": (1e-3, 1.0, "share of the NVLink domain's NCCL-tests bus bandwidth achieved"),
     "scale_out_efficiency": (1e-3, 1.0, "share of the NIC rate NCCL achieves across nodes"),
     "overlap_efficiency": (0.0, 1.0, "share of compute time that hides overlapped communication"),
