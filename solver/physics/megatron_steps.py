@@ -363,8 +363,9 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # in full. Small microbatches of small models are launch-bound, and then a bigger
     # microbatch costs nothing extra. The two phases are also the windows that hide the
     # data-parallel traffic (megatron_compose.data_parallel): work added under a phase's
-    # floor (selective recompute) or taken out of it (tp_comm_overlap) changes neither,
-    # and the step is monotone in every constant.
+    # floor (selective recompute) or taken out of it (tp_comm_overlap) changes neither
+    # (tests/test_megatron_solve.py holds the step monotone in the recompute mode, the
+    # overlaps and every fitted constant on random layouts).
     window_f = np.maximum(ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f + cm.ep_layer_f,
                           c["layer_overhead"])
     window_b = np.maximum(ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b + cm.ep_layer_b,
