@@ -15,6 +15,7 @@ tolerance anywhere.
 """
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -271,3 +272,8 @@ def test_stale_sources_digest_compiles_instead_of_reading_the_cache(tmp_path):
         assert not cache_is_current("m", recorded, [src], (1.0,))
     with pytest.warns(RuntimeWarning):
         assert not cache_is_current("m", sources_digest([src], (1.0,)), [src], (2.0,))
+    # sources that are not files (a zip): no cache, no warning, no failure at import
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert sources_digest([tmp_path / "missing.py"]) is None
+        assert not cache_is_current("m", recorded, [tmp_path / "missing.py"])

@@ -52,12 +52,17 @@ def njit(**options):
     return decorate
 
 
-def sources_digest(files, values=()) -> str:
+def sources_digest(files, values=()):
     """16 hex digits of the sha256 of ``files`` (their bytes, in order, CRLF read as LF, as
-    a Windows checkout writes them) and ``repr(values)``."""
+    a Windows checkout writes them) and ``repr(values)``; None where a file cannot be read
+    (a package run from a zip, where numba cannot cache either)."""
     digest = hashlib.sha256()
     for path in files:
-        digest.update(Path(path).read_bytes().replace(b"\r\n", b"\n"))
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            return None
+        digest.update(data.replace(b"\r\n", b"\n"))
     digest.update(repr(tuple(values)).encode())
     return digest.hexdigest()[:16]
 
@@ -79,6 +84,8 @@ def cache_is_current(module: str, recorded: str, files, values=()) -> bool:
     actual = sources_digest(files, values)
     if actual == recorded:
         return True
+    if actual is None:  # the sources are not files: nothing to cache from, nothing to say
+        return False
     warnings.warn(f"{module}: the sources its kernel compiles in changed since its SOURCES_DIGEST "
                   f"was recorded ({recorded} -> {actual}); the kernel compiles in this process "
                   f"instead of reading numba's disk cache, which may hold the old code (set "

@@ -212,7 +212,7 @@ def _pick7(table, code):
 #: global), and their digest, which tests/test_fused_mlsysim.py holds current: update it with
 #: every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name) for name in ("mlsysim_precision.py", "_numba.py"))
-SOURCES_DIGEST = "c616486928826864"
+SOURCES_DIGEST = "270261181c710f2d"
 
 
 @kernel(cache=cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM))
