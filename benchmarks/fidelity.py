@@ -531,7 +531,7 @@ def main(argv=None):
 
 def markdown(res):
     meta = res["meta"]
-    out = [f"# Fidelity against published runs\n",
+    out = ["# Fidelity against published runs\n",
            f"- date: {meta['date']}", f"- machine: `{meta['machine']['uname']}`, nproc {meta['machine']['nproc']}, "
            f"python {meta['machine']['python']}, numpy {meta['machine']['numpy']}",
            f"- command: `{meta['command']}`", f"- data sha256[:16]: {meta['data_sha256_16']}", "",

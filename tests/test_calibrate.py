@@ -12,7 +12,7 @@ import pytest
 
 import sweep
 from solver.physics import megatron as M
-from sweep.calibration import (CalibrationWarning, MeasurementError, Profile, load_profile,
+from sweep.calibration import (CalibrationWarning, Profile, load_profile,
                                predict, read_measurements)
 
 TRUE = dict(M.CONSTANTS, gemm_scale=0.65, scale_up_efficiency=0.8, scale_out_efficiency=0.5,

@@ -8,7 +8,6 @@ or the constants that makes the fit worse fails here.
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import scipy  # noqa: F401,E402  (the test extra has it: a missing scipy fails, never skips)
