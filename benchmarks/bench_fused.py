@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import solver  # noqa: E402
 from solver import catalog, fused  # noqa: E402
+from solver.fused import buffers  # noqa: E402
 from solver.physics import megatron, mlsysim  # noqa: E402
 
 from bench_megatron import mlsysim_grid  # noqa: E402
@@ -112,18 +113,35 @@ def row(label, n, seconds, ref_rate, floor_s=None):
     return out
 
 
-def one_thread(fn):
-    """``fn`` with the fused kernels held to one thread ($LAYOUT_SWEEP_THREADS=1)."""
+def with_env(name, value, fn):
+    """``fn`` run with the environment variable ``name`` set to ``value``."""
     def run():
-        old = os.environ.get(fused.THREADS_ENV)
-        os.environ[fused.THREADS_ENV] = "1"
+        old = os.environ.get(name)
+        os.environ[name] = value
         try:
             return fn()
         finally:
             if old is None:
-                del os.environ[fused.THREADS_ENV]
+                del os.environ[name]
             else:
-                os.environ[fused.THREADS_ENV] = old
+                os.environ[name] = old
+    return run
+
+
+def one_thread(fn):
+    """``fn`` with the fused kernels held to one thread ($LAYOUT_SWEEP_THREADS=1)."""
+    return with_env(fused.THREADS_ENV, "1", fn)
+
+
+def fresh_outputs(fn):
+    """``fn`` with the fused kernels' output cache off: every call faults in new output arrays.
+
+    With the cache on (the default), ``best``'s calls after the first take the arrays the
+    previous call returned, which ``best`` has dropped: the state of a loop over batches.
+    """
+    def run():
+        buffers.release()
+        return with_env(buffers.CACHE_ENV, "0", fn)()
     return run
 
 
@@ -157,14 +175,16 @@ def main(argv=None):
     fused_warm = time.perf_counter() - fused_warm
     fu_s, fu_out = best(lambda: mlsysim.solve(wl, fl, engine="fused", **knobs), repeat + 2)
     fu1_s, _ = best(one_thread(lambda: mlsysim.solve(wl, fl, engine="fused", **knobs)), repeat + 2)
+    fu_fresh_s, _ = best(fresh_outputs(lambda: mlsysim.solve(wl, fl, engine="fused", **knobs)),
+                         repeat + 2)
     fu_dtypes = [v.dtype for v in fu_out.values()]
     # Fresh output arrays are faulted in (the OS zeroes their pages) on first write, in
     # either path, unless malloc hands back pages it kept: measured in the fused runs' state.
-    def fresh_outputs():
+    def touch_fresh_outputs():
         arrays = [np.empty(n, dtype=dtype) for dtype in fu_dtypes]
         for a in arrays:
             a.fill(1)
-    touch_s, _ = best(fresh_outputs, repeat + 2)
+    touch_s, _ = best(touch_fresh_outputs, repeat + 2)
     np_s, np_out = best(lambda: mlsysim.solve(wl, fl, engine="numpy", **knobs), repeat)
     assert same(fu_out, np_out), "the fused path differs from the numpy path"
     del np_out
@@ -174,6 +194,7 @@ def main(argv=None):
         "the reference refused a configuration the fused path calls valid"
     bytes_in = nbytes_per(knobs.values(), n)
     bytes_out = nbytes_per(fu_out.values(), n)
+    del fu_out  # (the output cache keeps what fits: a result held here would crowd it)
     floor_s = n * (bytes_in + bytes_out) / bw
     norm_s, _ = best(lambda: solver.knobs.normalize(
         {k: v for k, v in knobs.items() if k != "precision"}, check_bounds=False), repeat)
@@ -190,6 +211,8 @@ def main(argv=None):
                      floor_s),
         "fused_one_thread": row("mlsysim, flat, fused kernel, 1 thread", n, fu1_s, ref_rate,
                                 floor_s),
+        "fused_fresh_outputs": row(f"mlsysim, flat, fused, {fused.threads()} thr, fresh outputs",
+                                   n, fu_fresh_s, ref_rate, floor_s),
         "fused_first_call_seconds": fused_warm,
         "fresh_outputs_allocate_and_write_seconds": touch_s,
         "fused_bitwise_equal_numpy": True,
@@ -233,6 +256,11 @@ def main(argv=None):
             mwl, mfl, seq_len=8192, engine="fused", **mknobs)), repeat + 2)
         res["megatron_flat"]["fused_one_thread"] = row(
             "megatron, flat, fused kernel, 1 thread", n, mg_fu1_s, ref_rate, mg_floor)
+        mg_fresh_s, _ = best(fresh_outputs(lambda: megatron.solve(
+            mwl, mfl, seq_len=8192, engine="fused", **mknobs)), repeat + 2)
+        res["megatron_flat"]["fused_fresh_outputs"] = row(
+            f"megatron, flat, fused, {fused.threads()} thr, fresh outputs", n, mg_fresh_s,
+            ref_rate, mg_floor)
         res["megatron_flat"]["fused_bitwise_equal_numpy"] = same(mg_fu, mg_np)
     res["megatron_flat"]["floor"] = row("  floor: bytes in + out at the bandwidth", n, mg_floor,
                                         ref_rate)
@@ -310,18 +338,30 @@ def markdown(res):
     add("mlsysim, flat, numpy path", res["mlsysim_flat"]["numpy"])
     add(f"mlsysim, flat, fused kernel, {m['threads']} threads", res["mlsysim_flat"]["fused"])
     add("mlsysim, flat, fused kernel, 1 thread", res["mlsysim_flat"]["fused_one_thread"])
+    if "fused_fresh_outputs" in res["mlsysim_flat"]:
+        add(f"mlsysim, flat, fused kernel, {m['threads']} threads, fresh output arrays",
+            res["mlsysim_flat"]["fused_fresh_outputs"])
     add("mlsysim, flat, floor (bytes in + out)", res["mlsysim_flat"]["floor"])
     add("megatron, flat, numpy path", res["megatron_flat"]["numpy"])
     add(f"megatron, flat, fused kernel, {m['threads']} threads", res["megatron_flat"]["fused"])
     if "fused_one_thread" in res["megatron_flat"]:
         add("megatron, flat, fused kernel, 1 thread", res["megatron_flat"]["fused_one_thread"])
+    if "fused_fresh_outputs" in res["megatron_flat"]:
+        add(f"megatron, flat, fused kernel, {m['threads']} threads, fresh output arrays",
+            res["megatron_flat"]["fused_fresh_outputs"])
     add("megatron, flat, floor (bytes in + out)", res["megatron_flat"]["floor"])
     add("grid (open mesh), all outputs, numpy", res["grid"]["all_outputs"])
     add("grid (open mesh), two outputs, numpy", res["grid"]["two_outputs"])
     f = res["mlsysim_flat"]
     lines += ["", "The reference is timed in a spawned interpreter of its own "
               "(`bench_solver.time_reference_isolated`), so neither side runs on a heap the "
-              "other left behind.", "", f"mlsysim flat: first fused call (numba cache load) "
+              "other left behind.", "",
+              "Fused rows are best of repeated calls, each dropping the last result first: "
+              "from the second call on, the kernels write into the output arrays the last "
+              "call returned (`solver.fused.buffers`), the state of a loop over batches. "
+              "The \"fresh output arrays\" rows turn that cache off "
+              "(`LAYOUT_SWEEP_BUFFER_CACHE=0`): every call faults in new pages, as a first "
+              "call or one made while earlier results are still held does.", "", f"mlsysim flat: first fused call (numba cache load) "
               f"{f['fused_first_call_seconds']:.2f} s; allocating and writing fresh output "
               f"arrays alone {f['fresh_outputs_allocate_and_write_seconds'] * 1e3:.1f} ms; "
               f"{f['bytes_in_per_config']:.0f} B in + "

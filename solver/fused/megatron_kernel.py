@@ -52,7 +52,7 @@ import numpy as np
 from numba import njit
 
 from ..physics import megatron_steps as _steps
-from . import in_ranges
+from . import buffers, in_ranges
 from ._numba import cache_is_current
 from .megatron_primitives import COMPILED_CONSTANTS, _ideal
 from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_MOE1, G_MOE2, G_PROJ, G_QKV,
@@ -310,11 +310,11 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     (tuple of len(FLOAT_OUTPUTS) float64 arrays, tuple of 3 bool arrays), each of length n
     """
     # One array per output, not rows of one block: LLVM can check separate arrays for
-    # overlap at run time (rows of one 2-D array are a stride apart it cannot bound), and
-    # glibc serves n-sized blocks again from its heap after the first call frees some,
-    # where one big block would be a fresh mmap, page-faulted in on every call.
-    fo = tuple(np.empty(n, dtype=np.float64) for _ in FLOAT_OUTPUTS)
-    bo = tuple(np.empty(n, dtype=np.bool_) for _ in BOOL_OUTPUTS)
+    # overlap at run time (rows of one 2-D array are a stride apart it cannot bound), and a
+    # caller who keeps one output keeps only its memory. They come from buffers: arrays of
+    # an earlier call that nothing refers to any more, already faulted in.
+    fo = tuple(buffers.empty(n, np.float64) for _ in FLOAT_OUTPUTS)
+    bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)
     args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
             opg, flash, fo, bo)
     if libm_is_numpy_log():

@@ -50,7 +50,7 @@ from .. import memory as _mem
 from .. import replica as _rep
 from ..outputs import OUTPUTS
 from ..physics import mlsysim as _ml
-from . import in_ranges
+from . import buffers, in_ranges
 from .mlsysim_precision import _NAMES, PRECISION_KEYS, _code_at, precision_input
 from ._numba import at as _at
 from ._numba import ceildiv as _ceildiv
@@ -467,8 +467,8 @@ def run(workload, fleet, values: dict, n: int) -> dict:
             value = np.full(n, value, dtype=np.int8 if name == "precision" else
                             np.asarray(value).dtype)
         args.append(value)
-    fo = tuple(np.empty(n, dtype=np.float64) for _ in FLOAT_OUTPUTS)
-    bo = tuple(np.empty(n, dtype=np.bool_) for _ in BOOL_OUTPUTS)
+    fo = tuple(buffers.empty(n, np.float64) for _ in FLOAT_OUTPUTS)
+    bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)
     flags, consts = _flags(has_dp, workload.is_transformer), scalars(workload, fleet, has_dp=has_dp)
     table = tables(workload, fleet.node.accelerator)
 
