@@ -1,12 +1,14 @@
 """Flat batches: the numpy path, the fused kernel and the reference, in one run, against the memory floor.
 
-    python benchmarks/bench_fused.py [--n 1000000] [--reference 300] [--repeat 3]
+    python benchmarks/bench_fused.py [--n 1000000] [--reference 300] [--repeat 3] [--rounds 3]
 
 1. mlsysim physics, ``--n`` random flat configurations (``bench_solver.draw`` on
    Llama-3-70B / Training_1K): ``solve(engine="numpy")``, ``solve(engine="fused")``
    and mlsysim 0.3.0, one ``DistributedModel.solve`` call per configuration on
    ``--reference`` of them, timed in a spawned interpreter of its own
    (``bench_solver.time_reference_isolated``); ratios against the reference's rate.
+   The reference and the fused call run in ``--rounds`` interleaved rounds (each
+   side's best over all rounds is its figure; each round's ratio is reported too).
 2. megatron physics, ``--n`` random flat layouts of Llama3_70B_MC on
    HGX_H100_1K_MC: numpy against ``engine="fused"`` (reported as not available
    where the megatron model takes no ``engine``).
@@ -150,6 +152,8 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--reference", type=int, default=300)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds of the reference and the mlsysim fused kernel")
     args = ap.parse_args(argv)
     n, repeat = args.n, args.repeat
     res = {}
@@ -157,23 +161,33 @@ def main(argv=None):
     # 1. mlsysim physics, flat
     wl, fl = catalog.workload("Llama3_70B"), catalog.fleet("Training_1K")
     knobs = draw(n, fl)
-    # best of repeat, like every other timing, in an interpreter of its own (see
-    # bench_solver.time_reference_isolated: in this one, its objects slowed our calls)
-    ref_s, ref_steps = time_reference_isolated("Llama3_70B", "Training_1K", knobs, args.reference,
-                                               repeat)
+    # The reference and the fused kernel in interleaved rounds, so that a slow phase of
+    # this VM (whole runs here differ by up to 1.5x) does not fall on one side only. The
+    # reference: in an interpreter of its own (bench_solver.time_reference_isolated: in
+    # this one, its objects slowed our calls). Each side's figure is its best over all.
+    fused_warm = time.perf_counter()
+    mlsysim.solve(wl, fl, engine="fused", **knobs)
+    fused_warm = time.perf_counter() - fused_warm
+    ref_rounds, fu_rounds = [], []
+    for _ in range(args.rounds):
+        fu_out = None  # (a result held into the next round would crowd the output cache)
+        seconds, ref_steps = time_reference_isolated("Llama3_70B", "Training_1K", knobs,
+                                                     args.reference, repeat)
+        ref_rounds.append(seconds)
+        fu_s, fu_out = best(lambda: mlsysim.solve(wl, fl, engine="fused", **knobs), repeat + 2)
+        fu_rounds.append(fu_s)
+    ref_s, fu_s = min(ref_rounds), min(fu_rounds)
+    round_ratios = [(n / f) / (args.reference / r) for r, f in zip(ref_rounds, fu_rounds)]
     ref_rate = args.reference / ref_s
     print(f"{'mlsysim 0.3.0, one call per configuration':<46} {ref_s / args.reference * 1e6:9.1f} "
           f"us/config ({ref_rate:,.0f}/s, {args.reference} configurations)")
+    print("  rounds (reference /s, fused ms, ratio): " + "; ".join(
+        f"{args.reference / r:,.0f}, {f * 1e3:.1f}, {q:,.0f}x"
+        for r, f, q in zip(ref_rounds, fu_rounds, round_ratios)))
     bw = bandwidth(repeat)
     res["memory_bandwidth_bytes_per_s"] = bw
     print(f"memory bandwidth (numpy copy, read + write): {bw / 1e9:.1f} GB/s")
 
-    # The fused path first, each path's last result kept for the comparison only: a
-    # result held across the other path's calls changes how malloc reuses pages.
-    fused_warm = time.perf_counter()
-    mlsysim.solve(wl, fl, engine="fused", **knobs)
-    fused_warm = time.perf_counter() - fused_warm
-    fu_s, fu_out = best(lambda: mlsysim.solve(wl, fl, engine="fused", **knobs), repeat + 2)
     fu1_s, _ = best(one_thread(lambda: mlsysim.solve(wl, fl, engine="fused", **knobs)), repeat + 2)
     fu_fresh_s, _ = best(fresh_outputs(lambda: mlsysim.solve(wl, fl, engine="fused", **knobs)),
                          repeat + 2)
@@ -206,6 +220,9 @@ def main(argv=None):
         "workload": wl.name, "fleet": fl.name,
         "reference": {"configurations": args.reference, "seconds": ref_s,
                       "configs_per_s": ref_rate},
+        "rounds": [{"reference_configs_per_s": args.reference / r, "fused_seconds": f,
+                    "ratio_to_reference": q}
+                   for r, f, q in zip(ref_rounds, fu_rounds, round_ratios)],
         "numpy": row("mlsysim, flat, numpy path", n, np_s, ref_rate, floor_s),
         "fused": row(f"mlsysim, flat, fused kernel, {fused.threads()} threads", n, fu_s, ref_rate,
                      floor_s),
@@ -353,6 +370,12 @@ def markdown(res):
     add("grid (open mesh), all outputs, numpy", res["grid"]["all_outputs"])
     add("grid (open mesh), two outputs, numpy", res["grid"]["two_outputs"])
     f = res["mlsysim_flat"]
+    if "rounds" in res["mlsysim_flat"]:
+        lines += ["", "Interleaved rounds of the reference and the mlsysim fused kernel "
+                  "(2 threads, reused outputs): " + "; ".join(
+                      f"{r['reference_configs_per_s']:,.0f}/s and {r['fused_seconds'] * 1e3:.1f} ms, "
+                      f"{r['ratio_to_reference']:,.0f}x" for r in res["mlsysim_flat"]["rounds"])
+                  + ". The table takes each side's best."]
     lines += ["", "The reference is timed in a spawned interpreter of its own "
               "(`bench_solver.time_reference_isolated`), so neither side runs on a heap the "
               "other left behind.", "",
