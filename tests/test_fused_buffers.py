@@ -31,6 +31,7 @@ N = 700
 @pytest.fixture(autouse=True)
 def empty_cache(monkeypatch):
     monkeypatch.delenv(buffers.CACHE_ENV, raising=False)
+    monkeypatch.setattr(buffers, "MIN_BYTES", 0)  # the draws here are small
     buffers.release()
     yield
     buffers.release()
@@ -189,3 +190,13 @@ def test_the_reference_count_probe_sees_a_caller():
     del a
     c = buffers.empty(5, np.float64)
     assert c is not b and buffers.empty(5, np.int64).dtype == np.int64
+
+
+def test_small_arrays_are_not_kept(monkeypatch):
+    monkeypatch.setattr(buffers, "MIN_BYTES", 8 * N + 1)
+    first, numpy_first = _mlsysim(7)
+    _same(first(), numpy_first())
+    assert buffers.kept_bytes() == (0, 0)
+    monkeypatch.setattr(buffers, "MIN_BYTES", 8 * N)  # the float outputs now, not the bools
+    out = first()
+    assert buffers.kept_bytes()[0] == 8 * N * sum(v.dtype == np.float64 for v in out.values())

@@ -40,6 +40,9 @@ __all__ = ["CACHE_ENV", "DEFAULT_CACHE_MIB", "empty", "release", "cache_limit", 
 CACHE_ENV = "LAYOUT_SWEEP_BUFFER_CACHE"
 #: Default of :data:`CACHE_ENV` [MiB]: two sets of outputs of a million configurations.
 DEFAULT_CACHE_MIB = 512
+#: Arrays smaller than this [bytes] are never kept: glibc serves them again from its heap
+#: without new page faults, and a cache of many small arrays would cost a longer search.
+MIN_BYTES = 1 << 18
 
 _LOCK = threading.Lock()
 _KEPT: list = []  # arrays handed out, in the order they were made
@@ -123,9 +126,12 @@ def empty(n: int, dtype) -> np.ndarray:
     """A C-contiguous array of ``n`` items of ``dtype``, its contents undefined (like ``np.empty``).
 
     A kept array of that size and dtype that nobody else refers to is handed out
-    again; else a new one is made and kept, if the cache has room for it.
+    again; else a new one is made and kept, if the cache has room for it and it is
+    of at least :data:`MIN_BYTES`.
     """
     dtype = np.dtype(dtype)
+    if n * dtype.itemsize < MIN_BYTES:
+        return np.empty(n, dtype=dtype)
     limit = cache_limit() if _COUNTS_CALLERS else 0
     if limit <= 0:
         with _LOCK:
