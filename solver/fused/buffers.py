@@ -48,6 +48,16 @@ _LOCK = threading.Lock()
 _KEPT: list = []  # arrays handed out, in the order they were made
 
 
+def _new_lock_in_child():
+    # A child forked while another thread held the lock would inherit it held, for ever.
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def _count(array) -> int:
     return sys.getrefcount(array)
 
