@@ -90,3 +90,20 @@ def test_a_forked_child_gets_threads_of_its_own(split_small):
 
 def _width(lo, hi):
     return hi - lo
+
+
+def test_a_child_forked_while_the_pool_is_locked_can_still_spread(split_small):
+    import os
+
+    with fused._POOL_LOCK:  # another thread picking the pool, as the fork happens
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                import signal
+                signal.alarm(20)  # a child stuck on the inherited lock dies: the test fails
+                code = 0 if fused.in_ranges(_width, N) == [1000, 1000, 1001] else 1
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

@@ -128,6 +128,16 @@ _POOL = None
 _POOL_LOCK = threading.Lock()
 
 
+def _new_pool_lock_in_child():
+    # A child forked while another thread held the lock would inherit it held, for ever.
+    global _POOL_LOCK
+    _POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_pool_lock_in_child)
+
+
 def threads() -> int:
     """Threads a fused call may use: ``$LAYOUT_SWEEP_THREADS``, else the cores this process may run on.
 
