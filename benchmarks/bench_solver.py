@@ -138,6 +138,8 @@ def main(argv=None):
     parser.add_argument("--reference", type=int, default=300,
                         help="configurations for the reference (one call each)")
     parser.add_argument("--repeats", type=int, default=5, help="solve timings; the best is kept")
+    parser.add_argument("--reference-repeats", type=int, default=3,
+                        help="reference timings (after an untimed warm-up); the best is kept")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
 
@@ -156,7 +158,8 @@ def main(argv=None):
     if importlib.util.find_spec("mlsysim") is None:
         print("mlsysim is not installed (pip install -e '.[test]'): no reference timing")
     else:
-        ref_s, results = time_reference_isolated(args.workload, args.fleet, knobs, args.reference)
+        ref_s, results = time_reference_isolated(args.workload, args.fleet, knobs, args.reference,
+                                                 args.reference_repeats)
         ref_rate = args.reference / ref_s
         worst = 0.0
         for i, ref_value in enumerate(results):
