@@ -9,7 +9,8 @@ Prints:
 3. a sweep of about 100 million configurations streamed to a netCDF file, run
    in a subprocess whose peak RSS is read with ``resource.getrusage``;
 4. the reference's rate (mlsysim 0.3.0 ``DistributedModel().solve``, one call
-   per configuration) on random points of the same space, and the ratio.
+   per configuration) on random points of the same space, best of three passes
+   after an untimed warm-up, and the ratio.
 
 Usage::
 
