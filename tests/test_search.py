@@ -22,6 +22,11 @@ from sweep.spec import SpecError, load_spec
 from sweep.search import (PENALTY, open_storage, reference_optimizer_space,
                           reproduce_reference_optimizer, resolve_memory_limit, search)
 
+# These searches rank mfu over spaces with bf16 and fp8 on purpose; the warning that
+# gives is asserted in test_search.py::test_utilization_objective_across_precisions_warns and
+# test_analysis.py, not repeated in every report.
+pytestmark = pytest.mark.filterwarnings("ignore::sweep.analysis.UtilizationWarning")
+
 MAIN = str(Path(__file__).resolve().parents[1])
 # The pricing module (``sweep.search`` the name is the function once sweep/__init__.py runs).
 pricing_mod = importlib.import_module("sweep.search.pricing")

@@ -14,6 +14,11 @@ from sweep import cube as cube_
 from sweep import evaluate, storage
 from sweep.storage import partial_path
 
+# These searches rank mfu over spaces with bf16 and fp8 on purpose; the warning that
+# gives is asserted in test_search.py::test_utilization_objective_across_precisions_warns and
+# test_analysis.py, not repeated in every report.
+pytestmark = pytest.mark.filterwarnings("ignore::sweep.analysis.UtilizationWarning")
+
 
 @pytest.fixture(autouse=True)
 def _fixed_date(monkeypatch):
