@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(not fused.NUMBA, reason="numba is not installed"
 
 import test_fused_megatron as meg  # noqa: E402  (its draw of every megatron knob)
 import test_fused_mlsysim as mls  # noqa: E402  (its draw of every mlsysim knob)
+from test_fused_threads import passes_in_forked_child  # noqa: E402
 
 N = 700
 
@@ -202,22 +203,12 @@ def test_small_arrays_are_not_kept(monkeypatch):
     assert buffers.kept_bytes()[0] == 8 * N * sum(v.dtype == np.float64 for v in out.values())
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork here")
 def test_a_child_forked_while_the_cache_is_locked_can_still_price():
-    import os
-
     first, numpy_first = _mlsysim(8)
-    with buffers._LOCK:  # another thread in the middle of empty(), as the fork happens
-        pid = os.fork()
-        if pid == 0:  # the child: must not wait for a lock no thread of its own will free
-            import signal
 
-            signal.alarm(30)  # a child stuck on the lock dies, and the test fails, not hangs
-            code = 1
-            try:
-                _same(first(), numpy_first())
-                code = 0
-            finally:
-                os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    def prices():
+        _same(first(), numpy_first())
+        return True
+
+    with buffers._LOCK:  # another thread in the middle of empty(), as the fork happens
+        assert passes_in_forked_child(prices, seconds=30)

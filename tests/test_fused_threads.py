@@ -68,24 +68,36 @@ def test_threads_setting_is_checked(monkeypatch):
     assert fused.threads() == 2
 
 
-def test_a_forked_child_gets_threads_of_its_own(split_small):
+def passes_in_forked_child(check, seconds=20):
+    """Whether ``check()`` returns True in a forked child, which an alarm kills after ``seconds``
+    (a child stuck waiting fails the test instead of hanging it)."""
     import os
+    import signal
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(seconds)
+            code = 0 if check() else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _spreads():
+    return fused.in_ranges(_width, N) == [1000, 1000, 1001]
+
+
+def test_a_forked_child_gets_threads_of_its_own(split_small):
     import time
 
     # the parent's pool, every thread of it started (each range takes a while), then idle
     fused.in_ranges(lambda lo, hi: time.sleep(0.2) or hi - lo, N)
     time.sleep(0.3)
-    pid = os.fork()
-    if pid == 0:  # the child inherits the pool object, not its threads
-        code = 1
-        try:
-            import signal
-            signal.alarm(20)  # a pool without threads would wait forever
-            code = 0 if fused.in_ranges(_width, N) == [1000, 1000, 1001] else 1
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    # the child inherits the pool object, not its threads
+    assert passes_in_forked_child(_spreads)
 
 
 def _width(lo, hi):
@@ -93,17 +105,5 @@ def _width(lo, hi):
 
 
 def test_a_child_forked_while_the_pool_is_locked_can_still_spread(split_small):
-    import os
-
     with fused._POOL_LOCK:  # another thread picking the pool, as the fork happens
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                import signal
-                signal.alarm(20)  # a child stuck on the inherited lock dies: the test fails
-                code = 0 if fused.in_ranges(_width, N) == [1000, 1000, 1001] else 1
-            finally:
-                os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert passes_in_forked_child(_spreads)

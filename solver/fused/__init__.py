@@ -124,18 +124,19 @@ THREAD_MIN_POINTS = 1 << 16
 #: Environment variable that sets the threads of a fused call (default: the usable cores).
 THREADS_ENV = "LAYOUT_SWEEP_THREADS"
 
+def renew_after_fork(namespace: dict, name: str) -> None:
+    """Give ``namespace[name]`` a new lock in every forked child.
+
+    A child forked while another thread held the lock would inherit it held, and
+    wait for it for ever: nothing in the child will let it go.
+    """
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=lambda: namespace.__setitem__(name, threading.Lock()))
+
+
 _POOL = None
 _POOL_LOCK = threading.Lock()
-
-
-def _new_pool_lock_in_child():
-    # A child forked while another thread held the lock would inherit it held, for ever.
-    global _POOL_LOCK
-    _POOL_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_pool_lock_in_child)
+renew_after_fork(globals(), "_POOL_LOCK")
 
 
 def threads() -> int:

@@ -34,6 +34,8 @@ import threading
 
 import numpy as np
 
+from . import renew_after_fork
+
 __all__ = ["CACHE_ENV", "DEFAULT_CACHE_MIB", "empty", "release", "cache_limit", "kept_bytes"]
 
 #: Environment variable: the most memory [MiB] kept for reuse (0 turns the cache off).
@@ -45,17 +47,8 @@ DEFAULT_CACHE_MIB = 512
 MIN_BYTES = 1 << 18
 
 _LOCK = threading.Lock()
+renew_after_fork(globals(), "_LOCK")
 _KEPT: list = []  # arrays handed out, in the order they were made
-
-
-def _new_lock_in_child():
-    # A child forked while another thread held the lock would inherit it held, for ever.
-    global _LOCK
-    _LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def _count(array) -> int:
