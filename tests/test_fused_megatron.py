@@ -129,6 +129,41 @@ def test_every_branch_is_reached_somewhere():
     assert all(values == {False, True} for values in seen.values()), seen
 
 
+@pytest.mark.parametrize("wl_name", ["Llama3_8B_MC", "Mixtral_8x7B_MC"])
+def test_step_memo_paths_are_numpy_bitwise(wl_name, monkeypatch):
+    """The kernel memoizes steps 3-4 and the LM head on ten knobs. Its hits, knobs too
+    wide to pack into its key, and more distinct keys than it keeps all give the numpy
+    path's bits (one thread, so one memo sees the whole draw)."""
+    from solver.fused import megatron_kernel as fk
+    monkeypatch.setenv(fused.THREADS_ENV, "1")
+    wl, fl = catalog.workload(wl_name), catalog.fleet("HGX_H100_1K_MC")
+    rng = np.random.default_rng(2026)
+    n = 3 * fk.MEMO_KEYS
+    knobs = _draw(rng, n, dp_given=True)
+    # the second half: a new sequence length on nearly every row, so new keys past MEMO_KEYS
+    half = np.arange(n) >= n // 2
+    knobs["seq_len"] = np.where(half, 2 * rng.integers(512, 1 << 20, n), knobs["seq_len"])
+    # some rows too wide for the key's fields (tp_size, micro_batch_size, seq_len)
+    wide = rng.integers(0, 30, n)
+    knobs["tp_size"] = np.where(wide == 0, 1 << 16, knobs["tp_size"])
+    knobs["micro_batch_size"] = np.where(wide == 1, 1 << 31, knobs["micro_batch_size"])
+    knobs["seq_len"] = np.where(wide == 2, 1 << 32, knobs["seq_len"])
+    fast = M.solve(wl, fl, engine="fused", **knobs)
+    ref = M.solve(wl, fl, engine="numpy", **knobs)
+    _assert_same(fast, ref)
+    # the draw reaches each path: repeated keys, more distinct ones than kept, unpackable ones
+    tp, s, mbs = knobs["tp_size"], knobs["seq_len"], knobs["micro_batch_size"]
+    packs = (tp < 1 << 16) & (s < 1 << 32) & (mbs < 1 << 31)
+    keys = np.stack([s, mbs, tp, knobs["cp_size"], knobs["ep_size"],
+                     knobs["sequence_parallel"] & (tp > 1), knobs["tp_comm_overlap"],
+                     knobs["flash_attention"]], axis=1)[packs]
+    keys = np.concatenate([keys.astype(str), np.stack([knobs["recompute"], knobs["precision"]],
+                                                      axis=1)[packs]], axis=1)
+    distinct = np.unique(keys, axis=0).shape[0]
+    assert fk.MEMO_KEYS < distinct < packs.sum() and not packs.all()
+    assert np.isfinite(ref["step_latency_total"][~packs]).any()
+
+
 def test_auto_picks_fused_for_big_flat_calls(monkeypatch):
     wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
     knobs = _draw(np.random.default_rng(3), M.FUSED_MIN_POINTS, dp_given=True)

@@ -197,22 +197,30 @@ def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, a
 # --------------------------------------------------------------- 5. pipeline
 
 @njit(**_INLINE)
-def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, layer_b, tp_layer,
-              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, peak16, plateau16, up_bw, out_bw,
-              f_head, lg_head):
-    """megatron_steps.pipeline."""
-    layers, h, vocab = w[0], w[1], w[13]
-    hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
-    log_shift, k_overhead, layer_overhead, call_lat = c[2], c[3], c[6], c[11]
+def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
+    """megatron_steps.pipeline's LM head time (forward and backward GEMMs, cross entropy)."""
+    h, vocab = w[1], w[13]
+    hbm = f[4]
+    log_shift, k_overhead = c[2], c[3]
+    f_head = 2.0 * tokens * h * (vocab / tp)  # as _gemm_flops computes it
+    vocab_t = vocab / tp
+    return 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift, k_overhead) \
+        + _mbt(_CE_BYTES * tokens * vocab_t, hbm)
+
+
+@njit(**_INLINE)
+def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
+              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head):
+    """megatron_steps.pipeline (``t_head`` from :func:`_head`)."""
+    layers = w[0]
+    domain, up_lat, out_lat = f[6], f[9], f[10]
+    layer_overhead, call_lat = c[6], c[11]
     layers_stage = np.ceil(layers / (pp * 1.0))
     window_f = _max(layer_f + tp_layer / 2 + cp_layer_f + ep_layer_f, layer_overhead)
     window_b = _max(layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b,
                     layer_overhead * (2.0 + (1.0 if rc == 2 else 0.0)))
     per_layer = window_f + window_b
     t_layers = layers_stage * per_layer
-    vocab_t = vocab / tp
-    t_head = 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift, k_overhead) \
-        + _mbt(_CE_BYTES * tokens * vocab_t, hbm)
     stage_max = t_layers + t_head
     stage_mean = t_layers + t_head / pp
     bubble = (pp - 1.0) / (v * 1.0) * stage_mean
@@ -221,7 +229,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, lay
     pp_bw, pp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
     t_p2p = act_bytes / tp / pp_bw + pp_lat + call_lat
     t_pp = 2.0 * t_p2p * ((pp * v - 1.0) + (m if v == 1.0 else 0.0)) if pp > 1.0 else 0.0
-    return layers_stage, t_head, bubble, t_pipe, t_pp, window_f, window_b
+    return layers_stage, bubble, t_pipe, t_pp, window_f, window_b
 
 
 # ---------------------------------------------------------- 6. data parallel

@@ -22,7 +22,10 @@ How the port stays exact:
 - ``np.log`` is libm's ``log`` on x86-64 without AVX-512, and numba calls the same
   libm ``log``. numpy dispatches its own SIMD float64 log on AVX-512 machines; where
   a one-time probe (:func:`libm_is_numpy_log`) finds the two differ, :func:`run`
-  takes the logs with ``np.log`` between the kernel's first and last pass instead.
+  takes the logs with ``np.log`` between two calls of the kernel instead (one that
+  writes the GEMMs' ideal durations, one that prices the configurations).
+- The memo of steps 3-4 (see :func:`_kernel`) is keyed on the exact knob values its
+  steps read, so a hit returns the bits a computation would.
 - No fastmath (it would reassociate); ``error_model="numpy"`` (a division by
   zero gives inf/NaN as numpy does, no exception checks in the loop).
 - Where numpy computes both sides of an ``np.where``, the kernel computes the side
@@ -54,11 +57,12 @@ from numba import njit
 from ..physics import megatron_steps as _steps
 from . import buffers, in_ranges
 from ._numba import cache_is_current
+from .megatron_primitives import _INLINE as _INLINE_STEP
 from .megatron_primitives import COMPILED_CONSTANTS, _ideal
 from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_MOE1, G_MOE2, G_PROJ, G_QKV,
                                    G_ROUTER, G_SH1, G_SH2, N_GEMMS, _communication,
-                                   _data_parallel, _gemm_flops, _hardware, _layer_times, _memory,
-                                   _model_flops, _pipeline, _split)
+                                   _data_parallel, _gemm_flops, _hardware, _head, _layer_times,
+                                   _memory, _model_flops, _pipeline, _split)
 
 __all__ = ["run", "workload_scalars", "fleet_scalars", "constant_scalars", "FLOAT_OUTPUTS",
            "BOOL_OUTPUTS"]
@@ -82,164 +86,216 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "5b7243737db17b86"
+SOURCES_DIGEST = "76d9127d5e530050"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
-_MEMO = 256
-_HASH = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of the bits into 8 bits
-_SHIFT = np.uint64(56)
-_EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+#: The step memo: slots of its open-addressing key table (a power of two) and the most
+#: distinct keys it keeps (past that, configurations are priced without it).
+MEMO_SLOTS = 4096
+MEMO_KEYS = 2048
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of the two key words
+_SLOT_SHIFT = np.uint64(52)  # 64 - log2(MEMO_SLOTS)
+_NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key has all 64 bits set
+#: Values the memo keeps per key: steps 3 and 4 and the LM head (see _kernel).
+_N_MEMO = 17
 
-#: Configurations per block: the log scratch (N_GEMMS x BLOCK floats) stays in L1/L2.
-BLOCK = 512
+
+@njit(**_INLINE_STEP)
+def _memo_key(s, mbs, tp, cp, ep, sp, rc, flash, prec, tco):
+    """Two words that pack the knobs steps 3-4 and the LM head depend on, exactly
+    (each field within its width), and whether they fit (else: no memo for this one)."""
+    fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 31 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
+            and 0 <= ep < 1 << 16 and 0 <= rc < 4 and 0 <= prec < 4)
+    k1 = np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) if fits else _NO_SLOT
+    flags = np.uint64(sp) | (np.uint64(rc) << np.uint64(1)) | (np.uint64(flash) << np.uint64(3)) \
+        | (np.uint64(prec) << np.uint64(4)) | (np.uint64(tco) << np.uint64(6))
+    k2 = (np.uint64(tp) | (np.uint64(cp) << np.uint64(16)) | (np.uint64(ep) << np.uint64(32))
+          | (flags << np.uint64(48))) if fits else _NO_SLOT
+    return fits, k1, k2
+
+
+@njit(**_INLINE_STEP)
+def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec):
+    """np.log of every GEMM's ideal duration the numpy path takes it of (gemm.gemm_size_efficiency;
+    libm's log, as numpy's loop calls it here); 0.0 for GEMMs the workload does not have."""
+    moe, shared = w[6], w[11]
+    peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
+    (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
+     f_router, f_head) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
+    has_moe, has_shared = moe != 0.0, moe != 0.0 and shared != 0.0
+    return (math.log(_ideal(f_qkv, 1.0, peak_gemm)),
+            math.log(_ideal(f_proj, 1.0, peak_gemm)),
+            0.0 if flash else math.log(_ideal(f_core, calls_core, peak16)),
+            math.log(_ideal(f_fc1, 1.0, peak_gemm)),
+            math.log(_ideal(f_fc2, 1.0, peak_gemm)),
+            math.log(_ideal(f_moe1, calls_moe, peak_gemm)) if has_moe else 0.0,
+            math.log(_ideal(f_moe2, calls_moe, peak_gemm)) if has_moe else 0.0,
+            math.log(_ideal(f_sh1, 1.0, peak_gemm)) if has_shared else 0.0,
+            math.log(_ideal(f_sh2, 1.0, peak_gemm)) if has_shared else 0.0,
+            math.log(_ideal(f_router, 1.0, peak_gemm)) if has_moe else 0.0,
+            math.log(_ideal(f_head, 1.0, peak16)))
 
 
 @njit(error_model="numpy", cache=_CACHE, nogil=True)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
             zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, lo, hi, ext, mode):
-    """Steps 1-8 of megatron._solve for every configuration, outputs into ``fo``/``bo``.
+    """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
 
-    Per block of BLOCK configurations, three passes: (a) the ideal duration of every
-    GEMM; (b) their logs (libm, only the GEMMs the workload has, memoized on the exact
-    bits of the argument); (c) everything else, one scalar iteration per configuration.
+    One scalar iteration per configuration. Steps 3 (layer times) and 4 (communication)
+    and the LM head's time, with the logs of the GEMM size curve they need, are a pure
+    function of ten knobs (``seq_len``, ``micro_batch_size``, ``tp/cp/ep_size``,
+    sequence parallelism, recompute, flash attention, precision, ``tp_comm_overlap``) and
+    of the call's workload, fleet and constants. They are most of a configuration's work,
+    and a flat draw over a design space repeats those ten far more often than whole
+    layouts: so they are memoized on the exact knob values (packed into two words,
+    compared in full; a hit returns the bits a computation would). Knobs too large to
+    pack, and keys past :data:`MEMO_KEYS` distinct ones, are priced without the memo.
 
-    Pass (c) stays scalar on purpose. It is bound by the sheer scalar work of one
-    configuration (some 600 cycles on this Zen 3 machine), not by one kind of
-    instruction: with every division of the kernel made a multiplication (wrong results,
-    an experiment only), it ran 18 % faster (best of 7, 179 -> 146 ms for 1M, one
-    thread); with the inputs sorted so every branch predicts, 7 %. LLVM does vectorize
-    it when forced (``-force-vector-width=4``, raised runtime alias-check thresholds,
-    every helper inlined), still bitwise equal, but the if-converted body then computes
-    both sides of every select and was no faster on this AVX2 machine, at ten times the
-    compile time; the scalar loop computes only the side np.where keeps.
+    The rest stays scalar on purpose: it is bound by the sheer scalar work of a
+    configuration, not by one kind of instruction. LLVM does vectorize the steps when
+    forced (``-force-vector-width=4``, raised runtime alias-check thresholds, every helper
+    inlined), still bitwise equal, but the if-converted body then computes both sides of
+    every select and was no faster on this AVX2 machine, at ten times the compile time;
+    the scalar loop computes only the side np.where keeps.
 
-    Configurations ``lo:hi``. ``mode`` 0: the three passes, logs from libm; 1: pass (a)
-    only, into ``ext`` (rows G_*, columns ``i - lo``); 2: pass (c) only, its logs read from
-    ``ext`` (where numpy's log is not libm's, :func:`run` takes them with ``np.log``).
+    ``mode`` 0: the logs from libm; 1: only the GEMMs' ideal durations, into ``ext`` (rows
+    G_*, columns ``i - lo``); 2: the steps, their logs read from ``ext`` (where numpy's
+    log is not libm's, :func:`run` takes them with ``np.log`` between modes 1 and 2).
     """
-    layers, h, moe, shared = w[0], w[1], w[6], w[11]
+    layers, h = w[0], w[1]
     n_total, capacity = f[11], f[12]
     step_overhead = c[10]
     nan = np.nan
-    lg = np.empty((N_GEMMS, BLOCK)) if mode == 0 else ext
-    bits = lg.view(np.uint64)
-    # memo of the logs: key = the argument's bits (an all-ones NaN pattern, whose log is NaN
-    # too, marks an empty slot)
-    memo_key = np.full((N_GEMMS, _MEMO), _EMPTY, dtype=np.uint64)
-    memo_log = np.full((N_GEMMS, _MEMO), np.nan)
-    for start in range(lo, hi, BLOCK):
-        stop = min(start + BLOCK, hi)
-        base = start if mode == 0 else lo
-        # (a) the GEMMs' ideal durations (gemm.gemm_size_efficiency before its np.log)
-        for i in range(start, stop if mode != 2 else start):
-            j = i - base
+    if mode == 1:
+        for i in range(lo, hi):
+            j = i - lo
             s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
             mbs, flash, prec = float(mbs_a[i]), flash_a[i], prec_a[i]
             peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
             (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
              f_router, f_head) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
-            lg[G_QKV, j] = _ideal(f_qkv, 1.0, peak_gemm)
-            lg[G_PROJ, j] = _ideal(f_proj, 1.0, peak_gemm)
-            lg[G_CORE, j] = _ideal(f_core, calls_core, peak16)
-            lg[G_FC1, j] = _ideal(f_fc1, 1.0, peak_gemm)
-            lg[G_FC2, j] = _ideal(f_fc2, 1.0, peak_gemm)
-            lg[G_MOE1, j] = _ideal(f_moe1, calls_moe, peak_gemm)
-            lg[G_MOE2, j] = _ideal(f_moe2, calls_moe, peak_gemm)
-            lg[G_SH1, j] = _ideal(f_sh1, 1.0, peak_gemm)
-            lg[G_SH2, j] = _ideal(f_sh2, 1.0, peak_gemm)
-            lg[G_ROUTER, j] = _ideal(f_router, 1.0, peak_gemm)
-            lg[G_HEAD, j] = _ideal(f_head, 1.0, peak16)
-        # (b) np.log of those the numpy path uses (libm's log, as numpy's loop calls it),
-        # memoized on the exact bits of its argument: a draw has few distinct GEMMs
-        for g in range(N_GEMMS if mode == 0 else 0):
-            if (G_MOE1 <= g <= G_ROUTER and moe == 0.0) or ((g == G_SH1 or g == G_SH2) and shared == 0.0):
-                continue
-            for j in range(stop - start):
-                if g == G_CORE and flash_a[start + j]:
-                    continue  # the unfused attention core's GEMM only where it runs
-                key = bits[g, j]
-                slot = (key * _HASH) >> _SHIFT
-                if memo_key[g, slot] == key:
-                    lg[g, j] = memo_log[g, slot]
-                else:
-                    y = math.log(lg[g, j])
-                    memo_key[g, slot] = key
-                    memo_log[g, slot] = y
-                    lg[g, j] = y
-        # (c) the steps
-        for i in range(start, stop if mode != 1 else start):
-            j = i - base
-            batch, s = float(batch_a[i]), float(s_a[i])
-            tp, pp, cp, ep = float(tp_a[i]), float(pp_a[i]), float(cp_a[i]), float(ep_a[i])
-            v, mbs = float(v_a[i]), float(mbs_a[i])
-            rc, zero, prec = rc_a[i], zero_a[i], prec_a[i]
-            spk, tco, ogr, opg, flash = spk_a[i], tco_a[i], ogr_a[i], opg_a[i], flash_a[i]
-            lgs = (lg[0, j], lg[1, j], lg[2, j], lg[3, j], lg[4, j], lg[5, j], lg[6, j], lg[7, j],
-                   lg[8, j], lg[9, j], lg[10, j])
-            # 1. split
-            sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
-                w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco)
-            # 2. hardware
-            peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
+            ext[G_QKV, j] = _ideal(f_qkv, 1.0, peak_gemm)
+            ext[G_PROJ, j] = _ideal(f_proj, 1.0, peak_gemm)
+            ext[G_CORE, j] = _ideal(f_core, calls_core, peak16)
+            ext[G_FC1, j] = _ideal(f_fc1, 1.0, peak_gemm)
+            ext[G_FC2, j] = _ideal(f_fc2, 1.0, peak_gemm)
+            ext[G_MOE1, j] = _ideal(f_moe1, calls_moe, peak_gemm)
+            ext[G_MOE2, j] = _ideal(f_moe2, calls_moe, peak_gemm)
+            ext[G_SH1, j] = _ideal(f_sh1, 1.0, peak_gemm)
+            ext[G_SH2, j] = _ideal(f_sh2, 1.0, peak_gemm)
+            ext[G_ROUTER, j] = _ideal(f_router, 1.0, peak_gemm)
+            ext[G_HEAD, j] = _ideal(f_head, 1.0, peak16)
+        return
+    # the step memo: open addressing (linear probing) on the two key words -> a row of values
+    slot_k1 = np.full(MEMO_SLOTS, _NO_SLOT, dtype=np.uint64)
+    slot_k2 = np.full(MEMO_SLOTS, _NO_SLOT, dtype=np.uint64)
+    slot_row = np.zeros(MEMO_SLOTS, dtype=np.int64)
+    values = np.empty((MEMO_KEYS, _N_MEMO))
+    kept = 0
+    up_bw, out_bw = f[7] * c[7], f[8] * c[8]  # as _communication computes them
+    for i in range(lo, hi):
+        batch, s = float(batch_a[i]), float(s_a[i])
+        tp, pp, cp, ep = float(tp_a[i]), float(pp_a[i]), float(cp_a[i]), float(ep_a[i])
+        v, mbs = float(v_a[i]), float(mbs_a[i])
+        rc, zero, prec = rc_a[i], zero_a[i], prec_a[i]
+        spk, tco, ogr, opg, flash = spk_a[i], tco_a[i], ogr_a[i], opg_a[i], flash_a[i]
+        # 1. split
+        sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
+            w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco)
+        # 2. hardware
+        peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
+        # 3, 4 and the LM head: from the memo, or computed (and kept)
+        fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc, flash, prec,
+                                 tco)
+        row = -1
+        slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
+        if fits:
+            while slot_k1[slot] != _NO_SLOT:
+                if slot_k1[slot] == k1 and slot_k2[slot] == k2:
+                    row = slot_row[slot]
+                    break
+                slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
+        if row >= 0:
+            r = values[row]
+            s_local, tokens, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
+                r[0], r[1], r[2], r[3], r[4], r[5], r[6]
+            tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b = \
+                r[7], r[8], r[9], r[10], r[11], r[12], r[13]
+            ep_layer_f, ep_layer_b, t_head = r[14], r[15], r[16]
+        else:
+            if mode == 0:
+                lgs = _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec)
+            else:
+                j = i - lo
+                lgs = (ext[0, j], ext[1, j], ext[2, j], ext[3, j], ext[4, j], ext[5, j],
+                       ext[6, j], ext[7, j], ext[8, j], ext[9, j], ext[10, j])
             # 3. layer times
             s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
                 _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
                              plateau16, lgs)
             # 4. communication
-            (up_bw, out_bw, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
+            (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
              ep_layer_f, ep_layer_b) = _communication(
                 w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f,
                 t_core_b)
-            # 5. pipeline
-            f_head = 2.0 * tokens * h * (w[13] / tp)  # as _gemm_flops computes it
-            layers_stage, t_head, bubble, t_pipe, t_pp, window_f, window_b = _pipeline(
-                w, f, c, tp, pp, cp, v, dp, m, rc, tokens, act_bytes, layer_f, layer_b, tp_layer,
-                cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, peak16, plateau16, up_bw, out_bw,
-                f_head, lgs[G_HEAD])
-            # 6. data parallel
-            (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
-             t_opt) = _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes,
-                                     layers_stage, window_f, window_b, t_pipe, up_bw, out_bw)
-            # 7. memory
-            weights, grads, optim, activations, buffers, footprint = _memory(
-                w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
-                layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes)
-            # 8. compose (megatron_compose.compose and _mask)
-            total = t_pipe + t_pp + t_dp + t_opt + step_overhead
-            model_flops = _model_flops(w, batch, s)
-            per_acc = model_flops / (total * n_acc)
-            selective = 4.0 * s * h * layers / (model_flops / (batch * s))
-            recompute_extra = 1.0 / 3.0 if rc == 2 else (selective if rc == 1 else 0.0)
-            mfu = per_acc / peak_gemm
-            ms = m * layers_stage
-            x = 0.0 if valid else nan
-            fo[0][i] = dp * 1.0 + x
-            fo[1][i] = m_exact + x
-            fo[2][i] = total + x
-            fo[3][i] = batch / total + x
-            fo[4][i] = batch * 1.0 * s / (total * n_acc) + x
-            fo[5][i] = per_acc + x
-            fo[6][i] = mfu + x
-            fo[7][i] = mfu * (1.0 + recompute_extra) + x
-            fo[8][i] = ms * (layer_f + layer_b) + m * t_head + x
-            fo[9][i] = ms * tp_layer + x
-            fo[10][i] = ms * cp_layer + x
-            fo[11][i] = ms * ep_layer + x
-            fo[12][i] = t_pp + x
-            fo[13][i] = t_dp + x
-            fo[14][i] = ms * (tp_total + cp_total + ep_layer) + t_pp + t_dp_total + x
-            fo[15][i] = bubble + x
-            fo[16][i] = bubble / t_pipe + x
-            fo[17][i] = t_opt + x
-            fo[18][i] = footprint + x
-            fo[19][i] = weights + x
-            fo[20][i] = grads + x
-            fo[21][i] = optim + x
-            fo[22][i] = activations + x
-            fo[23][i] = buffers + x
-            bo[0][i] = valid
-            bo[1][i] = realizable
-            bo[2][i] = valid and footprint <= capacity
+            t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
+            if fits and kept < MEMO_KEYS:
+                slot_k1[slot], slot_k2[slot], slot_row[slot] = k1, k2, kept
+                r = values[kept]
+                r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
+                    s_local, tokens, act_bytes, t_core_f, t_core_b, layer_f, layer_b
+                r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
+                    tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b
+                r[14], r[15], r[16] = ep_layer_f, ep_layer_b, t_head
+                kept += 1
+        # 5. pipeline
+        layers_stage, bubble, t_pipe, t_pp, window_f, window_b = _pipeline(
+            w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
+            cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head)
+        # 6. data parallel
+        (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
+         t_opt) = _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes,
+                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw)
+        # 7. memory
+        weights, grads, optim, activations, buffers, footprint = _memory(
+            w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
+            layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes)
+        # 8. compose (megatron_compose.compose and _mask)
+        total = t_pipe + t_pp + t_dp + t_opt + step_overhead
+        model_flops = _model_flops(w, batch, s)
+        per_acc = model_flops / (total * n_acc)
+        selective = 4.0 * s * h * layers / (model_flops / (batch * s))
+        recompute_extra = 1.0 / 3.0 if rc == 2 else (selective if rc == 1 else 0.0)
+        mfu = per_acc / peak_gemm
+        ms = m * layers_stage
+        x = 0.0 if valid else nan
+        fo[0][i] = dp * 1.0 + x
+        fo[1][i] = m_exact + x
+        fo[2][i] = total + x
+        fo[3][i] = batch / total + x
+        fo[4][i] = batch * 1.0 * s / (total * n_acc) + x
+        fo[5][i] = per_acc + x
+        fo[6][i] = mfu + x
+        fo[7][i] = mfu * (1.0 + recompute_extra) + x
+        fo[8][i] = ms * (layer_f + layer_b) + m * t_head + x
+        fo[9][i] = ms * tp_layer + x
+        fo[10][i] = ms * cp_layer + x
+        fo[11][i] = ms * ep_layer + x
+        fo[12][i] = t_pp + x
+        fo[13][i] = t_dp + x
+        fo[14][i] = ms * (tp_total + cp_total + ep_layer) + t_pp + t_dp_total + x
+        fo[15][i] = bubble + x
+        fo[16][i] = bubble / t_pipe + x
+        fo[17][i] = t_opt + x
+        fo[18][i] = footprint + x
+        fo[19][i] = weights + x
+        fo[20][i] = grads + x
+        fo[21][i] = optim + x
+        fo[22][i] = activations + x
+        fo[23][i] = buffers + x
+        bo[0][i] = valid
+        bo[1][i] = realizable
+        bo[2][i] = valid and footprint <= capacity
 
 
 # ------------------------------------------------------------ Python side
