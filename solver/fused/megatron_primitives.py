@@ -98,7 +98,7 @@ def _ideal(flops, calls, peak):
 @njit(**_PRIM)
 def _gemm(flops, calls, peak, plat, k, log_ideal, log_shift, k_overhead):
     """Hardware.gemm -> gemm.gemm_time with a depth term (k_dim given); ``log_ideal`` is
-    ``np.log(_ideal(flops, calls, peak))``, taken in the kernel's log pass."""
+    ``np.log(_ideal(flops, calls, peak))``, taken by the kernel's ``_logs``."""
     f1 = flops / calls
     x = log_ideal - log_shift
     eff = plat * _interp(x)
