@@ -96,7 +96,7 @@ from ..specs import Fleet, Workload
 from . import megatron_compose as after
 from . import megatron_steps as steps
 
-__all__ = ["solve", "OUTPUTS", "KNOBS", "DEFAULTS", "CONSTANTS", "CONSTANTS_PROVENANCE",
+__all__ = ["solve", "prepare", "OUTPUTS", "KNOBS", "DEFAULTS", "CONSTANTS", "CONSTANTS_PROVENANCE",
            "RECOMPUTE", "PRECISIONS", "load_constants"]
 
 #: The model's sourced constants, kept in the steps module (documented there).
@@ -273,6 +273,11 @@ def _constants(overrides):
                             f"{', '.join(KNOBS)}; constants: {', '.join(CONSTANT_BOUNDS)})")
         low, high, why = CONSTANT_BOUNDS[name]
         array = np.asarray(value, dtype=np.float64)
+        if array.ndim == 0:  # one number (a fit's every call): checked without reductions
+            x = float(array)
+            if math.isfinite(x) and low <= x <= high:
+                out[name] = array
+                continue
         if not np.all(np.isfinite(array)) or np.any(array < low) or np.any(array > high):
             bad = array[~(np.isfinite(array) & (array >= low) & (array <= high))].flat[0] \
                 if array.ndim else array
@@ -396,12 +401,74 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention)
     if dp_size is not None:
         values["dp_size"] = dp_size
+    _check_engine(engine)
+    k = _normalize(values, fast=engine != "numpy")
+    return _price(_Shape(workload), fleet, k, constants, engine, {})
+
+
+def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
+    """:func:`solve` with its layouts fixed, to price them under many sets of constants.
+
+    ``prepare(workload, fleet, **knobs)(**constants)`` returns what
+    ``solve(workload, fleet, **knobs, **constants)`` does, bit for bit. The knobs are
+    checked and converted once, here, so a calibration fit or a Monte-Carlo study over
+    uncertain constants pays on each call only for the physics.
+
+    Parameters
+    ----------
+    workload, fleet, engine
+        As for :func:`solve`.
+    **knobs
+        :func:`solve`'s knobs (names in :data:`KNOBS`; the same defaults).
+
+    Returns
+    -------
+    callable
+        ``price(**constants) -> dict of str -> numpy.ndarray``: overrides of
+        :data:`CONSTANTS` as for :func:`solve`.
+
+    Raises
+    ------
+    TypeError
+        For a name that is not a knob (constants go to the returned callable).
+    ValueError
+        For a knob value no configuration can have, as :func:`solve` does.
+    """
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a solver.specs.Workload, but got {type(workload).__name__}")
+    if not isinstance(fleet, Fleet):
+        raise TypeError(f"fleet must be a solver.specs.Fleet, but got {type(fleet).__name__}")
+    unknown = [name for name in knobs if name not in KNOBS]
+    if unknown:
+        raise TypeError(f"prepare() got an unexpected keyword argument {unknown[0]!r} (knobs: "
+                        f"{', '.join(KNOBS)}; the constants go to the callable it returns)")
+    _check_engine(engine)
+    values = {name: knobs.get(name, default) for name, default in DEFAULTS.items()
+              if name != "dp_size"}
+    if knobs.get("dp_size") is not None:
+        values["dp_size"] = knobs["dp_size"]
+    k = _normalize(values, fast=engine != "numpy")
+    w = _Shape(workload)
+    memo = {}  # what the fused path derives from the knobs, workload and fleet: once
+
+    def price(**constants):
+        return _price(w, fleet, k, constants, engine, memo)
+    return price
+
+
+def _check_engine(engine):
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, but got {engine!r}")
-    k = _normalize(values, fast=engine != "numpy")
+
+
+def _price(w, fleet, k, constants, engine, memo):
+    """solve's outputs for normalized knobs ``k`` and constant overrides (``memo``: a dict
+    the fused path keeps its per-(knobs, workload, fleet) inputs in between calls)."""
     c = _constants(constants)
     try:
-        shape = np.broadcast_shapes(*(np.shape(v) for v in list(k.values()) + list(c.values())))
+        if "knob_shape" not in memo:
+            memo["knob_shape"] = np.broadcast_shapes(*(np.shape(v) for v in k.values()))
+        shape = np.broadcast_shapes(memo["knob_shape"], *(np.shape(v) for v in c.values()))
     except ValueError:
         shapes = {n: np.shape(v) for n, v in {**k, **c}.items() if np.shape(v)}
         raise ValueError("the array knobs must broadcast together, but got "
@@ -413,8 +480,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                              f"'auto' can)")
         # the one rule of solver.fused on the knobs' broadcast shape
         if why is None and fused.resolve_engine(engine, {"the broadcast of the knobs": shape}) == "fused":
-            return _solve_fused(_Shape(workload), fleet, k, c, shape)
-    return _solve(_Shape(workload), fleet, k, c, shape)
+            return _solve_fused(w, fleet, k, c, shape, memo)
+    return _solve(w, fleet, k, c, shape)
 
 
 # ------------------------------------------------------------------ engines
@@ -442,14 +509,19 @@ def _flat(name, value, n):
     return np.full(n, array.reshape(()) if array.ndim else array, dtype=dtype)
 
 
-def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape):
+def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo=None):
     """:func:`_solve` for flat inputs (``shape`` is ``(n,)`` or ``()``), in one pass
-    (:mod:`solver.fused.megatron_kernel`)."""
+    (:mod:`solver.fused.megatron_kernel`). ``memo``: a dict that keeps the kernel's
+    inputs from the knobs, workload and fleet between calls on the same ones (prepare)."""
     from ..fused import megatron_kernel as fk
     n = shape[0] if shape else 1
-    a = {name: _flat(name, k[name], n) for name in KNOBS if name in k}
+    memo = {} if memo is None else memo
+    if memo.get("n") != n:
+        memo.update(n=n, a={name: _flat(name, k[name], n) for name in KNOBS if name in k},
+                    w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
+    a = memo["a"]
     has_dp = "dp_size" in a
-    fo, bo = fk.run(fk.workload_scalars(w), fk.fleet_scalars(fleet), fk.constant_scalars(c), n,
+    fo, bo = fk.run(memo["w"], memo["f"], fk.constant_scalars(c), n,
                     has_dp, a["batch_size"], a["seq_len"], a["tp_size"], a["pp_size"], a["cp_size"],
                     a["ep_size"], a["dp_size"] if has_dp else a["tp_size"], a["v_stages"],
                     a["micro_batch_size"], a["sequence_parallel"], a["recompute"], a["zero_stage"],

@@ -1,0 +1,91 @@
+"""megatron.prepare: solve with its layouts fixed, priced under many sets of constants.
+
+``prepare(w, f, **knobs)(**constants)`` must be ``solve(w, f, **knobs, **constants)``
+bit for bit, on either engine, call after call (the fused path keeps its inputs between
+calls), and refuse what solve refuses.
+"""
+
+import numpy as np
+import pytest
+
+from solver import catalog, fused
+from solver.physics import megatron as M
+
+
+def _knobs(rng, n, dp_given):
+    pick = lambda values: rng.choice(values, n)  # noqa: E731
+    knobs = dict(batch_size=pick([64, 256, 1024]), seq_len=pick([2048, 4096, 8192]),
+                 tp_size=pick([1, 2, 4, 8]), pp_size=pick([1, 2, 4]), cp_size=pick([1, 2]),
+                 micro_batch_size=pick([1, 2]), v_stages=pick([1, 2]),
+                 sequence_parallel=rng.random(n) < 0.5, recompute=pick(list(M.RECOMPUTE)),
+                 zero_stage=pick([0, 1, 3]), precision=pick(["bf16", "fp8"]),
+                 tp_comm_overlap=rng.random(n) < 0.5)
+    if dp_given:
+        knobs["dp_size"] = pick([1, 2, 8])
+    return knobs
+
+
+def _same(a, b):
+    assert list(a) == list(b) == list(M.OUTPUTS)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+ENGINES = ["numpy", "auto"] + (["fused"] if fused.NUMBA else [])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("dp_given", [False, True])
+def test_prepared_is_solve_call_after_call(engine, dp_given):
+    wl, fl = catalog.workload("Mixtral_8x7B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    rng = np.random.default_rng(7 + dp_given)
+    knobs = _knobs(rng, 40, dp_given)
+    price = M.prepare(wl, fl, engine=engine, **knobs)
+    steps = []
+    for constants in ({}, {"gemm_scale": 0.6}, {"gemm_scale": 0.9, "overlap_efficiency": 0.2},
+                      {}, {"step_overhead": 0.5, "scale_out_efficiency": 0.3}):
+        got = price(**constants)
+        _same(got, M.solve(wl, fl, engine=engine, **knobs, **constants))
+        steps.append(got["step_latency_total"].copy())
+    # the constants reach the physics, and the first call's result comes back unchanged
+    assert not np.array_equal(steps[0], steps[1], equal_nan=True)
+    np.testing.assert_array_equal(steps[0], steps[3])
+
+
+def test_prepared_scalar_knobs_and_array_constants():
+    """Scalar knobs give 0-d outputs as solve's; an array constant broadcasts (numpy path)
+    and is refused by the fused engine as solve refuses it."""
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    price = M.prepare(wl, fl, tp_size=2, batch_size=256)
+    _same(price(), M.solve(wl, fl, tp_size=2, batch_size=256))
+    scales = np.array([0.5, 0.7, 0.9])
+    got = price(gemm_scale=scales)
+    _same(got, M.solve(wl, fl, tp_size=2, batch_size=256, gemm_scale=scales))
+    assert got["step_latency_total"].shape == (3,)
+    assert np.all(np.diff(got["step_latency_total"]) < 0)  # faster GEMMs, shorter steps
+    if fused.NUMBA:
+        flat = M.prepare(wl, fl, engine="fused", tp_size=np.array([1, 2]))
+        with pytest.raises(ValueError, match="engine='fused' cannot price this call"):
+            flat(gemm_scale=np.array([0.5, 0.6]))
+
+
+def test_prepare_refuses_what_solve_refuses():
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'gemm_scale'.*callable"):
+        M.prepare(wl, fl, gemm_scale=0.5)
+    with pytest.raises(ValueError, match="tp_size"):
+        M.prepare(wl, fl, tp_size=np.array([2, 0]))
+    with pytest.raises(ValueError, match="recompute"):
+        M.prepare(wl, fl, recompute="sometimes")
+    with pytest.raises(ValueError, match="engine must be one of"):
+        M.prepare(wl, fl, engine="gpu")
+    with pytest.raises(TypeError, match="workload must be"):
+        M.prepare("Llama3_8B_MC", fl)
+    price = M.prepare(wl, fl, tp_size=np.array([1, 2, 4]))
+    with pytest.raises(ValueError, match=r"gemm_scale must be a number in"):
+        price(gemm_scale=-1.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tp_size'"):
+        price(tp_size=2)
+    with pytest.raises(ValueError, match="must broadcast together"):
+        price(gemm_scale=np.array([0.5, 0.6]))
