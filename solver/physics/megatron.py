@@ -389,10 +389,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     ValueError
         For a knob value no configuration can have, naming the knob and value.
     """
-    if not isinstance(workload, Workload):
-        raise TypeError(f"workload must be a solver.specs.Workload, but got {type(workload).__name__}")
-    if not isinstance(fleet, Fleet):
-        raise TypeError(f"fleet must be a solver.specs.Fleet, but got {type(fleet).__name__}")
+    _check_inputs(workload, fleet, engine)
     values = dict(batch_size=batch_size, seq_len=seq_len, tp_size=tp_size, pp_size=pp_size,
                   cp_size=cp_size, ep_size=ep_size, v_stages=v_stages,
                   micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
@@ -401,7 +398,6 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention)
     if dp_size is not None:
         values["dp_size"] = dp_size
-    _check_engine(engine)
     k = _normalize(values, fast=engine != "numpy")
     return _price(_Shape(workload), fleet, k, constants, engine, {})
 
@@ -434,15 +430,11 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
     ValueError
         For a knob value no configuration can have, as :func:`solve` does.
     """
-    if not isinstance(workload, Workload):
-        raise TypeError(f"workload must be a solver.specs.Workload, but got {type(workload).__name__}")
-    if not isinstance(fleet, Fleet):
-        raise TypeError(f"fleet must be a solver.specs.Fleet, but got {type(fleet).__name__}")
+    _check_inputs(workload, fleet, engine)
     unknown = [name for name in knobs if name not in KNOBS]
     if unknown:
         raise TypeError(f"prepare() got an unexpected keyword argument {unknown[0]!r} (knobs: "
                         f"{', '.join(KNOBS)}; the constants go to the callable it returns)")
-    _check_engine(engine)
     values = {name: knobs.get(name, default) for name, default in DEFAULTS.items()
               if name != "dp_size"}
     if knobs.get("dp_size") is not None:
@@ -456,7 +448,12 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
     return price
 
 
-def _check_engine(engine):
+def _check_inputs(workload, fleet, engine):
+    """TypeError / ValueError for what solve and prepare cannot take besides the knobs."""
+    if not isinstance(workload, Workload):
+        raise TypeError(f"workload must be a solver.specs.Workload, but got {type(workload).__name__}")
+    if not isinstance(fleet, Fleet):
+        raise TypeError(f"fleet must be a solver.specs.Fleet, but got {type(fleet).__name__}")
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, but got {engine!r}")
 
