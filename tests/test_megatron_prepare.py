@@ -70,6 +70,18 @@ def test_prepared_scalar_knobs_and_array_constants():
             flat(gemm_scale=np.array([0.5, 0.6]))
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_prepared_keeps_its_own_copy_of_the_knobs(engine):
+    """Changing an array after prepare does not change (or bypass the checks of) the layouts."""
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    tp = np.array([1, 2, 4, 8] * 1100, dtype=np.int64)  # big enough for the fast checks
+    price = M.prepare(wl, fl, engine=engine, tp_size=tp, batch_size=512)
+    before = price()["step_latency_total"].copy()
+    tp[:] = 0  # no configuration can have it; prepare checked the old values
+    np.testing.assert_array_equal(price()["step_latency_total"], before)
+    assert np.isfinite(before).all()
+
+
 def test_prepare_refuses_what_solve_refuses():
     wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
     with pytest.raises(TypeError, match="unexpected keyword argument 'gemm_scale'.*callable"):

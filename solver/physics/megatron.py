@@ -439,7 +439,8 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
               if name != "dp_size"}
     if knobs.get("dp_size") is not None:
         values["dp_size"] = knobs["dp_size"]
-    k = _normalize(values, fast=engine != "numpy")
+    # copies: an array the caller changes later must not reach the physics unchecked
+    k = {name: np.array(v) for name, v in _normalize(values, fast=engine != "numpy").items()}
     w = _Shape(workload)
     memo = {}  # what the fused path derives from the knobs, workload and fleet: once
 
