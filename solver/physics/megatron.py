@@ -507,13 +507,12 @@ def _flat(name, value, n):
     return np.full(n, array.reshape(()) if array.ndim else array, dtype=dtype)
 
 
-def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo=None):
+def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
     """:func:`_solve` for flat inputs (``shape`` is ``(n,)`` or ``()``), in one pass
     (:mod:`solver.fused.megatron_kernel`). ``memo``: a dict that keeps the kernel's
     inputs from the knobs, workload and fleet between calls on the same ones (prepare)."""
     from ..fused import megatron_kernel as fk
     n = shape[0] if shape else 1
-    memo = {} if memo is None else memo
     if memo.get("n") != n:
         memo.update(n=n, a={name: _flat(name, k[name], n) for name in KNOBS if name in k},
                     w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
