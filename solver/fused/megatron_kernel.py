@@ -117,7 +117,11 @@ def _memo_key(s, mbs, tp, cp, ep, sp, rc, flash, prec, tco):
 @njit(**_INLINE_STEP)
 def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec):
     """np.log of every GEMM's ideal duration the numpy path takes it of (gemm.gemm_size_efficiency;
-    libm's log, as numpy's loop calls it here); 0.0 for GEMMs the workload does not have."""
+    libm's log, as numpy's loop calls it here); 0.0 for GEMMs the workload does not have.
+
+    The kernel's mode 1 writes the same durations line for line (the bitwise tests hold
+    both): one helper for the two made the whole loop 5-10 % slower in an interleaved
+    A/B (1 thread, 1M layouts), LLVM laying out the hot path differently."""
     moe, shared = w[6], w[11]
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
     (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
