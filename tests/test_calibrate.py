@@ -92,6 +92,30 @@ def test_leave_one_out_predicts_each_run_from_the_fit_of_the_others():
     assert cal.loo_predicted[0] == pytest.approx(first, rel=1e-4)
     assert cal.loo_error >= cal.in_sample_error
     assert cal.profile.loo_mape == pytest.approx(cal.loo_error)
+    # the truth is far from the start: the fit predicts left-out runs far better, no warning
+    assert cal.loo_error < 0.5 * cal.uncalibrated_error
+    assert not any(w.startswith("leave-one-out") for w in cal.warnings)
+
+
+def test_a_fit_that_predicts_left_out_runs_worse_than_its_start_says_so():
+    # 8 runs priced at the start constants themselves, 3 % noise, 5 constants fitted
+    # without a prior: the fit chases the noise, so each left-out run is predicted worse
+    # than by the start constants (which are the truth here)
+    rows = _synthetic(_rows(dps=(1, 16), tps=(1, 8), pps=(1, 4)), M.CONSTANTS, noise=0.03, seed=0)
+    with pytest.warns(CalibrationWarning, match=r"leave-one-out: fitted without it, a run is "
+                      r"predicted 2\.\d\d % off on average, against 1\.\d\d % with the start "
+                      r"constants"):
+        cal = sweep.calibrate(rows, loo=True, prior_width=math.inf)
+    assert cal.loo_error > cal.uncalibrated_error + 0.5
+    assert cal.uncalibrated_error == pytest.approx(
+        np.mean(np.abs(predict(read_measurements(rows), M.CONSTANTS) / cal.measurements.step_times
+                       - 1)) * 100)
+    assert any(w.startswith("leave-one-out") for w in cal.profile.warnings)
+    # without leave-one-out nothing is known about it, and nothing is said
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CalibrationWarning)
+        sweep.calibrate(rows, loo=False, prior_width=math.inf)
+    assert not any("leave-one-out" in str(w.message) for w in caught)
 
 
 def test_free_constants_are_checked():
