@@ -525,7 +525,9 @@ def main(argv=None):
         {"run_id": r.run_id, "source": r.source, "measured_s": float(r.measured),
          "megatron_s": float(megatron_predict(r, const_all)),
          "mlsysim_s": float(mlsysim_predict(r, eff_all)), "assumptions": r.assumptions,
-         "chosen": chosen(r, const_all)}
+         "chosen": chosen(r, const_all),
+         **({"megatron_loso_s": float(megatron_predict(r, results["loso"]["constants"][r.source]))}
+            if "loso" in results else {})}
         for r in runs if r.source != "VTRAIN"]
     results["skipped"] = [{"run_id": a, "why": b} for a, b in skipped]
     results["meta"] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -589,6 +591,17 @@ def markdown(res):
                 txt += f", megatron LOSO {kendall(range(len(rows)), [t['mfu_loso'] for t in rows]):.2f}"
             txt += f"; tau of predicted vs measured MFU {kendall(meas, [t['mfu_predicted'] for t in rows]):.2f}"
             out.append(txt)
+    per_run = res.get("per_run", [])
+    if per_run and "megatron_loso_s" in per_run[0]:
+        out += ["", "Per published run, megatron: signed error of the predicted step time "
+                "(+: predicted slower than measured), in sample and LOSO (the constants fitted "
+                "without the run's source):", "",
+                "| run | source | measured s | in-sample | LOSO |", "|---|---|---|---|---|"]
+        for p in per_run:
+            m = p["measured_s"]
+            out.append(f"| {p['run_id']} | {p['source']} | {m:.4g} | "
+                       f"{(p['megatron_s'] / m - 1) * 100:+.1f} % | "
+                       f"{(p['megatron_loso_s'] / m - 1) * 100:+.1f} % |")
     out += ["", "Skipped runs: " + "; ".join(f"{s['run_id']} ({s['why']})" for s in res["skipped"]), ""]
     return "\n".join(out) + "\n"
 
