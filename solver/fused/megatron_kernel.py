@@ -56,7 +56,7 @@ from numba import njit
 
 from ..physics import megatron_steps as _steps
 from . import buffers, in_ranges
-from ._numba import cache_is_current
+from ._numba import cache_is_current, forced_vector_width, kernel
 from .megatron_primitives import _INLINE as _INLINE_STEP
 from .megatron_primitives import COMPILED_CONSTANTS, _ideal
 from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_MOE1, G_MOE2, G_PROJ, G_QKV,
@@ -97,7 +97,9 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of the two key words
 _SLOT_SHIFT = np.uint64(52)  # 64 - log2(MEMO_SLOTS)
 _NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key has all 64 bits set
 #: Values the memo keeps per key: steps 3 and 4 and the LM head (see _kernel).
-_N_MEMO = 17
+_N_MEMO = 14
+#: Configurations a block of the kernel's two passes (see _kernel).
+BLOCK = 1024
 
 
 @njit(**_INLINE_STEP)
@@ -140,119 +142,34 @@ def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec):
             math.log(_ideal(f_head, 1.0, peak16)))
 
 
-@njit(error_model="numpy", cache=_CACHE, nogil=True)
-def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
-            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, lo, hi, ext, mode):
-    """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
+@kernel(cache=_CACHE)
+def _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+                 mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, values,
+                 rows, b0, b1):
+    """Steps 1, 2 and 5-8 of configurations ``b0:b1``, steps 3-4 read from ``values[rows]``.
 
-    One scalar iteration per configuration. Steps 3 (layer times) and 4 (communication)
-    and the LM head's time, with the logs of the GEMM size curve they need, are a pure
-    function of ten knobs (``seq_len``, ``micro_batch_size``, ``tp/cp/ep_size``,
-    sequence parallelism, recompute, flash attention, precision, ``tp_comm_overlap``) and
-    of the call's workload, fleet and constants. They were about a third of a
-    configuration's work (an interleaved A/B, 1 thread, 1M layouts: 253 -> 173 ms with the
-    memo), and a flat draw over a design space repeats those ten far more often than
-    whole layouts: so they are memoized on the exact knob values (packed into two words,
-    compared in full; a hit returns the bits a computation would). Knobs too large to
-    pack, and keys past :data:`MEMO_KEYS` distinct ones, are priced without the memo.
-
-    The rest stays scalar on purpose: it is bound by the sheer scalar work of a
-    configuration, not by one kind of instruction. LLVM does vectorize the steps when
-    forced (``-force-vector-width=4``, raised runtime alias-check thresholds, every helper
-    inlined), still bitwise equal, but the if-converted body then computes both sides of
-    every select and was no faster on this AVX2 machine, at ten times the compile time;
-    the scalar loop computes only the side np.where keeps.
-
-    ``mode`` 0: the logs from libm; 1: only the GEMMs' ideal durations, into ``ext`` (rows
-    G_*, columns ``i - lo``); 2: the steps, their logs read from ``ext`` (where numpy's
-    log is not libm's, :func:`run` takes them with ``np.log`` between modes 1 and 2).
+    A loop without the memo's probing, so LLVM vectorizes it (four configurations a
+    vector on AVX2; see :func:`run` for why it is told to): both sides of a select are
+    computed, each with the expression the scalar code would use, so the same bits.
     """
     layers, h = w[0], w[1]
     n_total, capacity = f[11], f[12]
     step_overhead = c[10]
     nan = np.nan
-    if mode == 1:
-        for i in range(lo, hi):
-            j = i - lo
-            s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
-            mbs, flash, prec = float(mbs_a[i]), flash_a[i], prec_a[i]
-            peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
-            (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
-             f_router, f_head) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
-            ext[G_QKV, j] = _ideal(f_qkv, 1.0, peak_gemm)
-            ext[G_PROJ, j] = _ideal(f_proj, 1.0, peak_gemm)
-            ext[G_CORE, j] = _ideal(f_core, calls_core, peak16)
-            ext[G_FC1, j] = _ideal(f_fc1, 1.0, peak_gemm)
-            ext[G_FC2, j] = _ideal(f_fc2, 1.0, peak_gemm)
-            ext[G_MOE1, j] = _ideal(f_moe1, calls_moe, peak_gemm)
-            ext[G_MOE2, j] = _ideal(f_moe2, calls_moe, peak_gemm)
-            ext[G_SH1, j] = _ideal(f_sh1, 1.0, peak_gemm)
-            ext[G_SH2, j] = _ideal(f_sh2, 1.0, peak_gemm)
-            ext[G_ROUTER, j] = _ideal(f_router, 1.0, peak_gemm)
-            ext[G_HEAD, j] = _ideal(f_head, 1.0, peak16)
-        return
-    # the step memo: open addressing (linear probing) on the two key words -> a row of values
-    slot_k1 = np.full(MEMO_SLOTS, _NO_SLOT, dtype=np.uint64)
-    slot_k2 = np.full(MEMO_SLOTS, _NO_SLOT, dtype=np.uint64)
-    slot_row = np.zeros(MEMO_SLOTS, dtype=np.int64)
-    values = np.empty((MEMO_KEYS, _N_MEMO))
-    kept = 0
-    up_bw, out_bw = f[7] * c[7], f[8] * c[8]  # as _communication computes them
-    for i in range(lo, hi):
+    for i in range(b0, b1):
         batch, s = float(batch_a[i]), float(s_a[i])
         tp, pp, cp, ep = float(tp_a[i]), float(pp_a[i]), float(cp_a[i]), float(ep_a[i])
         v, mbs = float(v_a[i]), float(mbs_a[i])
         rc, zero, prec = rc_a[i], zero_a[i], prec_a[i]
         spk, tco, ogr, opg, flash = spk_a[i], tco_a[i], ogr_a[i], opg_a[i], flash_a[i]
-        # 1. split
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco)
-        # 2. hardware
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
-        # 3, 4 and the LM head: from the memo, or computed (and kept)
-        fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc, flash, prec,
-                                 tco)
-        row = -1
-        slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
-        if fits:
-            while slot_k1[slot] != _NO_SLOT:
-                if slot_k1[slot] == k1 and slot_k2[slot] == k2:
-                    row = slot_row[slot]
-                    break
-                slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
-        if row >= 0:
-            r = values[row]
-            s_local, tokens, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
-                r[0], r[1], r[2], r[3], r[4], r[5], r[6]
-            tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b = \
-                r[7], r[8], r[9], r[10], r[11], r[12], r[13]
-            ep_layer_f, ep_layer_b, t_head = r[14], r[15], r[16]
-        else:
-            if mode == 0:
-                lgs = _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec)
-            else:
-                j = i - lo
-                lgs = (ext[0, j], ext[1, j], ext[2, j], ext[3, j], ext[4, j], ext[5, j],
-                       ext[6, j], ext[7, j], ext[8, j], ext[9, j], ext[10, j])
-            # 3. layer times
-            s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
-                _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
-                             plateau16, lgs)
-            # 4. communication
-            (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
-             ep_layer_f, ep_layer_b) = _communication(
-                w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f,
-                t_core_b)
-            t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
-            if fits and kept < MEMO_KEYS:
-                slot_k1[slot], slot_k2[slot], slot_row[slot] = k1, k2, kept
-                r = values[kept]
-                r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
-                    s_local, tokens, act_bytes, t_core_f, t_core_b, layer_f, layer_b
-                r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
-                    tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b
-                r[14], r[15], r[16] = ep_layer_f, ep_layer_b, t_head
-                kept += 1
+        r = values[rows[i - b0]]
+        s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total = \
+            r[0], r[1], r[2], r[3], r[4], r[5], r[6]
+        cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head = \
+            r[7], r[8], r[9], r[10], r[11], r[12], r[13]
         # 5. pipeline
         layers_stage, bubble, t_pipe, t_pp, window_f, window_b = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
@@ -301,6 +218,109 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
         bo[0][i] = valid
         bo[1][i] = realizable
         bo[2][i] = valid and footprint <= capacity
+
+
+@kernel(cache=_CACHE)
+def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
+            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, lo, hi, ext, mode, slot_k1, slot_k2,
+            slot_row, values, rows):
+    """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
+
+    One scalar iteration per configuration. Steps 3 (layer times) and 4 (communication)
+    and the LM head's time, with the logs of the GEMM size curve they need, are a pure
+    function of ten knobs (``seq_len``, ``micro_batch_size``, ``tp/cp/ep_size``,
+    sequence parallelism, recompute, flash attention, precision, ``tp_comm_overlap``) and
+    of the call's workload, fleet and constants. They were about a third of a
+    configuration's work (an interleaved A/B, 1 thread, 1M layouts: 253 -> 173 ms with the
+    memo), and a flat draw over a design space repeats those ten far more often than
+    whole layouts: so they are memoized on the exact knob values (packed into two words,
+    compared in full; a hit returns the bits a computation would). Knobs too large to
+    pack, and keys past :data:`MEMO_KEYS` distinct ones, are priced into a row of their
+    own (``values`` has :data:`MEMO_KEYS` shared rows, then one per configuration of a block).
+
+    Blocks of :data:`BLOCK` configurations take two passes: a scalar one finds (or
+    computes) each configuration's row of ``values`` into ``rows``, then
+    :func:`_price_block` prices the rest, vectorized. ``slot_k1``, ``slot_k2``, ``slot_row``
+    (the key table), ``values`` and ``rows`` are scratch of each call (:func:`_memo_scratch`):
+    arguments, not allocations, so LLVM knows they overlap no output.
+
+    ``mode`` 0: the logs from libm; 1: only the GEMMs' ideal durations, into ``ext`` (rows
+    G_*, columns ``i - lo``); 2: the steps, their logs read from ``ext`` (where numpy's
+    log is not libm's, :func:`run` takes them with ``np.log`` between modes 1 and 2).
+    """
+    if mode == 1:
+        for i in range(lo, hi):
+            j = i - lo
+            s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
+            mbs, flash, prec = float(mbs_a[i]), flash_a[i], prec_a[i]
+            peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
+            (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
+             f_router, f_head) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
+            ext[G_QKV, j] = _ideal(f_qkv, 1.0, peak_gemm)
+            ext[G_PROJ, j] = _ideal(f_proj, 1.0, peak_gemm)
+            ext[G_CORE, j] = _ideal(f_core, calls_core, peak16)
+            ext[G_FC1, j] = _ideal(f_fc1, 1.0, peak_gemm)
+            ext[G_FC2, j] = _ideal(f_fc2, 1.0, peak_gemm)
+            ext[G_MOE1, j] = _ideal(f_moe1, calls_moe, peak_gemm)
+            ext[G_MOE2, j] = _ideal(f_moe2, calls_moe, peak_gemm)
+            ext[G_SH1, j] = _ideal(f_sh1, 1.0, peak_gemm)
+            ext[G_SH2, j] = _ideal(f_sh2, 1.0, peak_gemm)
+            ext[G_ROUTER, j] = _ideal(f_router, 1.0, peak_gemm)
+            ext[G_HEAD, j] = _ideal(f_head, 1.0, peak16)
+        return
+    # the step memo: open addressing (linear probing) on the two key words -> a row of values
+    slot_k1[:] = _NO_SLOT
+    kept = 0
+    up_bw, out_bw = f[7] * c[7], f[8] * c[8]  # as _communication computes them
+    for b0 in range(lo, hi, BLOCK):
+        b1 = min(b0 + BLOCK, hi)
+        for i in range(b0, b1):
+            s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
+            mbs = float(mbs_a[i])
+            rc, prec = rc_a[i], prec_a[i]
+            spk, tco, flash = spk_a[i], tco_a[i], flash_a[i]
+            sp = spk and tp > 1.0  # as _split has it
+            fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc, flash, prec,
+                                     tco)
+            row = -1
+            slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
+            if fits:
+                while slot_k1[slot] != _NO_SLOT:
+                    if slot_k1[slot] == k1 and slot_k2[slot] == k2:
+                        row = slot_row[slot]
+                        break
+                    slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
+            if row < 0:  # 3, 4 and the LM head, computed (and kept)
+                peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
+                if mode == 0:
+                    lgs = _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec)
+                else:
+                    j = i - lo
+                    lgs = (ext[0, j], ext[1, j], ext[2, j], ext[3, j], ext[4, j], ext[5, j],
+                           ext[6, j], ext[7, j], ext[8, j], ext[9, j], ext[10, j])
+                s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
+                    _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
+                                 plateau16, lgs)
+                (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
+                 ep_layer_f, ep_layer_b) = _communication(
+                    w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f,
+                    t_core_b)
+                t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
+                if fits and kept < MEMO_KEYS:
+                    slot_k1[slot], slot_k2[slot], slot_row[slot] = k1, k2, kept
+                    row = kept
+                    kept += 1
+                else:
+                    row = MEMO_KEYS + (i - b0)
+                r = values[row]
+                r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
+                    s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total
+                r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
+                    cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
+            rows[i - b0] = row
+        _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+                     mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, values,
+                     rows, b0, b1)
 
 
 # ------------------------------------------------------------ Python side
@@ -378,8 +398,9 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)
     args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
             opg, flash, fo, bo)
+    _compile(args)
     if libm_is_numpy_log():
-        in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), 0), n)
+        in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), 0, *_memo_scratch()), n)
         return fo, bo
     # numpy's float64 log is its own SIMD code here (AVX-512): take the logs with it, in
     # chunks, between the kernel's first and last pass, so they are the numpy path's.
@@ -388,15 +409,47 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     ext = np.empty((N_GEMMS, min(n, _NUMPY_LOG_CHUNK)))
     for lo in range(0, n, _NUMPY_LOG_CHUNK):
         hi = min(lo + _NUMPY_LOG_CHUNK, n)
-        _kernel(*args, lo, hi, ext, 1)
+        _kernel(*args, lo, hi, ext, 1, *_memo_scratch())
         for g in rows:
             np.log(ext[g, :hi - lo], out=ext[g, :hi - lo])
-        _kernel(*args, lo, hi, ext, 2)
+        _kernel(*args, lo, hi, ext, 2, *_memo_scratch())
     return fo, bo
 
 
 _NUMPY_LOG_CHUNK = 1 << 16
 _LIBM_IS_NUMPY_LOG = None
+#: Lanes :func:`_price_block`'s loop is compiled with (four float64 in AVX2's 256 bits).
+VECTOR_WIDTH = 4
+_COMPILED = False
+
+
+def _memo_scratch():
+    """The step memo's scratch for one call of :func:`_kernel` (each thread's range its own)."""
+    return (np.empty(MEMO_SLOTS, dtype=np.uint64), np.empty(MEMO_SLOTS, dtype=np.uint64),
+            np.empty(MEMO_SLOTS, dtype=np.int64), np.empty((MEMO_KEYS + BLOCK, _N_MEMO)),
+            np.empty(BLOCK, dtype=np.int64))
+
+
+def _compile(args):
+    """Compile :func:`_kernel` (or load it from numba's cache) before its first real call,
+    with its block loop vectorized.
+
+    LLVM's cost model refuses to vectorize :func:`_price_block`'s loop; forced to
+    :data:`VECTOR_WIDTH` lanes (:func:`solver.fused._numba.forced_vector_width`) it is
+    bitwise the same and faster. Calls over no configurations compile it for these
+    argument types inside that block, then :func:`_kernel` outside it (forced, LLVM would
+    warn on stderr of every loop there it cannot vectorize), before the threads of
+    :func:`solver.fused.in_ranges` call them.
+    """
+    global _COMPILED
+    if not _COMPILED:
+        w, f, c, has_dp = args[:4]
+        knobs, (fo, bo) = args[4:-2], args[-2:]
+        memo = _memo_scratch()
+        with forced_vector_width(VECTOR_WIDTH):  # this loop only: LLVM warns of each it cannot
+            _price_block(w, f, c, has_dp, 0.0, 0.0, *knobs, fo, bo, memo[3], memo[4], 0, 0)
+        _kernel(*args, 0, 0, np.empty((1, 1)), 0, *memo)  # calls the _price_block compiled above
+        _COMPILED = True
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
