@@ -436,7 +436,9 @@ def _compile(args):
 
     LLVM's cost model refuses to vectorize :func:`_price_block`'s loop; forced to
     :data:`VECTOR_WIDTH` lanes (:func:`solver.fused._numba.forced_vector_width`) it is
-    bitwise the same and faster. Calls over no configurations compile it for these
+    bitwise the same and faster (the kernel as a whole, against its one-pass scalar
+    version, interleaved in one process, 1 thread, 1M layouts, 16 rounds: best 167.7 ->
+    125.6 ms, median 194.8 -> 136.3 ms). Calls over no configurations compile it for these
     argument types inside that block, then :func:`_kernel` outside it (forced, LLVM would
     warn on stderr of every loop there it cannot vectorize), before the threads of
     :func:`solver.fused.in_ranges` call them.
