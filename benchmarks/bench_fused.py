@@ -1,6 +1,6 @@
 """Flat batches: the numpy path, the fused kernel and the reference, in one run, against the memory floor.
 
-    python benchmarks/bench_fused.py [--n 1000000] [--reference 300] [--repeat 3] [--rounds 3]
+    python benchmarks/bench_fused.py [--n 1000000] [--reference 300] [--repeat 3] [--rounds 3] [--pairs 21]
 
 1. mlsysim physics, ``--n`` random flat configurations (``bench_solver.draw`` on
    Llama-3-70B / Training_1K): ``solve(engine="numpy")``, ``solve(engine="fused")``
@@ -11,7 +11,9 @@
    side's best over all rounds is its figure; each round's ratio is reported too).
 2. megatron physics, ``--n`` random flat layouts of Llama3_70B_MC on
    HGX_H100_1K_MC: numpy against ``engine="fused"`` (reported as not available
-   where the megatron model takes no ``engine``).
+   where the megatron model takes no ``engine``); then ``--pairs`` adjacent calls of
+   the two physics' fused kernels, mlsysim then megatron, whose median time ratio is
+   the figure of megatron against mlsysim.
 3. an open-mesh grid (6.45M layouts, the mlsysim grid of ``bench_megatron.py``),
    numpy path (a grid is not flat): all outputs; with two outputs (``solve``
    has no output selection: it computes them all, and the two are then made
@@ -154,6 +156,8 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved rounds of the reference and the mlsysim fused kernel")
+    ap.add_argument("--pairs", type=int, default=21,
+                    help="adjacent calls of the mlsysim and the megatron fused kernels")
     args = ap.parse_args(argv)
     n, repeat = args.n, args.repeat
     res = {}
@@ -280,19 +284,26 @@ def main(argv=None):
             ref_rate, mg_floor)
         res["megatron_flat"]["fused_bitwise_equal_numpy"] = same(mg_fu, mg_np)
         del mg_fu, mg_np
-        # The two physics' fused kernels in interleaved rounds, so that a slow phase of the
-        # VM does not fall on one side only: megatron's time over mlsysim's, per round.
+        # The two physics' fused kernels in adjacent calls, mlsysim then megatron, so that
+        # the VM's slow phases (seconds long; rows timed minutes apart differ by up to 2x
+        # here) fall on both sides of a pair: megatron's time over mlsysim's, per pair.
         pairs = []
-        for _ in range(args.rounds):
-            ml_s, _ = best(lambda: mlsysim.solve(wl, fl, engine="fused", **knobs), repeat + 2)
+        for _ in range(args.pairs):
+            ml_s, _ = best(lambda: mlsysim.solve(wl, fl, engine="fused", **knobs), 1)
             mg_s, _ = best(lambda: megatron.solve(mwl, mfl, seq_len=8192, engine="fused",
-                                                  **mknobs), repeat + 2)
+                                                  **mknobs), 1)
             pairs.append({"mlsysim_seconds": ml_s, "megatron_seconds": mg_s,
                           "megatron_over_mlsysim": mg_s / ml_s})
-        res["megatron_flat"]["rounds_against_mlsysim"] = pairs
-        print("  rounds (mlsysim fused ms, megatron fused ms, megatron / mlsysim): " + "; ".join(
-            f"{p['mlsysim_seconds'] * 1e3:.1f}, {p['megatron_seconds'] * 1e3:.1f}, "
-            f"{p['megatron_over_mlsysim']:.2f}x" for p in pairs))
+        ratios = np.array([p["megatron_over_mlsysim"] for p in pairs])
+        res["megatron_flat"]["pairs_against_mlsysim"] = pairs
+        res["megatron_flat"]["megatron_over_mlsysim"] = {
+            "median": float(np.median(ratios)), "q25": float(np.quantile(ratios, 0.25)),
+            "q75": float(np.quantile(ratios, 0.75)),
+            "best_over_best": min(p["megatron_seconds"] for p in pairs)
+            / min(p["mlsysim_seconds"] for p in pairs)}
+        q = res["megatron_flat"]["megatron_over_mlsysim"]
+        print(f"  {len(pairs)} adjacent pairs, megatron / mlsysim time: median {q['median']:.2f}x "
+              f"(quartiles {q['q25']:.2f}x-{q['q75']:.2f}x), best over best {q['best_over_best']:.2f}x")
     res["megatron_flat"]["floor"] = row("  floor: bytes in + out at the bandwidth", n, mg_floor,
                                         ref_rate)
 
@@ -390,13 +401,15 @@ def markdown(res):
                       f"{r['reference_configs_per_s']:,.0f}/s and {r['fused_seconds'] * 1e3:.1f} ms, "
                       f"{r['ratio_to_reference']:,.0f}x" for r in res["mlsysim_flat"]["rounds"])
                   + ". The table takes each side's best."]
-    if "rounds_against_mlsysim" in res["megatron_flat"]:
-        pairs = res["megatron_flat"]["rounds_against_mlsysim"]
-        lines += ["", f"Interleaved rounds of the two fused kernels ({m['threads']} threads, "
-                  "reused outputs), mlsysim then megatron, best of each in its round: " + "; ".join(
-                      f"{p['mlsysim_seconds'] * 1e3:.1f} ms and {p['megatron_seconds'] * 1e3:.1f} ms, "
-                      f"megatron {p['megatron_over_mlsysim']:.2f}x mlsysim's time" for p in pairs)
-                  + "."]
+    if "pairs_against_mlsysim" in res["megatron_flat"]:
+        pairs = res["megatron_flat"]["pairs_against_mlsysim"]
+        q = res["megatron_flat"]["megatron_over_mlsysim"]
+        lines += ["", f"The two fused kernels in {len(pairs)} adjacent pairs of calls ({m['threads']} "
+                  f"threads, reused outputs), mlsysim then megatron: megatron took **{q['median']:.2f}x** "
+                  f"mlsysim's time (median of the pairs; quartiles {q['q25']:.2f}x-{q['q75']:.2f}x; "
+                  f"best over best {q['best_over_best']:.2f}x). Pairs (ms): " + "; ".join(
+                      f"{p['mlsysim_seconds'] * 1e3:.1f}/{p['megatron_seconds'] * 1e3:.1f}"
+                      for p in pairs) + "."]
     lines += ["", "The reference is timed in a spawned interpreter of its own "
               "(`bench_solver.time_reference_isolated`), so neither side runs on a heap the "
               "other left behind.", "",
