@@ -563,9 +563,11 @@ def _min_max(values):
 
 def int_in_bounds(array, low, high, limit):
     """A 1-D int64 array whose values lie in [low, high] and below ``limit`` in magnitude
-    (one pass); False sends the caller to the checking converter, which says what is wrong."""
+    (one pass, threaded: a million values come from memory); False sends the caller to the
+    checking converter, which says what is wrong."""
     if array.dtype != np.int64 or array.ndim != 1 or array.size == 0:
         return False
-    lo, hi = _min_max(array)
+    parts = in_ranges(lambda lo, hi: _min_max(array[lo:hi]), array.size)
+    lo, hi = min(p[0] for p in parts), max(p[1] for p in parts)
     return (-limit < lo and hi < limit and (low is None or lo >= low)
             and (high is None or hi <= high))
