@@ -149,7 +149,7 @@ def _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a,
     """Steps 1, 2 and 5-8 of configurations ``b0:b1``, steps 3-4 read from ``values[rows]``.
 
     A loop without the memo's probing, so LLVM vectorizes it (four configurations a
-    vector on AVX2; see :func:`run` for why it is told to): both sides of a select are
+    vector on AVX2; see :func:`_compile` for why it is told to): both sides of a select are
     computed, each with the expression the scalar code would use, so the same bits.
     """
     layers, h = w[0], w[1]
@@ -226,7 +226,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             slot_row, values, rows):
     """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
 
-    One scalar iteration per configuration. Steps 3 (layer times) and 4 (communication)
+    Steps 3 (layer times) and 4 (communication)
     and the LM head's time, with the logs of the GEMM size curve they need, are a pure
     function of ten knobs (``seq_len``, ``micro_batch_size``, ``tp/cp/ep_size``,
     sequence parallelism, recompute, flash attention, precision, ``tp_comm_overlap``) and
