@@ -122,8 +122,8 @@ def forced_vector_width(width: int):
     """Compile inside this block with LLVM's loop vectorizer forced to ``width`` lanes.
 
     LLVM's cost model can refuse a loop that pays when vectorized (it priced the
-    megatron kernel's block loop as not beneficial; forced to 4 lanes it ran 1.5x
-    faster, see :func:`solver.fused.megatron_kernel.run`). Forcing changes no result:
+    megatron kernel's block loop as not beneficial; forced to 4 lanes the kernel ran
+    1.3-1.4x faster, see :func:`solver.fused.megatron_kernel._compile`). Forcing changes no result:
     each lane computes what the scalar loop would, without fastmath, and loops that
     cannot be vectorized legally stay scalar. The option (``-force-vector-width``) is
     process-wide, so the block holds numba's compiler lock, which every numba
