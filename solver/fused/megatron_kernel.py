@@ -390,10 +390,10 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     -------
     (tuple of len(FLOAT_OUTPUTS) float64 arrays, tuple of 3 bool arrays), each of length n
     """
-    # One array per output, not rows of one block: LLVM can check separate arrays for
-    # overlap at run time (rows of one 2-D array are a stride apart it cannot bound), and a
-    # caller who keeps one output keeps only its memory. They come from buffers: arrays of
-    # an earlier call that nothing refers to any more, already faulted in.
+    # One array per output, not rows of one block: each is its own argument, which the
+    # kernels' noalias flag declares overlaps no other (solver.fused._numba), and a caller
+    # who keeps one output keeps only its memory. They come from buffers: arrays of an
+    # earlier call that nothing refers to any more, already faulted in.
     fo = tuple(buffers.empty(n, np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)
     args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
@@ -403,7 +403,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
         in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), 0, *_memo_scratch()), n)
         return fo, bo
     # numpy's float64 log is its own SIMD code here (AVX-512): take the logs with it, in
-    # chunks, between the kernel's first and last pass, so they are the numpy path's.
+    # chunks, between the kernel's mode 1 and mode 2 calls, so they are the numpy path's.
     rows = [g for g in range(N_GEMMS)
             if not ((G_MOE1 <= g <= G_ROUTER and not w[6]) or (g in (G_SH1, G_SH2) and not w[11]))]
     ext = np.empty((N_GEMMS, min(n, _NUMPY_LOG_CHUNK)))
