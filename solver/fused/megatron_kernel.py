@@ -222,8 +222,8 @@ def _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a,
 
 @kernel(cache=_CACHE)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
-            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, lo, hi, ext, mode, slot_k1, slot_k2,
-            slot_row, values, rows):
+            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, lo, hi, ext, mode, bounds, slot_k1,
+            slot_k2, slot_row, values, rows):
     """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
 
     Steps 3 (layer times) and 4 (communication)
@@ -247,6 +247,12 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
     ``mode`` 0: the logs from libm; 1: only the GEMMs' ideal durations, into ``ext`` (rows
     G_*, columns ``i - lo``); 2: the steps, their logs read from ``ext`` (where numpy's
     log is not libm's, :func:`run` takes them with ``np.log`` between modes 1 and 2).
+
+    The first pass also makes the range checks of the integer knobs (``bounds``: the
+    least and the largest value of each, in the order of the ten integer knob arrays
+    of the signature, ``batch_a`` ... ``zero_a``), so their arrays are read once, not once
+    more before the call. Returns whether every value lay within them (mode 1 checks
+    nothing: mode 2 follows it on the same range).
     """
     if mode == 1:
         for i in range(lo, hi):
@@ -267,11 +273,12 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             ext[G_SH2, j] = _ideal(f_sh2, 1.0, peak_gemm)
             ext[G_ROUTER, j] = _ideal(f_router, 1.0, peak_gemm)
             ext[G_HEAD, j] = _ideal(f_head, 1.0, peak16)
-        return
+        return True
     # the step memo: open addressing (linear probing) on the two key words -> a row of values
     slot_k1[:] = _NO_SLOT
     kept = 0
     up_bw, out_bw = f[7] * c[7], f[8] * c[8]  # as _communication computes them
+    out_of_bounds = False
     for b0 in range(lo, hi, BLOCK):
         b1 = min(b0 + BLOCK, hi)
         for i in range(b0, b1):
@@ -318,9 +325,23 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
                     cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
             rows[i - b0] = row
+            out_of_bounds |= (
+                _outside(batch_a[i], bounds[0], bounds[1]) | _outside(s_a[i], bounds[2], bounds[3])
+                | _outside(tp_a[i], bounds[4], bounds[5]) | _outside(pp_a[i], bounds[6], bounds[7])
+                | _outside(cp_a[i], bounds[8], bounds[9]) | _outside(ep_a[i], bounds[10], bounds[11])
+                | _outside(dp_a[i], bounds[12], bounds[13]) | _outside(v_a[i], bounds[14], bounds[15])
+                | _outside(mbs_a[i], bounds[16], bounds[17])
+                | _outside(zero_a[i], bounds[18], bounds[19]))
         _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
                      mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, values,
                      rows, b0, b1)
+    return not out_of_bounds
+
+
+@njit(**_INLINE_STEP)
+def _outside(x, low, high):
+    """Whether an integer knob's value lies outside [low, high] (no branch)."""
+    return (x < low) | (x > high)
 
 
 # ------------------------------------------------------------ Python side
@@ -383,13 +404,20 @@ def constant_scalars(c):
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-        opg, flash):
+        opg, flash, bounds=None):
     """Price ``n`` configurations: the knobs as 1-D arrays of length ``n`` (int64 / bool).
+
+    ``bounds``: 20 ints, the least and the largest value each of ``batch`` ... ``zero`` may
+    take (see :func:`_kernel`; None: any int64).
 
     Returns
     -------
-    (tuple of len(FLOAT_OUTPUTS) float64 arrays, tuple of 3 bool arrays), each of length n
+    (tuple of len(FLOAT_OUTPUTS) float64 arrays, tuple of 3 bool arrays, bool): the
+    outputs, each of length n, and whether every integer knob lay within ``bounds``
+    (where one did not, the outputs are not to be used)
     """
+    if bounds is None:
+        bounds = _ANY_INT64
     # One array per output, not rows of one block: each is its own argument, which the
     # kernels' noalias flag declares overlaps no other (solver.fused._numba), and a caller
     # who keeps one output keeps only its memory. They come from buffers: arrays of an
@@ -400,23 +428,26 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
             opg, flash, fo, bo)
     _compile(args)
     if libm_is_numpy_log():
-        in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), 0, *_memo_scratch()), n)
-        return fo, bo
+        ok = in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), 0, bounds,
+                                              *_memo_scratch()), n)
+        return fo, bo, all(ok)
     # numpy's float64 log is its own SIMD code here (AVX-512): take the logs with it, in
     # chunks, between the kernel's mode 1 and mode 2 calls, so they are the numpy path's.
     rows = [g for g in range(N_GEMMS)
             if not ((G_MOE1 <= g <= G_ROUTER and not w[6]) or (g in (G_SH1, G_SH2) and not w[11]))]
     ext = np.empty((N_GEMMS, min(n, _NUMPY_LOG_CHUNK)))
+    ok = True
     for lo in range(0, n, _NUMPY_LOG_CHUNK):
         hi = min(lo + _NUMPY_LOG_CHUNK, n)
-        _kernel(*args, lo, hi, ext, 1, *_memo_scratch())
+        _kernel(*args, lo, hi, ext, 1, bounds, *_memo_scratch())
         for g in rows:
             np.log(ext[g, :hi - lo], out=ext[g, :hi - lo])
-        _kernel(*args, lo, hi, ext, 2, *_memo_scratch())
-    return fo, bo
+        ok = _kernel(*args, lo, hi, ext, 2, bounds, *_memo_scratch()) and ok
+    return fo, bo, ok
 
 
 _NUMPY_LOG_CHUNK = 1 << 16
+_ANY_INT64 = (np.iinfo(np.int64).min, np.iinfo(np.int64).max) * 10
 _LIBM_IS_NUMPY_LOG = None
 #: Lanes :func:`_price_block`'s loop is compiled with (four float64 in AVX2's 256 bits).
 VECTOR_WIDTH = 4
@@ -450,7 +481,7 @@ def _compile(args):
         memo = _memo_scratch()
         with forced_vector_width(VECTOR_WIDTH):  # this loop only: LLVM warns of each it cannot
             _price_block(w, f, c, has_dp, 0.0, 0.0, *knobs, fo, bo, memo[3], memo[4], 0, 0)
-        _kernel(*args, 0, 0, np.empty((1, 1)), 0, *memo)  # calls the _price_block compiled above
+        _kernel(*args, 0, 0, np.empty((1, 1)), 0, _ANY_INT64, *memo)  # calls the _price_block above
         _COMPILED = True
 
 

@@ -237,12 +237,15 @@ def _codes(name, value):
     return table[codes]
 
 
-def _normalize(values, fast=False):
+def _normalize(values, fast=False, unchecked=None):
     """The knobs checked and converted (int64, bool, int64 codes of the choices).
 
     ``fast``: big 1-D arrays that are already right (int64 in bounds, exact choice names)
     pass in one numba pass each (:mod:`solver.fused.megatron_kernel`); anything else, and
-    every error message, goes through the checking converters.
+    every error message, goes through the checking converters. ``unchecked``: a list
+    that, where given, takes the names of big int64 arrays passed on with their range
+    checks left to the fused kernel (its first pass reads them anyway); whoever prices
+    them otherwise checks them first (:func:`_check_deferred`).
     """
     fk = None
     if fast:
@@ -257,6 +260,9 @@ def _normalize(values, fast=False):
         if knob.kind == "choice":
             codes = fk.factorize_choices(value, _CHOICES[name]) if big else None
             out[name] = codes if codes is not None else _codes(name, value)
+        elif big and knob.kind == "int" and unchecked is not None and value.dtype == np.int64:
+            out[name] = value
+            unchecked.append(name)
         elif big and knob.kind == "int" and fk.int_in_bounds(value, knob.low, knob.high,
                                                               knobs_.MAX_INTEGER):
             out[name] = value
@@ -398,8 +404,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention)
     if dp_size is not None:
         values["dp_size"] = dp_size
-    k = _normalize(values, fast=engine != "numpy")
-    return _price(_Shape(workload), fleet, k, constants, engine, {})
+    unchecked = []  # range checks left to the fused kernel, or made before the numpy path
+    k = _normalize(values, fast=engine != "numpy", unchecked=unchecked)
+    return _price(_Shape(workload), fleet, k, constants, engine, {"unchecked": unchecked})
 
 
 def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
@@ -461,7 +468,8 @@ def _check_inputs(workload, fleet, engine):
 
 def _price(w, fleet, k, constants, engine, memo):
     """solve's outputs for normalized knobs ``k`` and constant overrides (``memo``: a dict
-    the fused path keeps its per-(knobs, workload, fleet) inputs in between calls)."""
+    the fused path keeps its per-(knobs, workload, fleet) inputs in between calls; its
+    ``"unchecked"``: knobs of ``k`` whose range checks are still to be made)."""
     c = _constants(constants)
     try:
         if "knob_shape" not in memo:
@@ -479,7 +487,28 @@ def _price(w, fleet, k, constants, engine, memo):
         # the one rule of solver.fused on the knobs' broadcast shape
         if why is None and fused.resolve_engine(engine, {"the broadcast of the knobs": shape}) == "fused":
             return _solve_fused(w, fleet, k, c, shape, memo)
+    _check_deferred(k, memo)
     return _solve(w, fleet, k, c, shape)
+
+
+def _check_deferred(k, memo):
+    """The range checks :func:`_normalize` left to the fused kernel: made (ValueError naming
+    the knob and the value) and struck off."""
+    for name in memo.get("unchecked", ()):
+        knobs_._CONVERT["int"](KNOBS[name], k[name])
+    memo["unchecked"] = []
+
+
+#: The least and the largest value of each integer knob the fused kernel reads, in the
+#: order of its arrays (batch_size ... zero_stage), within +-(2**53 - 1) (solver.knobs).
+_KERNEL_INTS = ("batch_size", "seq_len", "tp_size", "pp_size", "cp_size", "ep_size", "dp_size",
+                "v_stages", "micro_batch_size", "zero_stage")
+_KERNEL_BOUNDS = tuple(
+    int(bound) for name in _KERNEL_INTS
+    for bound in (max(KNOBS[name].low if KNOBS[name].low is not None else -knobs_.MAX_INTEGER,
+                      1 - knobs_.MAX_INTEGER),
+                  min(KNOBS[name].high if KNOBS[name].high is not None else knobs_.MAX_INTEGER,
+                      knobs_.MAX_INTEGER - 1)))
 
 
 # ------------------------------------------------------------------ engines
@@ -518,12 +547,17 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
                     w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
     a = memo["a"]
     has_dp = "dp_size" in a
-    fo, bo = fk.run(memo["w"], memo["f"], fk.constant_scalars(c), n,
-                    has_dp, a["batch_size"], a["seq_len"], a["tp_size"], a["pp_size"], a["cp_size"],
-                    a["ep_size"], a["dp_size"] if has_dp else a["tp_size"], a["v_stages"],
-                    a["micro_batch_size"], a["sequence_parallel"], a["recompute"], a["zero_stage"],
-                    a["precision"], a["tp_comm_overlap"], a["overlap_grad_reduce"],
-                    a["overlap_param_gather"], a["flash_attention"])
+    fo, bo, ok = fk.run(memo["w"], memo["f"], fk.constant_scalars(c), n,
+                        has_dp, a["batch_size"], a["seq_len"], a["tp_size"], a["pp_size"],
+                        a["cp_size"], a["ep_size"], a["dp_size"] if has_dp else a["tp_size"],
+                        a["v_stages"], a["micro_batch_size"], a["sequence_parallel"],
+                        a["recompute"], a["zero_stage"], a["precision"], a["tp_comm_overlap"],
+                        a["overlap_grad_reduce"], a["overlap_param_gather"],
+                        a["flash_attention"], _KERNEL_BOUNDS)
+    if not ok:
+        _check_deferred(k, memo)  # raises, naming the knob and the value
+        raise AssertionError("the fused kernel refused an integer knob value the checks accept")
+    memo["unchecked"] = []
     rows = {name: fo[j].reshape(shape) for j, name in enumerate(fk.FLOAT_OUTPUTS)}
     rows.update({name: bo[j].reshape(shape) for j, name in enumerate(fk.BOOL_OUTPUTS)})
     return {name: rows[name] for name in OUTPUTS}
