@@ -99,6 +99,16 @@ def megatron_draw(n, seed=1):
     }
 
 
+def megatron_normalization(mknobs, n):
+    """What megatron.solve(engine="fused") does to the knobs before its kernel: checks the
+    bools, codes the names, spreads the scalars to arrays (the integer range checks are
+    the kernel's)."""
+    values = {name: default for name, default in megatron.DEFAULTS.items() if name != "dp_size"}
+    values.update(mknobs, seq_len=8192)
+    k = megatron._normalize(values, fast=True, unchecked=[])
+    return {name: megatron._flat(name, k[name], n) for name in k}
+
+
 def same(a, b):
     return all(np.array_equal(np.asarray(a[k]), np.asarray(b[k]), equal_nan=True) for k in a)
 
@@ -283,6 +293,11 @@ def main(argv=None):
             f"megatron, flat, fused, {fused.threads()} thr, fresh outputs", n, mg_fresh_s,
             ref_rate, mg_floor)
         res["megatron_flat"]["fused_bitwise_equal_numpy"] = same(mg_fu, mg_np)
+        mg_norm_s, _ = best(lambda: megatron_normalization(mknobs, n), repeat + 2)
+        res["megatron_flat"]["normalization_seconds"] = mg_norm_s
+        print(f"  normalization: {mg_norm_s * 1e3:.2f} ms ({mg_norm_s / mg_fu_s:.1%} of the call; "
+              f"name codes, scalar knobs spread to arrays; the integer range checks run in the "
+              f"kernel)")
         del mg_fu, mg_np
         # The two physics' fused kernels in adjacent calls, mlsysim then megatron, so that
         # the VM's slow phases (seconds long; rows timed minutes apart differ by up to 2x
@@ -410,6 +425,18 @@ def markdown(res):
                   f"best over best {q['best_over_best']:.2f}x). Pairs (ms): " + "; ".join(
                       f"{p['mlsysim_seconds'] * 1e3:.1f}/{p['megatron_seconds'] * 1e3:.1f}"
                       for p in pairs) + "."]
+    mg = res["megatron_flat"]
+    if "normalization_seconds" in mg and isinstance(mg.get("fused"), dict):
+        norm = f["normalization_seconds"]
+        ml_norm = norm["fused_path_knob_conversion"] + norm["fused_path_precision_view"]
+        lines += ["", "Input normalization before the kernels (best of repeated calls): mlsysim "
+                  f"{ml_norm * 1e3:.2f} ms, {ml_norm / f['fused']['seconds']:.1%} of its fused "
+                  "call (knob conversion and the precision names' view; range checks and name "
+                  f"decoding run in the kernel); megatron {mg['normalization_seconds'] * 1e3:.2f} ms, "
+                  f"{mg['normalization_seconds'] / mg['fused']['seconds']:.1%} of its fused call "
+                  "(bool checks, name codes, scalar knobs spread to arrays; the integer range "
+                  "checks run in the kernel). The numpy path's normalize (mlsysim): "
+                  f"{norm['numpy_path_normalize'] * 1e3:.1f} ms."]
     lines += ["", "The reference is timed in a spawned interpreter of its own "
               "(`bench_solver.time_reference_isolated`), so neither side runs on a heap the "
               "other left behind.", "",
