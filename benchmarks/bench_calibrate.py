@@ -15,8 +15,10 @@ Knobs a source does not state (microbatch, interleaving, recompute) are set
 by fidelity.py's choice rule (the shipped model's fastest realizable layout
 that fits memory), never by the measurement.
 
-Two starting points, each calibrated with the default prior (``sweep.calibrate``)
-and without one (``prior_width=inf``, plain least squares):
+Two starting points, each calibrated with the default prior (``sweep.calibrate``),
+without one (``prior_width=inf``, plain least squares), and with the default prior
+and ``free="auto"`` (the free constants chosen by the training half's leave-one-out
+error, :func:`sweep.calibration.select_free`):
 
 - **shipped**: the shipped constants (in-sample for every H100 run, see above);
 - **new cluster**: the constants fitted, as ``fidelity.py`` fits them, on the
@@ -121,8 +123,8 @@ def new_cluster_start():
     return {**fidelity.fit_megatron(others), "fp8_gemm_scale": fidelity.PRIOR["fp8_gemm_scale"]}
 
 
-#: (label, prior_width) of each calibration compared.
-FITS = (("prior", None), ("plain", math.inf))
+#: (label, prior_width, free) of each calibration compared.
+FITS = (("prior", None, None), ("plain", math.inf, None), ("auto", None, "auto"))
 
 
 def main(argv=None):
@@ -153,12 +155,12 @@ def main(argv=None):
                      "test": [rows[i]["run_id"] for i in test],
                      "test_uncalibrated_mape": float(np.mean(ape(base_pred, meas))),
                      "test_uncalibrated_max": float(np.max(ape(base_pred, meas))), "fits": {}}
-            for label, width in FITS:
+            for label, width, free in FITS:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always", CalibrationWarning)
                     loo = args.loo or width is None
                     cal = sweep.calibrate(data.subset(train), start=start, prior_width=width,
-                                          loo=loo)
+                                          loo=loo, free=free)
                 cal_pred = predict(held_out, cal.constants)
                 split["fits"][label] = {
                     "constants": {n: cal.constants[n] for n in cal.profile.free},
@@ -169,6 +171,7 @@ def main(argv=None):
                     "loo_warned": any(str(w.message).startswith("leave-one-out:") for w in caught),
                     "test_mape": float(np.mean(ape(cal_pred, meas))),
                     "test_max": float(np.max(ape(cal_pred, meas))),
+                    "selection": [{"free": list(c), "loo_mape": e} for c, e in cal.selection],
                     "warnings": [str(w.message) for w in caught],
                     "per_run": [{"run_id": r.run_id, "measured_s": float(m), "calibrated_s": float(c),
                                  "uncalibrated_s": float(u)}
@@ -177,6 +180,7 @@ def main(argv=None):
             f = split["fits"]
             print(f"{start_name} / {name}: prior {f['prior']['test_mape']:.2f}% (max "
                   f"{f['prior']['test_max']:.1f}%), plain {f['plain']['test_mape']:.2f}%, "
+                  f"auto {f['auto']['test_mape']:.2f}% ({', '.join(cal.profile.free) or 'none'}), "
                   f"uncalibrated {split['test_uncalibrated_mape']:.2f}%", flush=True)
     results["mean"] = {}
     for start_name in starts:
@@ -185,7 +189,7 @@ def main(argv=None):
                       and (exp == "all" or s["split"].startswith(exp + " "))]
             results["mean"][f"{start_name} / {exp}"] = {
                 **{label: float(np.mean([s["fits"][label]["test_mape"] for s in splits]))
-                   for label, _ in FITS},
+                   for label, _, _ in FITS},
                 "worst_prior": float(np.max([s["fits"]["prior"]["test_max"] for s in splits])),
                 "uncalibrated": float(np.mean([s["test_uncalibrated_mape"] for s in splits]))}
     fits = [(s["fits"]["prior"], s) for s in results["splits"]]
@@ -220,23 +224,30 @@ def markdown(res):
            "Start *shipped*: the shipped constants, fitted on all published runs (the held-out "
            "half included: an in-sample baseline). Start *new cluster*: fitted on the A100 "
            "runs only (no H100 run seen). *prior*: `sweep.calibrate`'s default (a Gaussian prior "
-           "on each log constant around the start); *plain*: `prior_width=inf`. "
+           "on each log constant around the start); *plain*: `prior_width=inf`; *auto*: "
+           "`free=\"auto\"` (the default prior; the free constants chosen by the training "
+           "half's leave-one-out error, `sweep.calibration.select_free`; chosen in brackets). "
            "Train LOO: the prior fit's leave-one-out error on its own half, beside the start's "
            "error there; (!) marks the fits whose leave-one-out warning fired (the fit predicts "
            "a left-out run worse than the start).", "",
            "| start | split | train in-sample (prior) | train LOO (prior) / start | held-out prior "
-           "| held-out plain | held-out uncalibrated |", "|---|---|---|---|---|---|---|"]
+           "| held-out plain | held-out auto [chosen] | held-out uncalibrated |",
+           "|---|---|---|---|---|---|---|---|"]
     for s in res["splits"]:
-        p, q = s["fits"]["prior"], s["fits"]["plain"]
+        p, q, a = s["fits"]["prior"], s["fits"]["plain"], s["fits"]["auto"]
+        chosen = ", ".join(a["selection"][-1]["free"]) or "none"
         out.append(f"| {s['start']} | {s['split']} | {p['train_in_sample_mape']:.2f} % "
                    f"| {p['train_loo_mape']:.2f} % / {p['train_uncalibrated_mape']:.2f} % "
                    f"| {p['test_mape']:.2f} % ({p['test_max']:.1f} %){' (!)' if p['loo_warned'] else ''} "
                    f"| {q['test_mape']:.2f} % ({q['test_max']:.1f} %) "
+                   f"| {a['test_mape']:.2f} % ({a['test_max']:.1f} %) [{chosen}] "
                    f"| {s['test_uncalibrated_mape']:.2f} % ({s['test_uncalibrated_max']:.1f} %) |")
     out += ["", "Means over the splits (worst single run of the prior fits):", "",
-            "| start / runs | prior | plain | uncalibrated | worst run (prior) |", "|---|---|---|---|---|"]
+            "| start / runs | prior | plain | auto | uncalibrated | worst run (prior) |",
+            "|---|---|---|---|---|---|"]
     for key, m in res["mean"].items():
-        out.append(f"| {key} | {m['prior']:.2f} % | {m['plain']:.2f} % | {m['uncalibrated']:.2f} % "
+        out.append(f"| {key} | {m['prior']:.3f} % | {m['plain']:.3f} % | {m['auto']:.3f} % "
+                   f"| {m['uncalibrated']:.3f} % "
                    f"| {m['worst_prior']:.1f} % |")
     lw = res["loo_warning"]
     out += ["", f"Leave-one-out warning: {lw['worse_than_start']} of the {lw['fits']} prior fits "

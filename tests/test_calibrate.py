@@ -14,6 +14,7 @@ import sweep
 from solver.physics import megatron as M
 from sweep.calibration import (CalibrationWarning, Profile, load_profile,
                                predict, read_measurements)
+from sweep.calibration.core import LOO_WORSE_MARGIN
 
 TRUE = dict(M.CONSTANTS, gemm_scale=0.65, scale_up_efficiency=0.8, scale_out_efficiency=0.5,
             overlap_efficiency=0.7, step_overhead=0.05)
@@ -116,6 +117,34 @@ def test_a_fit_that_predicts_left_out_runs_worse_than_its_start_says_so():
         warnings.simplefilter("always", CalibrationWarning)
         sweep.calibrate(rows, loo=False, prior_width=math.inf)
     assert not any("leave-one-out" in str(w.message) for w in caught)
+
+
+def test_free_auto_adds_the_constant_the_runs_need_and_stops_when_none_helps():
+    # the truth differs from the start in the GEMM scale alone (x0.8), 1 % noise
+    truth = dict(M.CONSTANTS, gemm_scale=M.CONSTANTS["gemm_scale"] * 0.8)
+    rows = _synthetic(_rows(dps=(1, 16), tps=(1, 8), pps=(1, 4)), truth, noise=0.01, seed=2)
+    cal = sweep.calibrate(rows, free="auto")
+    steps = cal.selection
+    assert steps[0] == ((), pytest.approx(cal.uncalibrated_error))
+    assert steps[1][0] == ("gemm_scale",)  # the first constant chosen is the one that differs
+    assert cal.uncalibrated_error > 5.0 and steps[1][1] < 1.5
+    # each step beat the last by more than the margin, and the last is what was fitted
+    for (_, before), (_, after) in zip(steps, steps[1:]):
+        assert after < before - LOO_WORSE_MARGIN
+    assert cal.profile.free == steps[-1][0]
+    assert cal.loo_error == pytest.approx(steps[-1][1])
+    assert cal.constants["gemm_scale"] == pytest.approx(truth["gemm_scale"], rel=0.03)
+    # a step's error is that of calibrate with those constants free
+    assert sweep.calibrate(rows, free=("gemm_scale",)).loo_error == pytest.approx(steps[1][1])
+
+
+def test_free_auto_keeps_the_start_when_the_runs_are_its_own():
+    rows = _synthetic(_rows(dps=(1, 16), tps=(1, 8), pps=(1,)), M.CONSTANTS, noise=0.0)
+    cal = sweep.calibrate(rows, free="auto")
+    assert cal.selection == (((), 0.0),)
+    assert cal.profile.free == () and cal.constants == cal.start == M.CONSTANTS
+    np.testing.assert_array_equal(cal.loo_predicted, cal.uncalibrated)
+    assert len(cal.constants_table()) == 0
 
 
 def test_free_constants_are_checked():

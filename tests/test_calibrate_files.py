@@ -128,6 +128,14 @@ def test_cli_calibrate_prints_the_fit_saves_and_plots(tmp_path, capsys):
     assert pulled.constants["gemm_scale"] != pytest.approx(0.6, rel=1e-3)
     assert pulled.prior_width == {"gemm_scale": 0.3, "step_overhead": 2.0}
     assert main(["calibrate", str(path), "--no-loo", "--prior-width", "-1"]) == 2
+    assert main(["calibrate", str(path), "--no-loo", "--free", "auto"]) == 2
+    capsys.readouterr()
+    # --free auto: the steps of the choice, then the fit of what it chose
+    assert main(["calibrate", str(path), "--free", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "free auto: nothing free (the start constants): leave-one-out error" in out
+    chosen = [line for line in out.splitlines() if line.startswith("free auto: ")][-1]
+    assert "gemm_scale" in chosen
     assert (tmp_path / "cal.png").stat().st_size > 1000
     # scoring the saved profile, no fit
     assert main(["calibrate", str(path), "--calibration", str(tmp_path / "p.toml")]) == 0

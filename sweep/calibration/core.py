@@ -46,6 +46,15 @@ show that the profile predicts an untried layout better than no calibration.
 (``benchmarks/bench_calibrate.py``: of its 12 calibrations on half of the published
 H100 runs, the 3 that predicted the other half worse than their start all raised
 it; so did 3 that predicted it better.)
+
+``free="auto"`` lets the runs choose the free constants, by leave-one-out error
+(:func:`select_free`): starting from none, it adds, of the default free constants,
+the one whose fit predicts left-out runs best, while that beats the last choice
+(at first: the start constants) by more than :data:`LOO_WORSE_MARGIN`. It costs
+one leave-one-out per candidate tried (up to some 20, each one fit per run), and
+what it chose is ``Calibration.selection``. Measured in ``bench_calibrate.py``: it
+helps where the start is far from the cluster and hurts where the start already
+knew the runs (see the README); so it is not the default.
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ from .profile import Profile, load_profile, now
 
 __all__ = ["calibrate", "Calibration", "CalibrationWarning", "DEFAULT_FREE", "predict",
            "IDENTIFIED_SENSITIVITY", "SEPARABLE_CORRELATION", "PRIOR_WIDTHS",
-           "DEFAULT_NOISE", "PRIOR_DOMINATED", "LOO_WORSE_MARGIN"]
+           "DEFAULT_NOISE", "PRIOR_DOMINATED", "LOO_WORSE_MARGIN", "AUTO", "select_free"]
 
 #: Free constants unless told otherwise (``fp8_gemm_scale`` joins when a run uses FP8/FP4).
 DEFAULT_FREE = ("gemm_scale", "scale_up_efficiency", "scale_out_efficiency", "overlap_efficiency",
@@ -95,6 +104,8 @@ PRIOR_DOMINATED = 0.8
 #: Percentage points by which the leave-one-out error may exceed the start constants'
 #: error on the same runs before :func:`calibrate` warns that the fit does not generalize.
 LOO_WORSE_MARGIN = 0.1
+#: ``calibrate(free=AUTO)``: the runs choose the free constants (:func:`select_free`).
+AUTO = "auto"
 
 
 class CalibrationWarning(UserWarning):
@@ -151,6 +162,11 @@ class Calibration:
     sensitivity: Mapping[str, float]
     correlation: np.ndarray
     warnings: tuple
+    #: The start constants (every constant's value before the fit).
+    start: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(megatron.CONSTANTS))
+    #: ``free="auto"``: each step of :func:`select_free`, ``(free constants, leave-one-out
+    #: error [%])``, the start's error first; empty otherwise.
+    selection: tuple = ()
 
     @property
     def constants(self) -> dict:
@@ -196,7 +212,7 @@ class Calibration:
         import pandas as pd
 
         p = self.profile
-        rows = [{"constant": n, "start": megatron.CONSTANTS[n], "fitted": p.constants[n],
+        rows = [{"constant": n, "start": self.start[n], "fitted": p.constants[n],
                  "std": p.uncertainty.get(n, np.nan), "low": megatron.CONSTANT_BOUNDS[n][0],
                  "high": megatron.CONSTANT_BOUNDS[n][1], "sensitivity": self.sensitivity[n],
                  "meaning": megatron.CONSTANT_BOUNDS[n][2]} for n in p.free]
@@ -296,9 +312,11 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
         The measured runs (:func:`sweep.calibration.read_measurements`).
     physics : {"megatron"}
         The physics model calibrated (only ``"megatron"`` has free constants).
-    free : sequence of str, optional
+    free : sequence of str or "auto", optional
         Constants fitted (default: :data:`DEFAULT_FREE`, with ``fp8_gemm_scale``
-        when a run uses FP8/FP4).
+        when a run uses FP8/FP4). ``"auto"``: those of the default ones that
+        :func:`select_free` chooses by leave-one-out error (possibly none: then
+        the start constants, unchanged).
     start : mapping, Profile or path, optional
         Start values, and the values of the constants not fitted (default: the
         shipped fit :data:`solver.physics.megatron.CONSTANTS`).
@@ -330,7 +348,13 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
                          f"but got {physics!r}")
     _positive("noise", noise)
     data = read_measurements(measurements)
-    names = _free_names(free, data)
+    selection = ()
+    if isinstance(free, str) and free == AUTO:
+        selection = select_free(data, start=start, max_nfev=max_nfev, prior_width=prior_width,
+                                noise=noise)
+        names = selection[-1][0]
+    else:
+        names = _free_names(free, data)
     base = _start(start)
     widths = _prior_widths(prior_width, names)
     residuals = _log_residuals(data)
@@ -357,10 +381,13 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
     for n, s in zip(names, sens0):
         sens.setdefault(n, float(s))
     predicted = predict(data, constants)
-    loo_pred = (_leave_one_out(data, constants, seen, max_nfev, prior) if loo
-                else np.full(len(data), np.nan))
     meas = data.step_times
     uncalibrated = predict(data, base)
+    if loo and not names:  # nothing fitted: each left-out run is predicted by the start
+        loo_pred = uncalibrated.copy()
+    else:
+        loo_pred = (_leave_one_out(data, constants, seen, max_nfev, prior) if loo
+                    else np.full(len(data), np.nan))
     if loo and seen:
         loo_mape = float(np.mean(_ape(loo_pred, meas)))
         start_mape = float(np.mean(_ape(uncalibrated, meas)))
@@ -378,7 +405,47 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
                       prior_width=dict(widths), noise=float(noise), warnings=tuple(notes))
     return Calibration(profile=profile, measurements=data, predicted=predicted,
                        loo_predicted=loo_pred, uncalibrated=uncalibrated,
-                       sensitivity=sens, correlation=corr, warnings=tuple(notes))
+                       sensitivity=sens, correlation=corr, warnings=tuple(notes),
+                       start={k: base[k] for k in megatron.CONSTANT_BOUNDS}, selection=selection)
+
+
+def select_free(measurements, *, start=None, max_nfev: int = 300, prior_width=None,
+                noise: float = DEFAULT_NOISE) -> tuple:
+    """The free constants the runs support, chosen by leave-one-out error (forward selection).
+
+    From no free constant (the start constants' error on the runs), each step fits,
+    for every default free constant (:data:`DEFAULT_FREE`, with ``fp8_gemm_scale``
+    when a run uses FP8/FP4) not yet chosen, the chosen ones plus it, and predicts each
+    run by the fit of the others (:func:`calibrate` with ``loo=True``); it keeps the
+    candidate with the lowest error while that is below the last step's by more than
+    :data:`LOO_WORSE_MARGIN`. Only the runs given are used: no held-out data.
+
+    Returns
+    -------
+    tuple of (tuple of str, float)
+        Each step's free constants and leave-one-out mean absolute percentage error
+        [%], from ``((), start's error)`` to the chosen set (the last).
+    """
+    data = read_measurements(measurements)
+    base = _start(start)
+    candidates = _free_names(None, data)
+    chosen = ()
+    steps = [(chosen, float(np.mean(_ape(predict(data, base), data.step_times))))]
+    while len(chosen) < len(candidates):
+        tried = {}
+        with warnings_.catch_warnings():
+            warnings_.simplefilter("ignore", CalibrationWarning)
+            for name in candidates:
+                if name not in chosen:
+                    tried[name] = calibrate(data, free=chosen + (name,), start=start, loo=True,
+                                            max_nfev=max_nfev, prior_width=prior_width,
+                                            noise=noise).loo_error
+        name = min(tried, key=tried.get)  # ties: the first in the default order
+        if not tried[name] < steps[-1][1] - LOO_WORSE_MARGIN:
+            break
+        chosen = chosen + (name,)
+        steps.append((chosen, float(tried[name])))
+    return tuple(steps)
 
 
 def _uncertainty(solution, names, constants, n_runs, notes, widths,

@@ -58,6 +58,11 @@ def _fit(args, data):
     import sweep
 
     free = [n.strip() for n in args.free.split(",") if n.strip()] if args.free else None
+    if free == ["auto"]:
+        if args.no_loo:
+            raise UsageError("calibrate: --free auto chooses the constants by leave-one-out "
+                             "error, so it cannot run with --no-loo")
+        free = "auto"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -66,8 +71,11 @@ def _fit(args, data):
                                   prior_width=args.prior_width, **extra)
         except ValueError as err:
             raise UsageError(f"calibrate: {err}") from None
+    for chosen, error in cal.selection:
+        print(f"free auto: {', '.join(chosen) or 'nothing free (the start constants)'}: "
+              f"leave-one-out error {error:.2f} %")
     print(f"{data.source}: {len(data)} runs, sha256 {data.sha256[:16]}; fitted "
-          f"{', '.join(cal.profile.free)} (megatron physics)")
+          f"{', '.join(cal.profile.free) or 'nothing'} (megatron physics)")
     print(format_table(["constant", "start", "fitted", "std", "bounds", "sensitivity"],
                        _constants_rows(cal)))
     print()
