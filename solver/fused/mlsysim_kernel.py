@@ -464,8 +464,10 @@ def run(workload, fleet, values: dict, n: int) -> dict:
             # A scalar knob is spread to an array (one pass of n bytes, ~1 ms per million)
             # rather than compiled into a specialization of its own: one kernel per
             # pattern of flags and precision input, whatever knobs a caller fixes.
-            value = np.full(n, value, dtype=np.int8 if name == "precision" else
-                            np.asarray(value).dtype)
+            # The array comes from buffers (one an earlier call dropped: no page faults).
+            spread = buffers.empty(n, np.int8 if name == "precision" else np.asarray(value).dtype)
+            spread.fill(value)
+            value = spread
         args.append(value)
     fo = tuple(buffers.empty(n, np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)

@@ -91,7 +91,7 @@ import numpy as np
 from .. import knobs as knobs_
 from ..catalog import resource_dir
 from .. import fused
-from ..fused import ENGINES, FUSED_MIN_POINTS
+from ..fused import ENGINES, FUSED_MIN_POINTS, buffers
 from ..specs import Fleet, Workload
 from . import megatron_compose as after
 from . import megatron_steps as steps
@@ -528,12 +528,18 @@ _FUSED_DTYPES = {"int": np.int64, "bool": np.bool_, "choice": np.int64}
 
 
 def _flat(name, value, n):
-    """A knob as a contiguous 1-D array of length ``n`` of the kernel's dtype (int64 or bool)."""
+    """A knob as a contiguous 1-D array of length ``n`` of the kernel's dtype (int64 or bool).
+
+    A scalar is spread into an array of :func:`solver.fused.buffers.empty` (one an
+    earlier call dropped, its pages already faulted in): a fresh ``np.full`` of a
+    million int64 costs the page faults of 8 MB on every call."""
     dtype = _FUSED_DTYPES[KNOBS[name].kind]
     array = np.asarray(value)
     if array.ndim == 1 and array.shape[0] == n:
         return np.ascontiguousarray(array, dtype=dtype)
-    return np.full(n, array.reshape(()) if array.ndim else array, dtype=dtype)
+    out = buffers.empty(n, dtype)
+    out.fill(array.reshape(()) if array.ndim else array)
+    return out
 
 
 def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
