@@ -487,7 +487,8 @@ def _compile(args):
         knobs, (fo, bo) = args[4:-2], args[-2:]
         memo = _memo_scratch()
         with forced_vector_width(VECTOR_WIDTH):  # this loop only: LLVM warns of each it cannot
-            _price_block(w, f, c, has_dp, 0.0, 0.0, *knobs, fo, bo, memo[3], memo[4], np.uint64(0), np.uint64(0))
+            _price_block(w, f, c, has_dp, 0.0, 0.0, *knobs, fo, bo, memo[3], memo[4], np.uint64(0),
+                         np.uint64(0))
         _kernel(*args, 0, 0, np.empty((1, 1)), 0, _ANY_INT64, *memo)  # calls the _price_block above
         _COMPILED = True
 

@@ -17,6 +17,7 @@ from .core import DEFAULT_FREE, Calibration, CalibrationWarning, calibrate, pred
 from .measurements import COLUMNS, MeasurementError, Measurements, Run, read_measurements
 from .profile import Profile, ProfileError, load_profile, solve_keywords, with_calibration
 
-__all__ = ["calibrate", "select_free", "Calibration", "CalibrationWarning", "DEFAULT_FREE", "predict",
+__all__ = ["calibrate", "select_free", "Calibration", "CalibrationWarning", "DEFAULT_FREE",
+           "predict",
            "read_measurements", "Measurements", "Run", "MeasurementError", "COLUMNS",
            "Profile", "ProfileError", "load_profile", "solve_keywords", "with_calibration"]
