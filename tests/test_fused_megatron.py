@@ -232,6 +232,34 @@ def test_fast_normalization_is_the_checking_one():
         M.solve(wl, fl, engine="fused", **bad)
 
 
+@pytest.mark.parametrize("name", M._KERNEL_INTS)
+def test_the_kernels_range_checks_refuse_what_the_converter_refuses(name):
+    """solve leaves big int64 knobs' range checks to the fused kernel's first pass; one
+    value out of range, anywhere, raises the checking converter's message on every path."""
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    n = 3 * M.FUSED_MIN_POINTS  # three threads' worth of configurations where threads exist
+    rng = np.random.default_rng(11)
+    knobs = _draw(rng, n, dp_given=True)
+    knob = M.KNOBS[name]
+    wrong = knob.low - 1 if knob.high is None else knob.high + 1
+    at = int(rng.integers(n))
+    bad = dict(knobs, **{name: np.where(np.arange(n) == at, wrong, knobs[name])})
+    assert bad[name].dtype == np.int64
+    message = f"{name} must be an integer .*but got {name}={wrong}"
+    for engine in ("fused", "auto", "numpy"):
+        with pytest.raises(ValueError, match=message):
+            M.solve(wl, fl, engine=engine, **bad)
+    with pytest.raises(ValueError, match=message):  # an array constant: the numpy path
+        M.solve(wl, fl, **bad, gemm_scale=np.full(n, 0.7))
+    with pytest.raises(ValueError, match=message):  # prepare checks before any pricing
+        M.prepare(wl, fl, **bad)
+    # the largest value that is in range passes
+    edge = 2 ** 53 - 1 if knob.high is None else knob.high
+    fine = dict(knobs, **{name: np.where(np.arange(n) == at, edge, knobs[name])})
+    out = M.solve(wl, fl, engine="fused", **fine)
+    assert out["valid"].shape == (n,)
+
+
 def test_factorize_choices_matches_exactly_on_every_thread(monkeypatch):
     """The one-pass name match (7-bit packed keys up to 9 characters, the character table
     beyond) gives the codes of an exact match and refuses anything else, wherever in a
