@@ -383,11 +383,8 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
     predicted = predict(data, constants)
     meas = data.step_times
     uncalibrated = predict(data, base)
-    if loo and not names:  # nothing fitted: each left-out run is predicted by the start
-        loo_pred = uncalibrated.copy()
-    else:
-        loo_pred = (_leave_one_out(data, constants, seen, max_nfev, prior) if loo
-                    else np.full(len(data), np.nan))
+    loo_pred = (_leave_one_out(data, constants, seen, max_nfev, prior) if loo
+                else np.full(len(data), np.nan))
     if loo and seen:
         loo_mape = float(np.mean(_ape(loo_pred, meas)))
         start_mape = float(np.mean(_ape(uncalibrated, meas)))
@@ -502,9 +499,14 @@ def _uncertainty(solution, names, constants, n_runs, notes, widths,
 
 
 def _leave_one_out(data, constants, names, max_nfev, prior=None) -> np.ndarray:
-    """Each run predicted by the fit of all the others (started from the full fit)."""
+    """Each run predicted by the fit of all the others (started from the full fit).
+
+    With no constant fitted, the fit of the others is the start: each run gets the start's
+    prediction (``constants`` are then the start's)."""
+    if not names:
+        return predict(data, constants)
     out = np.full(len(data), np.nan)
-    if not names or len(data) < 2:
+    if len(data) < 2:
         return out
     held = {k: v for k, v in constants.items() if k not in names}
     for i in range(len(data)):
