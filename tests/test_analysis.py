@@ -355,6 +355,60 @@ def test_explain_empty_from_counts_alone():
                                                       "condition")
 
 
+def _brute_split_fails(cube, factors, batch):
+    """Points only realizable removes, and those of them whose batch does not split."""
+    others = cube["valid"] & cube["feasible"] & cube["within_memory_limit"]
+    blocked = others & ~cube["realizable"]
+    divisor = cube["dp_size"]
+    for f in factors:
+        divisor = divisor * (cube[f] if f in cube.coords else 1)
+    blocked, divisor, dp = xr.broadcast(blocked, divisor, cube["dp_size"])
+    b, d, dp = blocked.values.ravel(), divisor.values.ravel(), dp.values.ravel()
+    fails = np.zeros_like(b)
+    fails[b] = np.asarray([batch % int(x) != 0 for x in d[b]])
+    return int(b.sum()), int(fails.sum()), d[fails], sorted({int(x) for x in dp[fails]})
+
+
+@pytest.mark.parametrize("physics", ["megatron", "mlsysim"])
+def test_an_empty_answer_says_why_layouts_are_not_realizable(physics):
+    """No realizable layout: the explanation counts those whose global batch does not split into
+    whole microbatches (brute force over the cube), names their dp_size values and the batch size
+    that splits the most of them, and that batch size does make them realizable."""
+    if physics == "megatron":
+        # 576 accelerators (8 NVL72 racks): dp = 576 / (tp pp cp) has a factor 9 that 1000 lacks.
+        spec = {"workload": "Llama3_8B_MC", "fleet": "GB200_NVL72_8_MC", "physics": "megatron",
+                "axes": {"tp_size": [1, 2, 4], "pp_size": [1, 2, 4], "cp_size": [1, 2],
+                         "micro_batch_size": [1, 2], "v_stages": [1, 2]},
+                "fixed": {"batch_size": 1000, "seq_len": 8192}}
+        factors = ["micro_batch_size"]
+    else:
+        spec = {"workload": "Llama3_70B", "fleet": "Training_1K",
+                "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4], "dp_size": [3, 6, 12, 24],
+                         "microbatch_count": [1, 4, 16]},
+                "fixed": {"batch_size": 1000}}
+        factors = ["gradient_accumulation_steps", "microbatch_count"]
+    cube = sweep.run(spec)
+    batch = spec["fixed"]["batch_size"]
+    counts = sweep.analysis.admissible_counts(cube)
+    assert counts["admissible"] == 0
+    n_blocked, n_fail, divisors, dps = _brute_split_fails(cube, factors, batch)
+    assert n_blocked == counts["relaxed"]["realizable"] > 0 and n_fail > 0
+    why = counts["why"]["realizable"]
+    assert why.startswith(f"{n_fail:,} of the {n_blocked:,} layouts it alone removes do not split "
+                          f"batch_size ({batch:,}) into whole microbatches")
+    shown = ", ".join(f"{d:,}" for d in dps[:5]) + (", ..." if len(dps) > 5 else "")
+    assert f"must divide it; dp_size there: {shown})" in why
+    # The batch size it names splits the most of them (brute force over half to twice).
+    named = int(why.split("; batch_size ")[1].split(" ")[0].replace(",", ""))
+    split = lambda b: int(sum(b % int(d) == 0 for d in divisors))  # noqa: E731
+    assert split(named) == max(split(b) for b in range(batch // 2, 2 * batch + 1)) > 0
+    assert why.endswith(f"; batch_size {named:,} would split {split(named):,} of them so")
+    assert ". Realizable: " + why in sweep.analysis.explain_empty(counts)
+    # ... and at that batch size the cube has admissible layouts.
+    again = sweep.run({**spec, "fixed": {**spec["fixed"], "batch_size": named}})
+    assert int(again["admissible"].sum()) > 0
+
+
 def test_top_k_of_a_utilization_across_precisions_warns():
     """top_k by MFU over a precision dim of mixed widths warns and names what ranks speed;
     one precision, one width (bf16 and fp16) or a speed objective do not warn."""

@@ -20,10 +20,15 @@ rather than holding a cube) can build it too and reuse :func:`explain_empty`:
 ``relaxed`` (optional)
     Condition -> points that pass every *other* condition: what dropping (or
     relaxing) that condition alone would give back.
+``why`` (optional)
+    Condition -> one sentence on why the points only it removes fail it (for
+    ``realizable``: how many do not split the global batch into whole
+    microbatches, and the batch size that would split the most of them).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Mapping, Optional
 
 import numpy as np
@@ -152,8 +157,17 @@ def admissible_counts(cube: xr.Dataset, where=None, constraints: Optional[Mappin
             if other != name:
                 others = others & condition
         relaxed[name] = _count(others, sizes) if others.ndim else total
-    return {"total": total, "removed": removed, "relaxed": relaxed,
-            "admissible": _count(kept, sizes) if kept.ndim else total}
+    out = {"total": total, "removed": removed, "relaxed": relaxed,
+           "admissible": _count(kept, sizes) if kept.ndim else total}
+    if REALIZABLE in named and relaxed[REALIZABLE] and not out["admissible"]:
+        others = xr.DataArray(True)
+        for other, condition in named.items():
+            if other != REALIZABLE:
+                others = others & condition
+        why = _realizable_why(cube, others & ~named[REALIZABLE], sizes)
+        if why:
+            out["why"] = {REALIZABLE: why}
+    return out
 
 
 def explain_empty(counts: Mapping, what: str = "layout") -> str:
@@ -188,4 +202,99 @@ def explain_empty(counts: Mapping, what: str = "layout") -> str:
     elif relaxed or removed:
         text += ("; no limit relaxed alone gives a point: widen the axes (splits, ZeRO stages, "
                  "recomputation) or relax two or more")
+    for name, why in dict(counts.get("why", {})).items():
+        text += f". {name[:1].upper()}{name[1:]}: {why}"
     return text
+
+
+def _knob(cube, name, default):
+    """A knob of the cube as a DataArray (its axis) or a number (fixed, else the default);
+    None where it is neither a number nor an axis."""
+    if name in cube.coords:
+        return cube[name]
+    try:
+        value = json.loads(cube.attrs.get("fixed") or "{}").get(name, default)
+    except (TypeError, ValueError):
+        value = default
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _realizable_why(cube, blocked, sizes) -> Optional[str]:
+    """Why the points only ``realizable`` removes (``blocked``) are not realizable.
+
+    The global batch must split into whole microbatches: ``dp_size`` times
+    ``micro_batch_size`` (megatron physics) or times ``gradient_accumulation_steps``
+    times ``microbatch_count`` (mlsysim physics, :func:`solver.physics.common.realizable`)
+    must divide ``batch_size``. The megatron model's other rules are divisibility ones
+    (:func:`solver.physics.megatron_steps.split`). Says how many fail the batch split,
+    the ``dp_size`` values among them, and the batch size from half to twice the
+    cube's that splits the most of them. None where the cube lacks what it needs.
+    """
+    if "dp_size" not in cube.variables:
+        return None
+    megatron = cube.attrs.get("physics") == "megatron"
+    if megatron:
+        from solver.physics import megatron as model
+
+        factors = [_knob(cube, "micro_batch_size", model.DEFAULTS["micro_batch_size"])]
+        split = "dp_size x micro_batch_size"
+    else:
+        from solver.knobs import KNOBS
+
+        factors = [_knob(cube, n, KNOBS[n].default)
+                   for n in ("gradient_accumulation_steps", "microbatch_count")]
+        split = "dp_size x gradient_accumulation_steps x microbatch_count"
+    batch = _knob(cube, "batch_size", 1 if megatron else None)
+    if batch is None or any(f is None for f in factors):
+        return None
+    divisor = cube["dp_size"]
+    for f in factors:
+        divisor = divisor * f
+    ok_divisor = blocked & (divisor >= 1)
+    split_fails = ok_divisor & ((batch % divisor.where(ok_divisor, 1)) != 0)
+    n_blocked, n_fail = _count(blocked, sizes), _count(split_fails, sizes)
+    if n_blocked == 0:
+        return None
+    rest = n_blocked - n_fail
+    parts = []
+    if n_fail:
+        dp_all, fails_all, div_all = xr.broadcast(cube["dp_size"], split_fails, divisor)
+        dps = np.unique(dp_all.values[fails_all.values])
+        shown = ", ".join(f"{int(d):,}" for d in dps[:5]) + (", ..." if dps.size > 5 else "")
+        batch_text = f"batch_size ({int(batch):,})" if not hasattr(batch, "dims") else "batch_size"
+        parts.append(f"{n_fail:,} of the {n_blocked:,} layouts it alone removes do not split "
+                     f"{batch_text} into whole microbatches ({split} must divide it; dp_size "
+                     f"there: {shown})")
+        if not hasattr(batch, "dims"):
+            each = _count(xr.DataArray(True), {d: n for d, n in sizes.items()
+                                               if d not in fails_all.dims})
+            best = _best_batch(div_all.values[fails_all.values], int(batch), each)
+            if best is not None:
+                parts.append(f"batch_size {best[0]:,} would split {best[1]:,} of them so")
+    if rest:
+        rules = ("the megatron model's divisibility rules: heads and KV heads by tp_size, layers "
+                 "by pp_size x v_stages, seq_len by 2 x cp_size, experts by ep_size; "
+                 "tp_comm_overlap needs sequence_parallel" if megatron
+                 else "solver.physics.common.realizable")
+        parts.append(f"{rest:,} fail {rules}")
+    return "; ".join(parts)
+
+
+def _best_batch(divisors, batch: int, each: int = 1):
+    """(batch size from ``batch // 2`` to ``2 * batch`` that the most of ``divisors`` divide,
+    how many points they stand for at ``each`` points a divisor), the nearest to ``batch``
+    among ties; None where none divides any."""
+    d = divisors[np.isfinite(divisors)]
+    if d.size == 0 or batch < 1:
+        return None
+    values, weight = np.unique(d.astype(np.int64), return_counts=True)
+    lo, hi = max(1, batch // 2), 2 * batch
+    if hi - lo > 1 << 16 or values.size > 1 << 12:
+        return None
+    candidates = np.arange(lo, hi + 1, dtype=np.int64)
+    score = ((candidates[:, None] % values[None, :]) == 0) @ weight
+    if score.max() == 0:
+        return None
+    top = np.flatnonzero(score == score.max())
+    pick = top[np.argmin(np.abs(candidates[top] - batch))]
+    return int(candidates[pick]), int(score[pick]) * each
