@@ -500,10 +500,29 @@ def test_journal_forms_open_the_same_file(tmp_path):
 
 
 def test_nothing_feasible_is_reported_not_raised():
-    with pytest.warns(RuntimeWarning, match="no feasible layout"):
+    with pytest.warns(RuntimeWarning, match="no admissible layout among the 16 evaluated: none "
+                      "is a valid split that fits the memory limit"):
         result = search(SMALL, n_trials=16, seed=0, memory_limit="1 GB", mode="sampled")
     assert result.best_params is None and result.top == [] and result.n_admissible == 0
-    assert "no feasible layout" in result.summary()
+    assert "no admissible layout among the 16 evaluated" in result.summary()
+    assert "memory limit (Training_1K: 1.0 GB)" in result.summary()
+
+
+def test_an_empty_exhaustive_search_says_which_condition_removed_the_layouts():
+    """Exhaustive and empty: the summary is the count of what each condition removed (here
+    whole microbatches: 576 accelerators, dp has a factor 9 that a batch of 1000 lacks), not
+    a claim about memory."""
+    spec = {"workload": "Llama3_8B_MC", "fleet": "GB200_NVL72_8_MC", "physics": "megatron",
+            "axes": {"tp_size": [1, 2, 4], "pp_size": [1, 2, 4], "micro_batch_size": [1, 2]},
+            "fixed": {"batch_size": 1000, "seq_len": 8192}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = search(spec, mode="exhaustive")
+    assert result.n_admissible == 0 and result.empty_counts
+    text = result.summary()
+    assert "no admissible layout among 18 points: " in text and "memory limit (" not in text
+    assert f"realizable removed {result.empty_counts['removed']['realizable']:,}" in text
+    assert result.empty_counts["removed"]["realizable"] > 0
 
 
 def test_multi_objective_summary_and_exact_top():

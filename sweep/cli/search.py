@@ -99,11 +99,11 @@ def command(args) -> int:
             result = search_mod.search(spec, **_search_options(search_mod.search, args))
         except search_mod.StorageError as err:  # --storage, or a stored study of another space
             raise UsageError(f"search: {err}") from None
-    print(result.summary())
+    print(result.summary(explain_empty=False))
     if not result.n_admissible:
         why = (explain_empty(result.empty_counts, "layout") if result.empty_counts else
-               f"no admissible trial among the {result.n_evaluated} evaluated: relax the "
-               f"memory limit or the accelerator bounds, or widen the axes")
+               result.summary().rsplit("\n", 1)[1] + ": relax the memory limit or the "
+               "accelerator bounds, or widen the axes")
         print(why, file=sys.stderr)
         return EXIT_EMPTY
     if result.top:

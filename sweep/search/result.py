@@ -22,6 +22,14 @@ __all__ = ["SearchResult"]
 _GB = 1e9
 
 
+def _none_admissible(n_evaluated, limits: dict) -> str:
+    """What an empty search says when it did not count what each condition removed."""
+    shown = ", ".join(f"{k}: {v}" for k, v in limits.items())
+    return (f"no admissible layout among the {n_evaluated} evaluated: none is a valid split that "
+            f"fits the memory limit ({shown}) and the accelerator bounds and, where required, is "
+            f"realizable (whole microbatches)")
+
+
 @dataclass
 class SearchResult:
     """What a search found.
@@ -121,8 +129,11 @@ class SearchResult:
                       DeprecationWarning, stacklevel=2)
         return self.n_admissible
 
-    def summary(self) -> str:
-        """A few lines: the best layout, its value, where its step time and memory go."""
+    def summary(self, explain_empty: bool = True) -> str:
+        """A few lines: the best layout, its value, where its step time and memory go.
+
+        With no admissible layout, the last line says why (``explain_empty=False``: the
+        caller says it itself, as the CLI does on stderr)."""
         names = ", ".join(f"{n} ({d})" for n, d in self.objectives)
         how = "exhaustive" if self.mode == "exact" else f"{self.sampler}"
         size = ("continuous" if math.isinf(self.space_size) else f"{self.space_size:.3g}")
@@ -133,9 +144,15 @@ class SearchResult:
         if self.evidence is not None:
             lines.append(self.evidence.summary())
         if self.best_params is None:
-            lines.append("no admissible layout: no feasible layout found within the memory "
-                         "limit (" + ", ".join(f"{k}: {v / _GB:.1f} GB" for k, v in
-                                               self.memory_limits.items()) + ")")
+            if not explain_empty:
+                pass
+            elif self.empty_counts:  # exhaustive: how many each condition removed, what to relax
+                from ..analysis.empty import explain_empty
+
+                lines.append(explain_empty(self.empty_counts, "layout"))
+            else:
+                lines.append(_none_admissible(self.n_evaluated, {
+                    k: f"{v / _GB:.1f} GB" for k, v in self.memory_limits.items()}))
             return "\n".join(lines)
         value = (self.best_value if not self.is_multi_objective
                  else ", ".join(f"{v:.6g}" for v in self.best_value))
@@ -262,8 +279,7 @@ def finish_result(setup, entries_best_first, pareto, *, study, n_evaluated, n_ne
     else:
         best_params, best_value, breakdown = None, None, {}
         limits = {name: f"{v / _GB:.2f} GB" for name, v in setup.limits.items()}
-        warnings.warn(f"no admissible layout among the {n_evaluated} evaluated: no feasible "
-                      f"layout within the memory limits {limits}", RuntimeWarning, stacklevel=3)
+        warnings.warn(_none_admissible(n_evaluated, limits), RuntimeWarning, stacklevel=3)
     return SearchResult(best_params=best_params, best_value=best_value,
                         objectives=setup.objectives, study=study, breakdown=breakdown, top=top,
                         best_trials=best_trials, n_evaluated=n_evaluated, n_new=n_new,
