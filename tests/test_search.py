@@ -523,6 +523,17 @@ def test_an_empty_exhaustive_search_says_which_condition_removed_the_layouts():
     assert "no admissible layout among 18 points: " in text and "memory limit (" not in text
     assert f"realizable removed {result.empty_counts['removed']['realizable']:,}" in text
     assert result.empty_counts["removed"]["realizable"] > 0
+    # ... and why they are not realizable, as the cube of the same space says it, in one block
+    # or in blocks of 5 points (the evidence merged across blocks).
+    import sweep
+
+    cube_why = sweep.analysis.admissible_counts(sweep.run(spec))["why"]["realizable"]
+    assert "do not split batch_size (1,000) into whole microbatches" in cube_why
+    assert result.empty_counts["why"]["realizable"] == cube_why and cube_why in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        blocks = search(spec, mode="exhaustive", block_points=5)
+    assert blocks.empty_counts == result.empty_counts
 
 
 def test_multi_objective_summary_and_exact_top():

@@ -34,7 +34,8 @@ from typing import Mapping, Optional
 import numpy as np
 import xarray as xr
 
-__all__ = ["NoAdmissibleError", "admissible_counts", "explain_empty", "conditions"]
+__all__ = ["NoAdmissibleError", "admissible_counts", "explain_empty", "conditions",
+           "realizable_evidence", "merge_evidence", "realizable_text"]
 
 #: Names of the conditions of ``admissible``, as the explanation says them.
 VALID, FEASIBLE, LIMIT, BUDGET, REALIZABLE = ("valid split", "fits memory", "within the memory "
@@ -220,16 +221,8 @@ def _knob(cube, name, default):
 
 
 def _realizable_why(cube, blocked, sizes) -> Optional[str]:
-    """Why the points only ``realizable`` removes (``blocked``) are not realizable.
-
-    The global batch must split into whole microbatches: ``dp_size`` times
-    ``micro_batch_size`` (megatron physics) or times ``gradient_accumulation_steps``
-    times ``microbatch_count`` (mlsysim physics, :func:`solver.physics.common.realizable`)
-    must divide ``batch_size``. The megatron model's other rules are divisibility ones
-    (:func:`solver.physics.megatron_steps.split`). Says how many fail the batch split,
-    the ``dp_size`` values among them, and the batch size from half to twice the
-    cube's that splits the most of them. None where the cube lacks what it needs.
-    """
+    """Why the points only ``realizable`` removes (``blocked``) are not realizable, from the
+    cube (:func:`realizable_evidence` of its arrays); None where it lacks what that needs."""
     if "dp_size" not in cube.variables:
         return None
     megatron = cube.attrs.get("physics") == "megatron"
@@ -237,40 +230,108 @@ def _realizable_why(cube, blocked, sizes) -> Optional[str]:
         from solver.physics import megatron as model
 
         factors = [_knob(cube, "micro_batch_size", model.DEFAULTS["micro_batch_size"])]
-        split = "dp_size x micro_batch_size"
     else:
         from solver.knobs import KNOBS
 
         factors = [_knob(cube, n, KNOBS[n].default)
                    for n in ("gradient_accumulation_steps", "microbatch_count")]
-        split = "dp_size x gradient_accumulation_steps x microbatch_count"
     batch = _knob(cube, "batch_size", 1 if megatron else None)
     if batch is None or any(f is None for f in factors):
         return None
     divisor = cube["dp_size"]
     for f in factors:
         divisor = divisor * f
-    ok_divisor = blocked & (divisor >= 1)
-    split_fails = ok_divisor & ((batch % divisor.where(ok_divisor, 1)) != 0)
-    n_blocked, n_fail = _count(blocked, sizes), _count(split_fails, sizes)
-    if n_blocked == 0:
+    arrays = xr.broadcast(blocked, cube["dp_size"], divisor,
+                          batch if isinstance(batch, xr.DataArray) else xr.DataArray(batch))
+    each = _count(xr.DataArray(True), {d: n for d, n in sizes.items() if d not in arrays[0].dims})
+    evidence = realizable_evidence(*(a.values for a in arrays), megatron=megatron, each=each,
+                                   scalar_batch=not isinstance(batch, xr.DataArray))
+    return realizable_text(evidence)
+
+
+#: Most distinct divisors :func:`realizable_evidence` keeps for the batch-size suggestion.
+MAX_DIVISORS = 4096
+
+
+def realizable_evidence(blocked, dp, divisor, batch, *, megatron: bool, each: int = 1,
+                        scalar_batch: bool = True) -> dict:
+    """What :func:`realizable_text` needs to say why layouts are not realizable.
+
+    The global batch must split into whole microbatches: ``divisor`` (``dp_size`` times
+    ``micro_batch_size`` in the megatron physics, times ``gradient_accumulation_steps``
+    times ``microbatch_count`` in mlsysim's, :func:`solver.physics.common.realizable`)
+    must divide ``batch_size``. The megatron model's other rules are divisibility ones
+    (:func:`solver.physics.megatron_steps.split`).
+
+    Parameters
+    ----------
+    blocked : array of bool
+        The points only ``realizable`` removes.
+    dp, divisor, batch : arrays broadcasting with ``blocked``
+    megatron : bool
+        Which physics priced them.
+    each : int
+        Points each array element stands for (dims the arrays lack).
+    scalar_batch : bool
+        One batch size for every point (a batch-size suggestion makes sense).
+
+    Returns
+    -------
+    dict
+        JSON-ready; merge blocks' with :func:`merge_evidence`.
+    """
+    blocked, dp, divisor, batch = np.broadcast_arrays(np.asarray(blocked, bool), dp, divisor, batch)
+    with np.errstate(invalid="ignore"):
+        whole = blocked & (divisor >= 1)
+        fails = whole & (np.asarray(batch, np.float64) % np.where(whole, divisor, 1.0) != 0)
+    values, counts = np.unique(divisor[fails].astype(np.int64), return_counts=True)
+    dps = np.unique(dp[fails].astype(np.int64))
+    return {"megatron": bool(megatron), "blocked": int(blocked.sum()) * each,
+            "fails": int(fails.sum()) * each, "dp": [int(d) for d in dps[:6]],
+            "batch": (int(batch.flat[0]) if scalar_batch and batch.size else None),
+            "divisors": ({str(int(v)): int(c) * each for v, c in zip(values, counts)}
+                         if values.size <= MAX_DIVISORS else None)}
+
+
+def merge_evidence(a: Optional[dict], b: Optional[dict]) -> Optional[dict]:
+    """Two blocks' :func:`realizable_evidence` as one."""
+    if a is None or b is None:
+        return a or b
+    divisors = None
+    if a["divisors"] is not None and b["divisors"] is not None:
+        divisors = dict(a["divisors"])
+        for v, c in b["divisors"].items():
+            divisors[v] = divisors.get(v, 0) + c
+        divisors = divisors if len(divisors) <= MAX_DIVISORS else None
+    return {"megatron": a["megatron"] and b["megatron"], "blocked": a["blocked"] + b["blocked"],
+            "fails": a["fails"] + b["fails"], "dp": sorted(set(a["dp"]) | set(b["dp"]))[:6],
+            "batch": a["batch"] if a["batch"] == b["batch"] else None, "divisors": divisors}
+
+
+def realizable_text(evidence: Optional[dict]) -> Optional[str]:
+    """One sentence from :func:`realizable_evidence`: how many of the layouts only realizable
+    removes do not split the global batch into whole microbatches, their ``dp_size`` values,
+    the batch size from half to twice the given one that splits the most of them, and how
+    many fail the model's other rules. None where no layout is blocked."""
+    if not evidence or not evidence["blocked"]:
         return None
-    rest = n_blocked - n_fail
+    n_blocked, n_fail = evidence["blocked"], evidence["fails"]
+    megatron, batch = evidence["megatron"], evidence["batch"]
     parts = []
     if n_fail:
-        dp_all, fails_all, div_all = xr.broadcast(cube["dp_size"], split_fails, divisor)
-        dps = np.unique(dp_all.values[fails_all.values])
-        shown = ", ".join(f"{int(d):,}" for d in dps[:5]) + (", ..." if dps.size > 5 else "")
-        batch_text = f"batch_size ({int(batch):,})" if not hasattr(batch, "dims") else "batch_size"
+        split = ("dp_size x micro_batch_size" if megatron
+                 else "dp_size x gradient_accumulation_steps x microbatch_count")
+        dps = evidence["dp"]
+        shown = ", ".join(f"{d:,}" for d in dps[:5]) + (", ..." if len(dps) > 5 else "")
+        what = f"batch_size ({batch:,})" if batch is not None else "batch_size"
         parts.append(f"{n_fail:,} of the {n_blocked:,} layouts it alone removes do not split "
-                     f"{batch_text} into whole microbatches ({split} must divide it; dp_size "
+                     f"{what} into whole microbatches ({split} must divide it; dp_size "
                      f"there: {shown})")
-        if not hasattr(batch, "dims"):
-            each = _count(xr.DataArray(True), {d: n for d, n in sizes.items()
-                                               if d not in fails_all.dims})
-            best = _best_batch(div_all.values[fails_all.values], int(batch), each)
-            if best is not None:
-                parts.append(f"batch_size {best[0]:,} would split {best[1]:,} of them so")
+        best = (_best_batch(evidence["divisors"], batch)
+                if batch is not None and evidence["divisors"] else None)
+        if best is not None:
+            parts.append(f"batch_size {best[0]:,} would split {best[1]:,} of them so")
+    rest = n_blocked - n_fail
     if rest:
         rules = ("the megatron model's divisibility rules: heads and KV heads by tp_size, layers "
                  "by pp_size x v_stages, seq_len by 2 x cp_size, experts by ep_size; "
@@ -280,16 +341,16 @@ def _realizable_why(cube, blocked, sizes) -> Optional[str]:
     return "; ".join(parts)
 
 
-def _best_batch(divisors, batch: int, each: int = 1):
-    """(batch size from ``batch // 2`` to ``2 * batch`` that the most of ``divisors`` divide,
-    how many points they stand for at ``each`` points a divisor), the nearest to ``batch``
-    among ties; None where none divides any."""
-    d = divisors[np.isfinite(divisors)]
-    if d.size == 0 or batch < 1:
+def _best_batch(divisors: Mapping, batch: int):
+    """(batch size from ``batch // 2`` to ``2 * batch`` that divides the most points,
+    how many), the nearest to ``batch`` among ties; None where none divides any.
+    ``divisors``: divisor (a string, as JSON keeps it) -> points."""
+    if not divisors or batch < 1:
         return None
-    values, weight = np.unique(d.astype(np.int64), return_counts=True)
+    values = np.array([int(v) for v in divisors], dtype=np.int64)
+    weight = np.array(list(divisors.values()), dtype=np.int64)
     lo, hi = max(1, batch // 2), 2 * batch
-    if hi - lo > 1 << 16 or values.size > 1 << 12:
+    if hi - lo > 1 << 16:
         return None
     candidates = np.arange(lo, hi + 1, dtype=np.int64)
     score = ((candidates[:, None] % values[None, :]) == 0) @ weight
@@ -297,4 +358,4 @@ def _best_batch(divisors, batch: int, each: int = 1):
         return None
     top = np.flatnonzero(score == score.max())
     pick = top[np.argmin(np.abs(candidates[top] - batch))]
-    return int(candidates[pick]), int(score[pick]) * each
+    return int(candidates[pick]), int(score[pick])

@@ -10,10 +10,12 @@ processes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
 from .. import grid as grid_
+from ..analysis.empty import merge_evidence, realizable_evidence, realizable_text
 from .pricing import _price, _Setup
 from .result import SearchResult, finish_result, front_indices
 
@@ -29,6 +31,8 @@ class _Reduced:
     n_points: int = 0
     removed: dict = field(default_factory=dict)   # constraint -> points it removed, in order
     relaxed: dict = field(default_factory=dict)   # constraint -> points passing every other
+    #: sweep.analysis.empty.realizable_evidence of the points only "realizable" removed
+    realizable: Optional[dict] = None
 
 
 def _top(scores, index, k):
@@ -67,7 +71,36 @@ def _reduce_block(setup: _Setup, block, k: int) -> _Reduced:
     removed, relaxed = _counts(priced, shape)
     return _Reduced(scores, index, n_valid=int(np.broadcast_to(priced.valid, shape).sum()),
                     n_admissible=n_admissible, n_points=int(np.prod(shape)),
-                    removed=removed, relaxed=relaxed)
+                    removed=removed, relaxed=relaxed,
+                    realizable=_realizable(priced, shape) if relaxed.get("realizable") else None)
+
+
+def _realizable(priced, shape) -> Optional[dict]:
+    """Why the points only "realizable" removes in a block are not realizable (the
+    evidence :func:`sweep.analysis.empty.realizable_text` reads); None if it cannot say."""
+    out, knobs = priced.outputs, priced.knobs
+    if "dp_size" not in out or "batch_size" not in knobs:
+        return None
+    others = np.ones(shape, bool)
+    for name, values in priced.constraints.items():
+        if name != "realizable":
+            others &= ~(np.nan_to_num(np.broadcast_to(values, shape), nan=1.0) > 0)
+    blocked = others & (np.broadcast_to(priced.constraints["realizable"], shape) > 0)
+    megatron = knobs.get("physics") == "megatron"
+    if megatron:
+        from solver.physics import megatron as model
+
+        names = {"micro_batch_size": model.DEFAULTS["micro_batch_size"]}
+    else:
+        from solver.knobs import KNOBS
+
+        names = {n: KNOBS[n].default for n in ("gradient_accumulation_steps", "microbatch_count")}
+    divisor = np.asarray(out["dp_size"], np.float64)
+    for name, default in names.items():
+        divisor = divisor * np.asarray(knobs.get(name, default), np.float64)
+    batch = np.asarray(knobs["batch_size"])
+    return realizable_evidence(blocked, np.asarray(out["dp_size"]), divisor, batch,
+                               megatron=megatron, scalar_batch=batch.ndim == 0)
 
 
 #: The explanation's names of the pricing constraints (sweep.analysis.empty's words).
@@ -107,6 +140,7 @@ def _merge(acc: _Reduced, part: _Reduced, k, n_obj) -> _Reduced:
     for mine, theirs in ((acc.removed, part.removed), (acc.relaxed, part.relaxed)):
         for name, n in theirs.items():
             mine[name] = mine.get(name, 0) + n
+    acc.realizable = merge_evidence(acc.realizable, part.realizable)
     return acc
 
 
@@ -161,4 +195,7 @@ def exact(setup: _Setup, *, k, block_points, n_jobs, progress, started, probe=No
                            reason=reason)
     result.empty_counts = {"total": total.n_points, "removed": total.removed,
                            "relaxed": total.relaxed}
+    why = realizable_text(total.realizable) if not total.n_admissible else None
+    if why:
+        result.empty_counts["why"] = {"realizable": why}
     return result
