@@ -102,6 +102,27 @@ def test_realizable_mask():
     assert not bool(bad_v["realizable"])
 
 
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_expert_parallelism_in_fp16_is_not_realizable(engine):
+    """Megatron-LM refuses expert parallelism with fp16 training (validate_args, [15] of the
+    model): such a layout is valid and priced, not realizable; bf16, fp8 and ep 1 are. Both
+    engines, with the precisions and ep as arrays of 4096 layouts (the fused kernel's size)."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    moe = catalog.workload("Mixtral_8x7B_MC")
+    n = 4096
+    prec = np.array(["bf16", "fp16", "fp8", "fp16"] * (n // 4))
+    ep = np.array([8, 8, 8, 1] * (n // 4))
+    out = M.solve(moe, FL, batch_size=512, seq_len=4096, tp_size=2, pp_size=1, dp_size=8,
+                  micro_batch_size=1, sequence_parallel=True, ep_size=ep, precision=prec,
+                  engine=engine)
+    assert out["valid"].all()
+    assert out["realizable"].tolist() == [True, False, True, True] * (n // 4)
+    assert np.isfinite(out["step_latency_total"]).all()
+    # fp16 prices as bf16 does (the same 16-bit peak): only the mask differs.
+    np.testing.assert_array_equal(out["step_latency_total"][1::4], out["step_latency_total"][0::4])
+
+
 def test_uneven_pipeline_stages_without_interleaving():
     """126 layers (Llama 3 405B) on 16 stages: realizable with one schedule (Megatron-Core's
     uneven first/last stages), priced on the heaviest stage of ceil(126 / 16) = 8 layers;

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _INLINE, _MAX_INTEGER, _MGB,
+from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _MAX_INTEGER, _MGB,
     _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _gemm, _gemm_nok,
     _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _two_level)
 
@@ -19,7 +19,7 @@ from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _INLINE, _MAX_INT
 # ------------------------------------------------------------------ 1. split
 
 @njit(**_INLINE)
-def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco):
+def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco, prec):
     """megatron_steps.split."""
     layers, heads, kv_heads, experts, moe = w[0], w[2], w[3], w[5], w[6]
     sp = spk and tp > 1.0
@@ -45,6 +45,7 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco):
                   and (v == 1.0 or pp > 1.0)
                   and (cp == 1.0 or _divides(s, 2.0 * cp))
                   and (_divides(experts, ep) if moe != 0.0 else ep == 1.0)
+                  and (ep == 1.0 or prec != _FP16)
                   and not (tco and not sp and tp > 1.0))
     return sp, dp, group, valid, n_acc, m_exact, m, realizable
 

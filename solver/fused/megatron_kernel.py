@@ -86,7 +86,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "1b5463f70f6c4e93"
+SOURCES_DIGEST = "adba51095d1343c6"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -170,7 +170,7 @@ def _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a,
         rc, zero, prec = rc_a[i], zero_a[i], prec_a[i]
         spk, tco, ogr, opg, flash = spk_a[i], tco_a[i], ogr_a[i], opg_a[i], flash_a[i]
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
-            w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco)
+            w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco, prec)
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
         r = values[rows[i - b0]]
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total = \

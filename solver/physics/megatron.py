@@ -78,6 +78,9 @@ References
     on the first and last stage when the layer count does not divide evenly.
 [14] Dubey, A. et al. (2024), "The Llama 3 Herd of Models", arXiv:2407.21783: the
     405B model has 126 layers and trained with pipeline parallelism of 16.
+[15] Megatron-LM ``megatron/training/arguments.py`` (``validate_args``): with
+    ``expert_model_parallel_size > 1``, "Expert parallelism is not supported with
+    fp16 training".
 """
 
 from __future__ import annotations
@@ -186,7 +189,7 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
 #: Output name -> (CF units, long name).
 OUTPUTS = {
     "valid": ("1", "split is possible: TP*PP*CP divides the fleet and EP divides DP*CP"),
-    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads and experts split evenly, layers over the stages (unevenly only without interleaving [13]), no idle ranks"),
+    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads and experts split evenly, layers over the stages (unevenly only without interleaving [13]), no idle ranks, no expert parallelism in fp16 [15]"),
     "dp_size": ("1", "data-parallel degree"),
     "microbatch_count": ("1", "microbatches per step per data-parallel rank"),
     "step_latency_total": ("s", "training step time"),

@@ -32,6 +32,7 @@ from .. import network as net
 RECOMPUTE = ("none", "selective", "full")
 #: Precisions of the GEMMs (weights stay 16-bit), coded 0..3.
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
+_FP16 = PRECISIONS.index("fp16")
 
 #: Network latency per algorithm step [s], NVLink and scale-out [8] (a fabric's
 #: own stated latency is used for scale-out when it states one).
@@ -138,6 +139,7 @@ def split(w, fleet, k) -> Split:
                   & ((v == 1) | (pp > 1))
                   & ((cp == 1) | (s % (2 * cp) == 0))
                   & ((w.experts % ep == 0) if w.moe else (ep == 1))
+                  & ((ep == 1) | (k["precision"] != _FP16))  # [15]
                   & ~(k["tp_comm_overlap"] & ~sp & (tp > 1)))
     return Split(tp=tp, pp=pp, cp=cp, ep=ep, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
                  rc=k["recompute"], zero=k["zero_stage"], prec=k["precision"], dp=dp, group=group,

@@ -335,7 +335,8 @@ def realizable_text(evidence: Optional[dict]) -> Optional[str]:
     if rest:
         rules = ("the megatron model's divisibility rules: heads and KV heads by tp_size, layers "
                  "by pp_size x v_stages, seq_len by 2 x cp_size, experts by ep_size; "
-                 "tp_comm_overlap needs sequence_parallel" if megatron
+                 "tp_comm_overlap needs sequence_parallel, ep_size > 1 a precision other than "
+                 "fp16" if megatron
                  else "solver.physics.common.realizable")
         parts.append(f"{rest:,} fail {rules}")
     return "; ".join(parts)
