@@ -407,6 +407,15 @@ def test_an_empty_answer_says_why_layouts_are_not_realizable(physics):
     # ... and at that batch size the cube has admissible layouts.
     again = sweep.run({**spec, "fixed": {**spec["fixed"], "batch_size": named}})
     assert int(again["admissible"].sum()) > 0
+    # A cube too big to hold the evidence in memory says no why, and the rest as before.
+    from sweep.analysis import empty
+
+    saved, empty.WHY_MAX_POINTS = empty.WHY_MAX_POINTS, int(np.prod(list(cube.sizes.values()))) - 1
+    try:
+        big = sweep.analysis.admissible_counts(cube)
+    finally:
+        empty.WHY_MAX_POINTS = saved
+    assert "why" not in big and big["removed"] == counts["removed"]
 
 
 def test_top_k_of_a_utilization_across_precisions_warns():

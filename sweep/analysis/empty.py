@@ -241,6 +241,9 @@ def _realizable_why(cube, blocked, sizes) -> Optional[str]:
     divisor = cube["dp_size"]
     for f in factors:
         divisor = divisor * f
+    dims = set(blocked.dims) | set(divisor.dims) | set(getattr(batch, "dims", ()))
+    if int(np.prod([sizes[d] for d in dims], dtype=np.int64)) > WHY_MAX_POINTS:
+        return None  # (a streamed cube: the arrays would not fit in memory)
     arrays = xr.broadcast(blocked, cube["dp_size"], divisor,
                           batch if isinstance(batch, xr.DataArray) else xr.DataArray(batch))
     each = _count(xr.DataArray(True), {d: n for d, n in sizes.items() if d not in arrays[0].dims})
@@ -249,6 +252,9 @@ def _realizable_why(cube, blocked, sizes) -> Optional[str]:
     return realizable_text(evidence)
 
 
+#: Largest cube (points on the dims the batch split spans) whose realizable evidence
+#: :func:`admissible_counts` gathers: four arrays of it are held in memory at once.
+WHY_MAX_POINTS = 1 << 25
 #: Most distinct divisors :func:`realizable_evidence` keeps for the batch-size suggestion.
 MAX_DIVISORS = 4096
 
