@@ -504,8 +504,12 @@ def test_nothing_feasible_is_reported_not_raised():
                       "is a valid split that fits the memory limit"):
         result = search(SMALL, n_trials=16, seed=0, memory_limit="1 GB", mode="sampled")
     assert result.best_params is None and result.top == [] and result.n_admissible == 0
-    assert "no admissible layout among the 16 evaluated" in result.summary()
-    assert "memory limit (Training_1K: 1.0 GB)" in result.summary()
+    # The summary counts what each condition removed from the 16 trials: here the 1 GB limit.
+    text = result.summary()
+    assert "no admissible trial among 16 points: valid split removed " in text
+    removed = result.empty_counts["removed"]
+    assert sum(removed.values()) == 16 and removed["within the memory limit"] > 0
+    assert f"relax within the memory limit: {result.empty_counts['relaxed']['within the memory limit']}" in text
 
 
 def test_an_empty_exhaustive_search_says_which_condition_removed_the_layouts():
@@ -533,7 +537,18 @@ def test_an_empty_exhaustive_search_says_which_condition_removed_the_layouts():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         blocks = search(spec, mode="exhaustive", block_points=5)
+        sampled = search(spec, mode="sampled", n_trials=12, seed=0)
     assert blocks.empty_counts == result.empty_counts
+    # A sampled search counts its trials the same way, and says why they are not realizable.
+    counts = sampled.empty_counts
+    assert sampled.n_admissible == 0 and counts["total"] == sampled.n_evaluated == 12
+    assert sum(counts["removed"].values()) == 12
+    trials = sampled.study.get_trials(deepcopy=False)
+    assert counts["removed"]["valid split"] == sum(t.constraints["split"] > 0 for t in trials)
+    assert counts["relaxed"]["realizable"] == counts["removed"]["realizable"] == 12
+    assert counts["why"]["realizable"].startswith("12 of the 12 layouts it alone removes do not "
+                                                  "split batch_size (1,000) into whole microbatches")
+    assert "no admissible trial among 12 points: " in sampled.summary()
 
 
 def test_multi_objective_summary_and_exact_top():

@@ -101,7 +101,8 @@ def command(args) -> int:
             raise UsageError(f"search: {err}") from None
     print(result.summary(explain_empty=False))
     if not result.n_admissible:
-        why = (explain_empty(result.empty_counts, "layout") if result.empty_counts else
+        why = (explain_empty(result.empty_counts, "layout" if result.mode == "exact" else "trial")
+               if result.empty_counts else
                result.summary().rsplit("\n", 1)[1] + ": relax the memory limit or the "
                "accelerator bounds, or widen the axes")
         print(why, file=sys.stderr)

@@ -231,15 +231,21 @@ def price_trials(setup: _Setup, space, batch_params: Sequence[Mapping]):
     values = np.empty((len(setup.objectives), len(layouts)))
     rows: list = [None] * len(layouts)
     for (w, f), idx in _groups(layouts).items():
-        knobs = {p.axis: np.array([layouts[i][p.axis] for i in idx])
-                 for p in space.params if p.axis not in ("workload", "fleet")}
-        knobs.update({k: v for k, v in space.constants.items() if k not in ("workload", "fleet")})
-        priced = _price(setup, w, f, knobs)
+        priced = _price(setup, w, f, _trial_knobs(space, layouts, idx))
         values[:, idx] = np.where(np.isfinite(priced.values) & priced.valid,
                                   priced.values, -setup.signs[:, None] * PENALTY)
         for j, i in enumerate(idx):
             rows[i] = {k: float(np.asarray(c)[j]) for k, c in priced.constraints.items()}
     return values, rows
+
+
+def _trial_knobs(space, layouts: Sequence[Mapping], idx) -> dict:
+    """Knob arrays of the decoded trial layouts ``layouts[idx]`` (one workload and fleet),
+    with the space's constants."""
+    knobs = {p.axis: np.array([layouts[i][p.axis] for i in idx])
+             for p in space.params if p.axis not in ("workload", "fleet")}
+    knobs.update({k: v for k, v in space.constants.items() if k not in ("workload", "fleet")})
+    return knobs
 
 
 def _layout_knobs(setup: _Setup, layout: Mapping[str, Any]) -> dict:

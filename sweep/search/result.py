@@ -146,10 +146,11 @@ class SearchResult:
         if self.best_params is None:
             if not explain_empty:
                 pass
-            elif self.empty_counts:  # exhaustive: how many each condition removed, what to relax
+            elif self.empty_counts:  # how many each condition removed, what to relax
                 from ..analysis.empty import explain_empty
 
-                lines.append(explain_empty(self.empty_counts, "layout"))
+                lines.append(explain_empty(self.empty_counts,
+                                           "layout" if self.mode == "exact" else "trial"))
             else:
                 lines.append(_none_admissible(self.n_evaluated, {
                     k: f"{v / _GB:.1f} GB" for k, v in self.memory_limits.items()}))
@@ -245,9 +246,47 @@ def study_result(study, space, setup, *, n_new, k, sampler, started, reason="") 
         keep = set(front_indices(scores.reshape(len(items), len(signs)),
                                  np.array([n for _, _, n in items])).tolist())
         pareto = items = [item for i, item in enumerate(items) if i in keep]
-    return finish_result(setup, items, pareto, study=study, n_evaluated=len(complete),
-                         n_new=n_new, n_admissible=len(good), mode="sample", sampler=sampler,
-                         space_size=space.size, k=k, started=started, reason=reason)
+    result = finish_result(setup, items, pareto, study=study, n_evaluated=len(complete),
+                           n_new=n_new, n_admissible=len(good), mode="sample", sampler=sampler,
+                           space_size=space.size, k=k, started=started, reason=reason)
+    if not good:
+        result.empty_counts = _trial_counts(setup, space, complete)
+    return result
+
+
+def _trial_counts(setup, space, trials) -> Optional[dict]:
+    """``empty_counts`` of a sampled search's evaluated trials, as the exhaustive search
+    counts its grid (what each constraint removed, what relaxing each gives back, why
+    layouts are not realizable); None where no trial recorded its constraints."""
+    from types import SimpleNamespace
+
+    from ..analysis.empty import merge_evidence, realizable_text
+    from .exhaustive import _counts, _realizable
+    from .pricing import _groups, _price, _trial_knobs
+
+    trials = [t for t in trials if t.constraints]
+    if not trials:
+        return None
+    names = list(trials[0].constraints)
+    values = {n: np.array([t.constraints.get(n, np.nan) for t in trials], float) for n in names}
+    shape = (len(trials),)
+    removed, relaxed = _counts(SimpleNamespace(constraints=values), shape)
+    counts = {"total": len(trials), "removed": removed, "relaxed": relaxed}
+    if not relaxed.get("realizable") or "realizable" not in values:
+        return counts
+    passes = {n: ~(np.nan_to_num(v, nan=1.0) > 0) for n, v in values.items()}
+    blocked = ~passes["realizable"]
+    for n, ok in passes.items():
+        blocked &= ok if n != "realizable" else True
+    layouts = [space.decode(t.params) for t, b in zip(trials, blocked) if b]
+    evidence = None
+    for (w, f), idx in _groups(layouts).items():
+        priced = _price(setup, w, f, _trial_knobs(space, layouts, idx))
+        evidence = merge_evidence(evidence, _realizable(priced, priced.valid.shape))
+    why = realizable_text(evidence)
+    if why:
+        counts["why"] = {"realizable": why}
+    return counts
 
 
 def _entry(setup, layout, values, described, number):
