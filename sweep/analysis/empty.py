@@ -223,8 +223,8 @@ def _knob(cube, name, default):
 def _realizable_why(cube, blocked, sizes) -> Optional[str]:
     """Why the points only ``realizable`` removes (``blocked``) are not realizable, from the
     cube (:func:`realizable_evidence` of its arrays); None where it lacks what that needs."""
-    if "dp_size" not in cube.variables:
-        return None
+    if "dp_size" not in cube.variables or "physics" in cube.dims:
+        return None  # (a physics axis: each model's rule on its own slice, not said here)
     megatron = cube.attrs.get("physics") == "megatron"
     if megatron:
         from solver.physics import megatron as model
