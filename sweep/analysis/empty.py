@@ -35,7 +35,7 @@ import numpy as np
 import xarray as xr
 
 __all__ = ["NoAdmissibleError", "admissible_counts", "explain_empty", "conditions",
-           "realizable_evidence", "merge_evidence", "realizable_text"]
+           "realizable_evidence", "merge_evidence", "realizable_text", "batch_split_knobs"]
 
 #: Names of the conditions of ``admissible``, as the explanation says them.
 VALID, FEASIBLE, LIMIT, BUDGET, REALIZABLE = ("valid split", "fits memory", "within the memory "
@@ -226,15 +226,7 @@ def _realizable_why(cube, blocked, sizes) -> Optional[str]:
     if "dp_size" not in cube.variables or "physics" in cube.dims:
         return None  # (a physics axis: each model's rule on its own slice, not said here)
     megatron = cube.attrs.get("physics") == "megatron"
-    if megatron:
-        from solver.physics import megatron as model
-
-        factors = [_knob(cube, "micro_batch_size", model.DEFAULTS["micro_batch_size"])]
-    else:
-        from solver.knobs import KNOBS
-
-        factors = [_knob(cube, n, KNOBS[n].default)
-                   for n in ("gradient_accumulation_steps", "microbatch_count")]
+    factors = [_knob(cube, n, default) for n, default in batch_split_knobs(megatron).items()]
     batch = _knob(cube, "batch_size", 1 if megatron else None)
     if batch is None or any(f is None for f in factors):
         return None
@@ -250,6 +242,19 @@ def _realizable_why(cube, blocked, sizes) -> Optional[str]:
     evidence = realizable_evidence(*(a.values for a in arrays), megatron=megatron, each=each,
                                    scalar_batch=not isinstance(batch, xr.DataArray))
     return realizable_text(evidence)
+
+
+def batch_split_knobs(megatron: bool) -> dict:
+    """The knobs that times ``dp_size`` must divide the global batch (name -> default):
+    ``micro_batch_size`` in the megatron physics, ``gradient_accumulation_steps`` and
+    ``microbatch_count`` in mlsysim's (:func:`solver.physics.common.realizable`)."""
+    if megatron:
+        from solver.physics import megatron as model
+
+        return {"micro_batch_size": model.DEFAULTS["micro_batch_size"]}
+    from solver.knobs import KNOBS
+
+    return {n: KNOBS[n].default for n in ("gradient_accumulation_steps", "microbatch_count")}
 
 
 #: Largest cube (points on the dims the batch split spans) whose realizable evidence

@@ -15,7 +15,8 @@ from typing import Optional
 import numpy as np
 
 from .. import grid as grid_
-from ..analysis.empty import merge_evidence, realizable_evidence, realizable_text
+from ..analysis.empty import (batch_split_knobs, merge_evidence, realizable_evidence,
+                              realizable_text)
 from .pricing import _price, _Setup
 from .result import SearchResult, finish_result, front_indices
 
@@ -87,16 +88,8 @@ def _realizable(priced, shape) -> Optional[dict]:
             others &= ~(np.nan_to_num(np.broadcast_to(values, shape), nan=1.0) > 0)
     blocked = others & (np.broadcast_to(priced.constraints["realizable"], shape) > 0)
     megatron = knobs.get("physics") == "megatron"
-    if megatron:
-        from solver.physics import megatron as model
-
-        names = {"micro_batch_size": model.DEFAULTS["micro_batch_size"]}
-    else:
-        from solver.knobs import KNOBS
-
-        names = {n: KNOBS[n].default for n in ("gradient_accumulation_steps", "microbatch_count")}
     divisor = np.asarray(out["dp_size"], np.float64)
-    for name, default in names.items():
+    for name, default in batch_split_knobs(megatron).items():
         divisor = divisor * np.asarray(knobs.get(name, default), np.float64)
     batch = np.asarray(knobs["batch_size"])
     return realizable_evidence(blocked, np.asarray(out["dp_size"]), divisor, batch,
