@@ -29,6 +29,13 @@ error, :func:`sweep.calibration.select_free`):
 
     python benchmarks/bench_calibrate.py          # results/bench_calibrate.{json,md}
     python benchmarks/bench_calibrate.py --loo    # also the plain fits' leave-one-out error
+    python benchmarks/bench_calibrate.py --random-splits 10   # results/bench_calibrate_random.*
+
+``--random-splits N`` calibrates the new-cluster start on N seeded random halves of
+the H100 runs instead (each source's runs shuffled, then alternated, so every half
+holds as many of each source as the fixed halves; both directions), with the default
+prior and with ``free="auto"``: the spread of the held-out error over splits, where
+the fixed halves give two values.
 
 The prior fits are ``sweep.calibrate``'s defaults, leave-one-out included: its
 warning that the fit predicts left-out runs worse than the start (see
@@ -111,6 +118,82 @@ def halves(rows, sources=SOURCES):
 EXPERIMENTS = {"H100": SOURCES, "MLM24": ("MLM24",), "NEMO2407": ("NEMO2407",)}
 
 
+def random_halves(rows, seed, sources=SOURCES):
+    """:func:`halves` of each source's runs in a seeded random order."""
+    rng = np.random.default_rng(seed)
+    a, b = [], []
+    for src in sources:
+        idx = [i for i, row in enumerate(rows) if row["run_id"].split("-")[0] == src]
+        order = [idx[j] for j in rng.permutation(len(idx))]
+        a += order[0::2]
+        b += order[1::2]
+    return sorted(a), sorted(b)
+
+
+def random_splits(n, t0):
+    """The new-cluster start calibrated on ``n`` seeded random halves (both directions)."""
+    rows = records()
+    data = read_measurements(rows, name="published_runs.csv (H100)")
+    start = new_cluster_start()
+    out = []
+    for seed in range(n):
+        a, b = random_halves(rows, seed)
+        for direction, (train, test) in (("A->B", (a, b)), ("B->A", (b, a))):
+            held_out = data.subset(test)
+            meas = held_out.step_times
+            row = {"seed": seed, "direction": direction,
+                   "train": [rows[i]["run_id"] for i in train],
+                   "uncalibrated": float(np.mean(ape(predict(held_out, start), meas)))}
+            for label, free in (("prior", None), ("auto", "auto")):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", CalibrationWarning)
+                    cal = sweep.calibrate(data.subset(train), start=start, free=free)
+                row[label] = float(np.mean(ape(predict(held_out, cal.constants), meas)))
+                if free == "auto":
+                    row["auto_free"] = list(cal.profile.free)
+            out.append(row)
+            print(f"seed {seed} {direction}: prior {row['prior']:.2f}%, auto {row['auto']:.2f}% "
+                  f"({', '.join(row['auto_free']) or 'none'}), uncalibrated "
+                  f"{row['uncalibrated']:.2f}%", flush=True)
+    summary = {}
+    for label in ("prior", "auto", "uncalibrated"):
+        v = np.array([r[label] for r in out])
+        summary[label] = {"mean": float(v.mean()), "median": float(np.median(v)),
+                          "q25": float(np.percentile(v, 25)), "q75": float(np.percentile(v, 75)),
+                          "max": float(v.max()), "at_most_3": int((v <= 3.0).sum())}
+    res = {"splits": out, "summary": summary,
+           "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "machine": fidelity.machine(),
+                    "command": " ".join([Path(sys.executable).name] + sys.argv),
+                    "data_sha256": data.sha256, "seconds": round(time.time() - t0, 1),
+                    "runs": len(rows), "seeds": n}}
+    meta = res["meta"]
+    md = ["# Calibration on random halves of the H100 runs (start: new cluster)\n",
+          f"- date: {meta['date']}", f"- machine: `{meta['machine']['uname']}`, nproc "
+          f"{meta['machine']['nproc']}, python {meta['machine']['python']}",
+          f"- command: `{meta['command']}`",
+          f"- runs: {meta['runs']} (MLM24 + NEMO2407 + NEMOLS, H100), data sha256 "
+          f"{meta['data_sha256'][:16]}, {meta['seconds']} s", "",
+          f"{n} seeded random halves (each source's runs shuffled, then alternated), both "
+          f"directions: {len(out)} calibrations of the new-cluster start (fitted on the A100 "
+          "runs only), each scored on its held-out half: mean absolute percentage error of the "
+          "step time. *prior*: `sweep.calibrate`'s default; *auto*: `free=\"auto\"`.", "",
+          "| | mean | median | quartiles | max | splits <= 3 % |", "|---|---|---|---|---|---|"]
+    for label in ("prior", "auto", "uncalibrated"):
+        m = summary[label]
+        md.append(f"| {label} | {m['mean']:.3f} % | {m['median']:.3f} % | {m['q25']:.2f}-"
+                  f"{m['q75']:.2f} % | {m['max']:.2f} % | {m['at_most_3']} of {len(out)} |")
+    md += ["", "| seed | direction | prior | auto [chosen] | uncalibrated |", "|---|---|---|---|---|"]
+    for r in out:
+        md.append(f"| {r['seed']} | {r['direction']} | {r['prior']:.2f} % | {r['auto']:.2f} % "
+                  f"[{', '.join(r['auto_free']) or 'none'}] | {r['uncalibrated']:.2f} % |")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_calibrate_random.json").write_text(json.dumps(res, indent=1) + "\n")
+    (RESULTS / "bench_calibrate_random.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return res
+
+
 def ape(pred, meas):
     return np.abs(np.asarray(pred) / np.asarray(meas) - 1.0) * 100.0
 
@@ -133,7 +216,12 @@ def main(argv=None):
     ap.add_argument("--write-measurements", type=Path, metavar="CSV",
                     help="only write the H100 runs as a measurements CSV (the file "
                          "notebooks/04_megatron.ipynb calibrates on) and stop")
+    ap.add_argument("--random-splits", type=int, default=0, metavar="N",
+                    help="instead: the new-cluster start on N seeded random halves "
+                         "(results/bench_calibrate_random.{json,md})")
     args = ap.parse_args(argv)
+    if args.random_splits:
+        return random_splits(args.random_splits, time.time())
     if args.write_measurements:
         write_measurements(args.write_measurements)
         return None
