@@ -421,13 +421,21 @@ def test_an_empty_answer_says_why_layouts_are_not_realizable(physics):
 def test_an_empty_answer_over_a_physics_axis_gives_counts_but_no_realizable_why():
     """The two models split the batch by different rules: over a physics axis the counts stand
     and no single rule's reason is given (rather than one model's rule for both slices)."""
-    cube = sweep.run({"workload": "Llama3_8B_MC", "fleet": "GB200_NVL72_8_MC",
-                      "physics": ["mlsysim", "megatron"],
-                      "axes": {"tp_size": [1, 2, 4], "pp_size": [1, 2, 4]},
-                      "fixed": {"batch_size": 1000, "seq_len": 8192}})
+    spec = {"workload": "Llama3_8B_MC", "fleet": "GB200_NVL72_8_MC",
+            "physics": ["mlsysim", "megatron"],
+            "axes": {"tp_size": [1, 2, 4], "pp_size": [1, 2, 4]},
+            "fixed": {"batch_size": 1000, "seq_len": 8192}}
+    cube = sweep.run(spec)
     counts = sweep.analysis.admissible_counts(cube)
     assert counts["admissible"] == 0 and counts["removed"]["realizable"] == 18
     assert "why" not in counts
+    # ... nor does an exhaustive search of the same space, which prices each model's block apart.
+    from sweep.search import search
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = search(spec, mode="exhaustive")
+    assert result.empty_counts["removed"]["realizable"] == 18 and "why" not in result.empty_counts
 
 
 def test_top_k_of_a_utilization_across_precisions_warns():

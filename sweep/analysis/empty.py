@@ -305,16 +305,19 @@ def realizable_evidence(blocked, dp, divisor, batch, *, megatron: bool, each: in
 
 
 def merge_evidence(a: Optional[dict], b: Optional[dict]) -> Optional[dict]:
-    """Two blocks' :func:`realizable_evidence` as one."""
+    """Two blocks' :func:`realizable_evidence` as one; blocks of the two physics models (a
+    physics axis) merge into ``{"mixed": True}``, of which nothing is said."""
     if a is None or b is None:
         return a or b
+    if a.get("mixed") or b.get("mixed") or a["megatron"] != b["megatron"]:
+        return {"mixed": True}
     divisors = None
     if a["divisors"] is not None and b["divisors"] is not None:
         divisors = dict(a["divisors"])
         for v, c in b["divisors"].items():
             divisors[v] = divisors.get(v, 0) + c
         divisors = divisors if len(divisors) <= MAX_DIVISORS else None
-    return {"megatron": a["megatron"] and b["megatron"], "blocked": a["blocked"] + b["blocked"],
+    return {"megatron": a["megatron"], "blocked": a["blocked"] + b["blocked"],
             "fails": a["fails"] + b["fails"], "dp": sorted(set(a["dp"]) | set(b["dp"]))[:6],
             "batch": a["batch"] if a["batch"] == b["batch"] else None, "divisors": divisors}
 
@@ -324,7 +327,7 @@ def realizable_text(evidence: Optional[dict]) -> Optional[str]:
     removes do not split the global batch into whole microbatches, their ``dp_size`` values,
     the batch size from half to twice the given one that splits the most of them, and how
     many fail the model's other rules. None where no layout is blocked."""
-    if not evidence or not evidence["blocked"]:
+    if not evidence or evidence.get("mixed") or not evidence["blocked"]:
         return None
     n_blocked, n_fail = evidence["blocked"], evidence["fails"]
     megatron, batch = evidence["megatron"], evidence["batch"]

@@ -8,7 +8,6 @@ import warnings
 
 from solver.outputs import DERIVED, REGISTRY, objective_names
 
-from ..analysis.empty import explain_empty
 from ..analysis.ties import TIES, collapse_rows
 from ..spec import load_spec
 from ._common import EXIT_EMPTY, EXIT_OK, UsageError, _progress, _suggest
@@ -101,10 +100,8 @@ def command(args) -> int:
             raise UsageError(f"search: {err}") from None
     print(result.summary(explain_empty=False))
     if not result.n_admissible:
-        why = (explain_empty(result.empty_counts, "layout" if result.mode == "exact" else "trial")
-               if result.empty_counts else
-               result.summary().rsplit("\n", 1)[1] + ": relax the memory limit or the "
-               "accelerator bounds, or widen the axes")
+        why = result.why_empty() + ("" if result.empty_counts else ": relax the memory limit "
+                                    "or the accelerator bounds, or widen the axes")
         print(why, file=sys.stderr)
         return EXIT_EMPTY
     if result.top:

@@ -129,6 +129,17 @@ class SearchResult:
                       DeprecationWarning, stacklevel=2)
         return self.n_admissible
 
+    def why_empty(self) -> str:
+        """Why no layout is admissible: how many points (exhaustive) or trials (sampled) each
+        condition removed and what to relax (:func:`sweep.analysis.explain_empty`), or, where
+        nothing was counted, every condition a layout must meet."""
+        if self.empty_counts:
+            from ..analysis.empty import explain_empty
+
+            return explain_empty(self.empty_counts, "layout" if self.mode == "exact" else "trial")
+        return _none_admissible(self.n_evaluated, {k: f"{v / _GB:.1f} GB"
+                                                   for k, v in self.memory_limits.items()})
+
     def summary(self, explain_empty: bool = True) -> str:
         """A few lines: the best layout, its value, where its step time and memory go.
 
@@ -144,16 +155,8 @@ class SearchResult:
         if self.evidence is not None:
             lines.append(self.evidence.summary())
         if self.best_params is None:
-            if not explain_empty:
-                pass
-            elif self.empty_counts:  # how many each condition removed, what to relax
-                from ..analysis.empty import explain_empty
-
-                lines.append(explain_empty(self.empty_counts,
-                                           "layout" if self.mode == "exact" else "trial"))
-            else:
-                lines.append(_none_admissible(self.n_evaluated, {
-                    k: f"{v / _GB:.1f} GB" for k, v in self.memory_limits.items()}))
+            if explain_empty:
+                lines.append(self.why_empty())
             return "\n".join(lines)
         value = (self.best_value if not self.is_multi_objective
                  else ", ".join(f"{v:.6g}" for v in self.best_value))
@@ -275,9 +278,8 @@ def _trial_counts(setup, space, trials) -> Optional[dict]:
     if not relaxed.get("realizable") or "realizable" not in values:
         return counts
     passes = {n: ~(np.nan_to_num(v, nan=1.0) > 0) for n, v in values.items()}
-    blocked = ~passes["realizable"]
-    for n, ok in passes.items():
-        blocked &= ok if n != "realizable" else True
+    blocked = np.logical_and.reduce([~passes["realizable"]] + [
+        ok for n, ok in passes.items() if n != "realizable"])
     layouts = [space.decode(t.params) for t, b in zip(trials, blocked) if b]
     evidence = None
     for (w, f), idx in _groups(layouts).items():
