@@ -81,6 +81,7 @@ def records():
         out.append({"run_id": r.run_id, "layers": w.layers, "hidden_dim": w.hidden_dim,
                     "heads": w.heads, "kv_heads": w.kv_heads, "ffn_hidden_dim": w.ffn_hidden_dim,
                     "vocab_size": w.vocab_size, "gated_mlp": w.gated_mlp,
+                    "tied_embeddings": w.tied_embeddings is not False,
                     "parameters": w.parameters, "fleet": "EOS_H100_MC",
                     **knobs, "step_time_s": float(r.measured)})
     return out

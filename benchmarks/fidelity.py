@@ -148,9 +148,11 @@ def load_runs():
             l, h, a = _i(r["layers"]), _i(r["hidden"]), _i(r["heads"])
             f = _i(r["ffn_hidden"]) or 4 * h
             V, kv, gated = _i(r["vocab"]) or 51200, a, False
+            tied = True  # Megatron-LM's GPT shares the embedding with the output layer
         elif shape:
             l, h, a = int(shape["layers"]), int(shape["hidden"]), int(shape["heads"])
             f, V, kv, gated = int(shape["ffn_hidden"]), int(shape["vocab"]), int(shape["kv_heads"]), shape["gated"] == "1"
+            tied = shape["tied"] == "1"
         else:
             skipped.append((r["run_id"], "no model shape")); continue
         tp, pp, dp = _i(r["TP"]), _i(r["PP"]), _i(r["DP"])
@@ -224,7 +226,7 @@ def load_runs():
         params = _params(l, h, f, V, a, kv, gated)
         wl = specs.Workload(name=r["model"], kind="transformer", parameters=params, layers=l,
                             hidden_dim=h, heads=a, kv_heads=kv, ffn_hidden_dim=f, vocab_size=V,
-                            gated_mlp=gated, inference_flops=2 * params)
+                            gated_mlp=gated, tied_embeddings=tied, inference_flops=2 * params)
         runs.append(Run(r["run_id"], src, wl, r["gpu"], knobs, np.float64(t), "; ".join(notes),
                         choices=choices))
     # vTrain: one group per model shape, flat arrays of layouts.
@@ -446,6 +448,26 @@ def vtrain_floor(runs, loso_constants, all_constants):
     return out
 
 
+def memory_check(runs, constants):
+    """Memory against the runs that ran: the model's footprint of each measured layout
+    (a published run's chosen candidate) over its accelerator's capacity. A layout the
+    model calls over capacity ran all the same, so a search would wrongly rule it out."""
+    published, over = [], []
+    for r in runs:
+        out, i = megatron_solve(r, constants)
+        mem = np.atleast_1d(np.asarray(out["memory_footprint"], dtype=np.float64))
+        node = _vtrain_node() if r.source == "VTRAIN" else _fleets(r.gpu)[0].node
+        cap = node.accelerator.memory_capacity
+        if r.source == "VTRAIN":
+            ratio = mem / cap
+            over.append({"group": r.group, "n": int(ratio.size), "over": int((ratio > 1).sum()),
+                         "max_ratio": float(ratio.max())})
+        else:
+            ratio = float(mem[0 if i is None else i] / cap)
+            published.append({"run_id": r.run_id, "source": r.source, "ratio": ratio})
+    return {"published": published, "vtrain": over}
+
+
 def data_hash():
     hsh = hashlib.sha256()
     for name in ("published_runs.csv", "vtrain_single_node.csv", "model_shapes.csv"):
@@ -541,6 +563,7 @@ def main(argv=None):
                 row.update(loso_s=pl, mfu_loso=float(f / (pl * n * peak)))
             trend.append(row)
     results["size_trend"] = trend
+    results["memory"] = memory_check(runs, const_all)
     results["per_run"] = [
         {"run_id": r.run_id, "source": r.source, "measured_s": float(r.measured),
          "megatron_s": float(megatron_predict(r, const_all)),
@@ -625,6 +648,20 @@ def markdown(res):
                 txt += f", megatron LOSO {kendall(range(len(rows)), [t['mfu_loso'] for t in rows]):.2f}"
             txt += f"; tau of predicted vs measured MFU {kendall(meas, [t['mfu_predicted'] for t in rows]):.2f}"
             out.append(txt)
+    mem = res.get("memory")
+    if mem:
+        pub = mem["published"]
+        bad = [p for p in pub if p["ratio"] > 1]
+        vt_n, vt_over = sum(g["n"] for g in mem["vtrain"]), sum(g["over"] for g in mem["vtrain"])
+        worst = max(pub, key=lambda p: p["ratio"])
+        out += ["", "Memory against the layouts that ran (megatron model's `memory_footprint` over the "
+                "accelerator's capacity; a published run's chosen candidate): "
+                f"{len(bad)} of {len(pub)} published runs over capacity"
+                + (" (" + ", ".join(f"{p['run_id']} {p['ratio']:.3f}" for p in bad) + ")" if bad else "")
+                + f"; largest share {worst['ratio']:.3f} ({worst['run_id']}); vTrain: {vt_over} of {vt_n} "
+                f"layouts over their 40 GB (largest share "
+                f"{max(g['max_ratio'] for g in mem['vtrain']):.3f}). Those layouts ran, so the model's "
+                "memory overstates them; `feasible` rules them out."]
     per_run = res.get("per_run", [])
     if per_run and "megatron_loso_s" in per_run[0]:
         out += ["", "Per published run, megatron: signed error of the predicted step time "

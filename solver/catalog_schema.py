@@ -203,5 +203,6 @@ _SCHEMA = {
         "moe_ffn_hidden_dim": _field("integer"),
         "shared_experts": _field("integer"),
         "dense_layers": _field("integer"),
+        "tied_embeddings": _field("boolean"),
     },
 }

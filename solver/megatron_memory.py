@@ -15,7 +15,8 @@ References
     s b h (34 + 5 a s / h)), Table 2 (TP, SP, selective and full recompute),
     Sec. 4.2.3 (interleaved schedule: first stage holds L (1 + (p-1)/(p v)) layers).
 [2] Megatron-LM, ``docs/source/api-guide/dist_optimizer.md``: bytes per
-    parameter 2 (bf16 weight) + 4 (fp32 grad) + 12 / d (fp32 master, Adam m, v).
+    parameter 2 (bf16 weight) + 4 (fp32 grad) + 12 / d (fp32 master, Adam m, v);
+    fp16 param and grads: 2 + 2 + 16 / d (the fp32 main gradient with the optimizer).
 [3] Rajbhandari, S. et al. (2020), "ZeRO", SC (stages 1-3).
 [4] Megatron-LM, ``megatron/core/pipeline_parallel/schedules.py``: warm-up
     microbatches p - r - 1 (1F1B) and 2 (p - r - 1) + (v - 1) p (interleaved).
@@ -43,7 +44,7 @@ MAIN_GRAD_BYTES = 4.0
 ADAM_STATE_BYTES = 12.0
 
 
-def model_state(parameters, *, shard_group, zero_stage):
+def model_state(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYTES):
     """Weights, gradients and optimizer state of one accelerator [B].
 
     Parameters
@@ -55,6 +56,11 @@ def model_state(parameters, *, shard_group, zero_stage):
     zero_stage : array_like of int
         0 none, 1 distributed optimizer (optimizer state sharded), 2 + gradients,
         3 + weights (FSDP).
+    grad_bytes : array_like [B per parameter]
+        Bytes of the DDP gradient buffer: 4 (FP32 main gradients; BF16 and FP8
+        training), 2 (FP16 training, which reduces FP16 gradients [2]); with 2,
+        the optimizer also keeps an FP32 copy of the gradients (4 + 16 / d bytes
+        per parameter with the distributed optimizer, 20 without [2]).
 
     Returns
     -------
@@ -66,8 +72,10 @@ def model_state(parameters, *, shard_group, zero_stage):
     p = np.asarray(parameters, dtype=np.float64)
     # [2]: 2 + 4 + 12/d bytes per parameter with the distributed optimizer; [3] for 2, 3.
     weights = WEIGHT_BYTES * p / np.where(z >= 3, d, 1.0)
-    gradients = MAIN_GRAD_BYTES * p / np.where(z >= 2, d, 1.0)
-    optimizer = ADAM_STATE_BYTES * p / np.where(z >= 1, d, 1.0)
+    g = np.asarray(grad_bytes, dtype=np.float64)
+    gradients = g * p / np.where(z >= 2, d, 1.0)
+    optimizer = (ADAM_STATE_BYTES + np.where(g < MAIN_GRAD_BYTES, MAIN_GRAD_BYTES, 0.0)) * p \
+        / np.where(z >= 1, d, 1.0)
     return weights, gradients, optimizer
 
 

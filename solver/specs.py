@@ -222,6 +222,11 @@ class Workload:
     moe_ffn_hidden_dim, shared_experts, dense_layers : int, optional
         MoE: width of one routed expert, shared experts per MoE layer, leading
         dense (non-MoE) layers.
+    tied_embeddings : bool, optional
+        The output layer shares the input embedding's weights (Megatron-LM's default,
+        and GPT's; default True). Llama, Mixtral, Qwen3, DeepSeek-V3 and Nemotron-4
+        untie them (``--untie-embeddings-and-output-weights``): a single pipeline stage
+        then holds both matrices.
     """
 
     name: str
@@ -245,6 +250,7 @@ class Workload:
     moe_ffn_hidden_dim: Optional[int] = None
     shared_experts: Optional[int] = None
     dense_layers: Optional[int] = None
+    tied_embeddings: Optional[bool] = None
 
     def __post_init__(self):
         if self.kind not in WORKLOAD_KINDS:

@@ -44,15 +44,20 @@ def test_a_file_is_read_with_defaults_hash_and_groups(tmp_path):
 
 def test_a_shape_and_tokens_per_second_are_read(tmp_path):
     path = _write(tmp_path, [
-        "layers,hidden_dim,heads,kv_heads,ffn_hidden_dim,vocab_size,gated_mlp,node,num_gpus,"
-        "tp_size,batch_size,seq_len,tokens_per_s_per_gpu",
-        "32,4096,32,8,14336,128256,yes,DGX_H100_MC,16,2,64,8192,8000"])
-    run = read_measurements(path).runs[0]
+        "layers,hidden_dim,heads,kv_heads,ffn_hidden_dim,vocab_size,gated_mlp,tied_embeddings,node,"
+        "num_gpus,tp_size,batch_size,seq_len,tokens_per_s_per_gpu",
+        "32,4096,32,8,14336,128256,yes,no,DGX_H100_MC,16,2,64,8192,8000",
+        "32,4096,32,8,14336,128256,yes,,DGX_H100_MC,16,2,64,8192,8000"])
+    run, tied = read_measurements(path).runs
     assert run.knobs["dp_size"] == 8 and run.workload.gated_mlp and run.workload.kv_heads == 8
     assert run.step_time == pytest.approx(64 * 8192 / (8000 * 16))
     assert run.fleet.fabric.name == solver.catalog.fabric("InfiniBand_NDR").name
-    # counted parameters of a Llama 3 8B shape
+    # counted parameters of a Llama 3 8B shape (untied: embedding and output layer)
+    assert run.workload.tied_embeddings is False
     assert run.workload.parameters == pytest.approx(8.03e9, rel=0.01)
+    # Megatron-LM's default ties them: one vocabulary matrix fewer
+    assert tied.workload.tied_embeddings is True
+    assert run.workload.parameters - tied.workload.parameters == 128256 * 4096
 
 
 @pytest.mark.parametrize("line, message", [

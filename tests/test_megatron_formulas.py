@@ -86,6 +86,13 @@ def test_interleaved_in_flight_layers_and_distributed_optimizer_bytes():
     assert (w + g + o) / 1e9 == pytest.approx(2 + 4 + 12 / 8)
     w3, g3, o3 = mem.model_state(1e9, shard_group=8, zero_stage=3)
     assert (w3 + g3 + o3) / 1e9 == pytest.approx(18 / 8)
+    # dist_optimizer.md's table: fp16 params and grads 20 B / parameter, 4 + 16 / d sharded
+    w, g, o = mem.model_state(1e9, shard_group=8, zero_stage=0, grad_bytes=2.0)
+    assert (w + g + o) / 1e9 == pytest.approx(20)
+    w, g, o = mem.model_state(1e9, shard_group=8, zero_stage=1, grad_bytes=2.0)
+    assert (w + g + o) / 1e9 == pytest.approx(4 + 16 / 8)
+    w, g, o = mem.model_state(1e9, shard_group=8, zero_stage=0)
+    assert (w + g + o) / 1e9 == pytest.approx(18)
 
 
 def test_network_collectives():

@@ -123,6 +123,125 @@ def test_expert_parallelism_in_fp16_is_not_realizable(engine):
     np.testing.assert_array_equal(out["step_latency_total"][1::4], out["step_latency_total"][0::4])
 
 
+#: (workload, fleet, knobs over BASE, realizable?): Megatron-LM / Megatron-Core refuse each
+#: False layout ([15]-[21] of the model); the True ones beside them differ in one knob.
+_RULE_CASES = [
+    # [16] num_query_groups must be a multiple of tp (no KV-head replication)
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(tp_size=16, pp_size=2), False),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(tp_size=8, pp_size=2), True),
+    # [17] interleaving: the microbatch count a multiple of pp_size, and at least pp_size
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(batch_size=48, v_stages=2), False),   # m = 6
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(batch_size=16, v_stages=2), False),   # m = 2
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(batch_size=64, v_stages=2), True),    # m = 8
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(batch_size=48, v_stages=1), True),    # 1F1B
+    # [18] context parallelism only with the fused (Transformer Engine) attention
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(cp_size=2, flash_attention=False), False),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(cp_size=2, flash_attention=True), True),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(cp_size=1, flash_attention=False), True),
+    # [19] sequence parallelism splits seq_len / cp_size over tp
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(seq_len=4100), False),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(seq_len=4100, sequence_parallel=False), True),
+    # [15] tp_comm_overlap needs sequence parallelism, which tp 1 turns off
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(tp_size=1, pp_size=8, v_stages=1, tp_comm_overlap=True), False),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(tp_size=1, pp_size=8, v_stages=1), True),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(tp_comm_overlap=True), True),
+    # [15] overlap_param_gather needs overlap_grad_reduce (a no-op without a distributed optimizer)
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(overlap_grad_reduce=False), False),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(overlap_grad_reduce=False, overlap_param_gather=False), True),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(overlap_grad_reduce=False, zero_stage=0), True),
+    # [21] the precision must exist on the accelerator
+    ("Llama3_70B_MC", "Selene_MC", dict(precision="fp8"), False),
+    ("Llama3_70B_MC", "Selene_MC", dict(precision="bf16"), True),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(precision="fp4"), False),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(precision="fp8"), True),
+    ("Llama3_70B_MC", "DGX_B200_1K_MC", dict(precision="fp4"), True),
+    # [20] MoE with tp > 1 needs sequence parallelism
+    ("Mixtral_8x7B_MC", "HGX_H100_1K_MC", dict(tp_size=2, pp_size=4, v_stages=1, ep_size=8, sequence_parallel=False), False),
+    ("Mixtral_8x7B_MC", "HGX_H100_1K_MC", dict(tp_size=2, pp_size=4, v_stages=1, ep_size=8), True),
+    ("Mixtral_8x7B_MC", "HGX_H100_1K_MC", dict(tp_size=1, pp_size=4, v_stages=1, ep_size=8, sequence_parallel=False), True),
+]
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+@pytest.mark.parametrize("wl_name,fl_name", sorted({(c[0], c[1]) for c in _RULE_CASES}))
+def test_megatron_refusals_are_not_realizable(engine, wl_name, fl_name):
+    """Each rule of Megatron-LM's validate_args / Megatron-Core's asserts the model follows,
+    with a layout it refuses beside one it runs; every layout stays valid and priced. Both
+    engines, the cases' knobs as arrays of 4096 layouts (the fused kernel's size)."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    cases = [c for c in _RULE_CASES if (c[0], c[1]) == (wl_name, fl_name)]
+    reps = -(-4096 // len(cases))
+    rows = [{**BASE, "flash_attention": True, "tp_comm_overlap": False, "overlap_grad_reduce": True,
+             "overlap_param_gather": True, "zero_stage": 1, "precision": "bf16", "cp_size": 1,
+             "ep_size": 1, **c[2]} for c in cases] * reps
+    knobs = {name: np.array([r[name] for r in rows]) for name in rows[0]}
+    out = M.solve(catalog.workload(wl_name), catalog.fleet(fl_name), engine=engine, **knobs)
+    assert out["valid"].all()
+    assert np.isfinite(out["step_latency_total"]).all()
+    assert out["realizable"].tolist() == [c[3] for c in cases] * reps
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_model_state_buckets_and_untied_embeddings(engine):
+    """Memory against Megatron-Core's layout, on both engines (4096 layouts): 18 B per
+    parameter in bf16 and 20 in fp16 without the distributed optimizer [2 of
+    megatron_memory]; DDP buckets are views into the gradient buffer, so one stage alone
+    (no pipeline buffers) has no buffer memory unless its gradients are sharded [23]; an
+    untied model's single stage holds the output layer too [22]."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    small = catalog.workload("Llama3_8B_MC")
+    assert small.tied_embeddings is False
+    n = 4096
+    zero = np.array([0, 0, 1, 2] * (n // 4))
+    prec = np.array(["bf16", "fp16", "bf16", "bf16"] * (n // 4))
+    kw = dict(batch_size=64, seq_len=4096, tp_size=1, pp_size=1, dp_size=8, micro_batch_size=1,
+              zero_stage=zero, precision=prec, engine=engine)
+    out = M.solve(small, FL, **kw)
+    shape = M._Shape(small)
+    params = shape.layers * shape.dense_layer_params + 2 * shape.embedding_params
+    assert params == pytest.approx(8.03e9, rel=2e-3)  # the model card's count
+    state = out["memory_weights"] + out["memory_gradients"] + out["memory_optimizer_state"]
+    np.testing.assert_allclose(state[:4], [18 * params, 20 * params, (6 + 12 / 8) * params,
+                                           (2 + 16 / 8) * params], rtol=1e-12)
+    np.testing.assert_array_equal(out["memory_communication_buffers"][:3], 0.0)
+    assert out["memory_communication_buffers"][3] == 4 * 4e7  # one FP32 bucket of 40M
+    tied = M.solve(dataclasses.replace(small, tied_embeddings=True), FL, **kw)
+    np.testing.assert_allclose(out["memory_weights"] - tied["memory_weights"],
+                               2 * shape.embedding_params, rtol=1e-12)
+    # with stages, the last holds the output layer whether tied or not
+    staged = {k: M.solve(dataclasses.replace(small, tied_embeddings=t), FL,
+                         **{**kw, "pp_size": 2})["memory_weights"] for k, t in (("u", False), ("t", True))}
+    np.testing.assert_array_equal(staged["u"], staged["t"])
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_zero2_reduces_gradients_every_microbatch(engine):
+    """ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every microbatch
+    ([24] of the model), where the distributed optimizer (zero 1) reduces once a step: with
+    nothing overlapped, zero 2's extra time is (m - 1) reductions, the same reduction at
+    every m; and it is never faster than zero 1."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    n = 4096
+    zero = np.array([1, 2] * (n // 2))
+    batch = np.repeat([64, 128, 256, 512], n // 4)  # m = 8, 16, 32, 64 at dp 8
+    out = M.solve(WL, FL, batch_size=batch, seq_len=4096, tp_size=8, pp_size=4, dp_size=8,
+                  micro_batch_size=1, sequence_parallel=True, zero_stage=zero,
+                  overlap_grad_reduce=False, overlap_param_gather=False, engine=engine)
+    dp = out["dp_communication_latency"]
+    m = out["microbatch_count"]
+    per_reduction = (dp[1::2] - dp[0::2]) / (m[1::2] - 1)
+    assert per_reduction.min() > 0
+    np.testing.assert_allclose(per_reduction, per_reduction[0], rtol=1e-12)
+    assert (out["step_latency_total"][1::2] > out["step_latency_total"][0::2]).all()
+    # overlapped, each reduction hides behind its own microbatch's backward
+    hidden = M.solve(WL, FL, batch_size=batch, seq_len=4096, tp_size=8, pp_size=4, dp_size=8,
+                     micro_batch_size=1, sequence_parallel=True, zero_stage=zero, engine=engine)
+    assert (hidden["dp_communication_latency"] <= dp).all()
+
+
 def test_uneven_pipeline_stages_without_interleaving():
     """126 layers (Llama 3 405B) on 16 stages: realizable with one schedule (Megatron-Core's
     uneven first/last stages), priced on the heaviest stage of ceil(126 / 16) = 8 layers;
@@ -134,7 +253,8 @@ def test_uneven_pipeline_stages_without_interleaving():
     out = M.solve(big, FL, pp_size=np.array([14, 16, 18, 126, 127]), **kw)
     assert out["realizable"].tolist() == [True, True, True, True, False]
     assert bool(out["valid"][4])  # a possible split, just not one Megatron-Core runs
-    inter = M.solve(big, FL, pp_size=np.array([14, 16]), v_stages=np.array([3, 2]), **kw)
+    inter = M.solve(big, FL, pp_size=np.array([14, 16]), v_stages=np.array([3, 2]),
+                    **{**kw, "batch_size": 896})  # m = 224, a multiple of 14 and of 16 [17]
     assert inter["realizable"].tolist() == [True, False]  # 126 % 42 == 0; 126 % 32 != 0
     # the heaviest stage is priced: 16 stages hold 8 layers at most, as 15.75 rounds up,
     # so the stage's weights match those of an even split of 128 layers on 16

@@ -19,8 +19,9 @@ from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _
 # ------------------------------------------------------------------ 1. split
 
 @njit(**_INLINE)
-def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco, prec):
-    """megatron_steps.split."""
+def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco, prec, flash, ogr,
+           opg, zero, supported):
+    """megatron_steps.split (``supported``: the fleet's 4-tuple of 1.0 where it has the precision)."""
     layers, heads, kv_heads, experts, moe = w[0], w[2], w[3], w[5], w[6]
     sp = spk and tp > 1.0
     model_parallel = tp * 1.0 * pp * cp
@@ -40,13 +41,19 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco, 
     fm = np.floor(m_exact)
     m = _max(np.ceil(m_exact), 1.0)
     realizable = (valid and m_exact == fm and m_exact >= 1.0
-                  and _divides(heads, tp) and (_divides(kv_heads, tp) or _divides(tp, kv_heads))
+                  and _divides(heads, tp) and _divides(kv_heads, tp)
                   and (_divides(layers, pp * v) or (v == 1.0 and pp <= layers))
                   and (v == 1.0 or pp > 1.0)
+                  and (v == 1.0 or (_divides(m_exact, pp) and m_exact >= pp))
                   and (cp == 1.0 or _divides(s, 2.0 * cp))
+                  and (cp == 1.0 or flash)
+                  and (not sp or _divides(s, tp * cp))
                   and (_divides(experts, ep) if moe != 0.0 else ep == 1.0)
                   and (ep == 1.0 or prec != _FP16)
-                  and not (tco and not sp and tp > 1.0))
+                  and (tp == 1.0 or sp or moe == 0.0)
+                  and not (tco and not sp)
+                  and not (opg and not ogr and zero >= 1)
+                  and _pick(supported, prec) != 0.0)
     return sp, dp, group, valid, n_acc, m_exact, m, realizable
 
 
@@ -243,7 +250,7 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
     eta = c[9]
     # _stage_params
-    dense_stage_params = dense_scale * layers_stage / tp + emb / tp * (1.0 if pp == 1.0 else 0.0)
+    dense_stage_params = dense_scale * layers_stage / tp + w[22] / tp * (1.0 if pp == 1.0 else 0.0)
     expert_stage_params = expert_scale * layers_stage / (tp * ep * 1.0) if moe != 0.0 else 0.0
     heavy = dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0)
     ranks_up = _max(np.floor(domain / tp), 1.0)
@@ -284,7 +291,9 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
                 t_gather = t_gather + 0.0
         stage_b = layers_stage * window_b
         stage_f = layers_stage * window_f
-        exp_grad = _exposed(t_grad, stage_b, eta) if ogr else t_grad
+        per_microbatch = m if zero == 2 else 1.0
+        exp_grad = per_microbatch * (_exposed(t_grad, stage_b, eta) if ogr else t_grad)
+        t_grad = per_microbatch * t_grad
         exp_gather = _exposed(t_gather, stage_f, eta) if opg else t_gather
     local_params = heavy + expert_stage_params
     t_opt = _mbt(_OPT_BYTES * local_params / (group if sharded else 1.0), hbm)
@@ -296,11 +305,11 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
 # ----------------------------------------------------------------- 7. memory
 
 @njit(**_PRIM)
-def _model_state(p, group, zero):
+def _model_state(p, group, zero, grad_bytes):
     """megatron_memory.model_state."""
     weights = _WB * p / (group if zero >= 3 else 1.0)
-    grads = _MGB * p / (group if zero >= 2 else 1.0)
-    optim = _ASB * p / (group if zero >= 1 else 1.0)
+    grads = grad_bytes * p / (group if zero >= 2 else 1.0)
+    optim = (_ASB + (_MGB if grad_bytes < _MGB else 0.0)) * p / (group if zero >= 1 else 1.0)
     return weights, grads, optim
 
 
@@ -327,9 +336,9 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
     h, heads, moe, top_k, moe_share, vocab, emb = w[1], w[2], w[6], w[9], w[12], w[13], w[16]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
     weights, grads, optim = _model_state(dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0),
-                                         group, zero)
+                                         group, zero, grad_bytes)
     if moe != 0.0:
-        we, ge, oe = _model_state(expert_stage_params, expert_group, zero)
+        we, ge, oe = _model_state(expert_stage_params, expert_group, zero, grad_bytes)
         weights, grads, optim = weights + we, grads + ge, optim + oe
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash)
     if moe != 0.0:
@@ -342,7 +351,7 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
     in_flight = layers_stage / v * _min(chunks, m * v)
     logits = 4.0 * mbs * s_local * vocab / tp if pp == 1.0 else 0.0
     activations = act_layer * in_flight + logits
-    bucket = grad_bytes * _max(4e7, 1e6 * group)
+    bucket = grad_bytes * _max(4e7, 1e6 * group) if zero >= 2 else 0.0
     buffers = (bucket + 2.0 * act_bytes / tp * (1.0 if pp > 1.0 else 0.0)
                + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
     footprint = weights + grads + optim + activations + buffers

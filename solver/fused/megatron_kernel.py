@@ -86,7 +86,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "adba51095d1343c6"
+SOURCES_DIGEST = "7739b93df41de0b6"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -170,7 +170,8 @@ def _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a,
         rc, zero, prec = rc_a[i], zero_a[i], prec_a[i]
         spk, tco, ogr, opg, flash = spk_a[i], tco_a[i], ogr_a[i], opg_a[i], flash_a[i]
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
-            w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco, prec)
+            w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco, prec,
+            flash, ogr, opg, zero, f[13])
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
         r = values[rows[i - b0]]
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total = \
@@ -371,7 +372,7 @@ def workload_scalars(w):
         w.layers, float(w.hidden), w.heads, w.kv_heads, w.head_dim, w.experts, moe, gated,
         w.ffn, w.top_k, w.moe_ffn, w.shared, w.moe_layers / w.layers, w.vocab,
         dense_scale, expert_scale, w.embedding_params, attention0, mlp_dense, mlp_moe,
-        1.5 if w.gated else 1.0, w.dense_layers if moe else 0.0))
+        1.5 if w.gated else 1.0, w.dense_layers if moe else 0.0, w.single_stage_embedding))
 
 
 def fleet_scalars(fleet, total_accelerators=None):
@@ -391,7 +392,8 @@ def fleet_scalars(fleet, total_accelerators=None):
             float(node.nic_bandwidth or fabric.bandwidth / fabric.oversubscription),
             float(_steps.SCALE_UP_STEP_LATENCY),
             float(fabric.latency if fabric.latency is not None else _steps.SCALE_OUT_STEP_LATENCY),
-            float(fleet.total_accelerators), float(acc.memory_capacity))
+            float(fleet.total_accelerators), float(acc.memory_capacity),
+            tuple(1.0 if _steps.supports(acc, p) else 0.0 for p in P))
 
 
 #: Constant names in the order of the kernel's constant tuple (``gemm_size_shift`` as its log).

@@ -80,7 +80,40 @@ References
     405B model has 126 layers and trained with pipeline parallelism of 16.
 [15] Megatron-LM ``megatron/training/arguments.py`` (``validate_args``): with
     ``expert_model_parallel_size > 1``, "Expert parallelism is not supported with
-    fp16 training".
+    fp16 training"; at tensor-parallel size 1 it turns sequence parallelism off, and
+    ``--tp-comm-overlap`` asserts sequence parallelism ("Tensor parallel
+    communication/GEMM overlap can happen only when sequence parallelism is
+    enabled"); ``--overlap-param-gather`` asserts ``--overlap-grad-reduce`` (and the
+    distributed optimizer: without it, zero_stage 0, the model gathers nothing and
+    the knob changes nothing).
+[16] Megatron-Core ``TransformerConfig.__post_init__``: "num_query_groups must be a
+    multiple of tensor_model_parallel_size" (no replication of KV heads over TP).
+[17] Megatron-Core ``pipeline_parallel/schedules.py``
+    (``forward_backward_pipelining_with_interleaving``): the interleaved schedule
+    runs microbatches in groups of ``microbatch_group_size_per_vp_stage``, pp by
+    default; a microbatch count below pp, or not a multiple of it, raises.
+[18] Megatron-Core ``transformer/dot_product_attention.py``: the unfused attention
+    asserts "Context parallelism is only supported by TEDotProductAttention!".
+[19] Megatron-Core ``tensor_parallel/mappings.py``: sequence parallelism scatters
+    the sequence (``seq_len / cp_size`` tokens here) over TP and asserts "First
+    dimension of the tensor should be divisible by tensor parallel size".
+[20] Megatron-Core ``transformer/moe/moe_layer.py`` (``MoELayer.forward``): training
+    an MoE with TP > 1 without sequence parallelism raises.
+[21] Transformer Engine ``check_fp8_support`` / NVFP4 support: FP8 needs compute
+    capability 8.9 (Ada, Hopper), FP4 10.0 (Blackwell). The catalog states an
+    accelerator's FP8 and FP4 peaks where it has them; a precision whose peak it
+    does not state is not realizable (and priced at the next wider precision's peak).
+[22] Megatron-Core ``models/gpt/gpt_model.py``: the last stage builds the output
+    layer, sharing the first stage's embedding weights unless
+    ``--untie-embeddings-and-output-weights`` (Llama, Mixtral, Qwen3, DeepSeek-V3,
+    Nemotron-4). With pipeline parallelism the last stage holds a copy either way.
+[23] Megatron-Core ``distributed/param_and_grad_buffer.py``: a bucket's gradients are
+    a view into the one gradient buffer (``_get`` of ``grad_data``); the bucket size
+    sets how the buffer is cut for communication and allocates nothing.
+[24] DeepSpeed, issue #2252 (maintainer's answer): "For zero stage 2 (and 3), gradient
+    reduction is required after every backward because of gradient partitioning. Each
+    rank retains only the accumulated gradients of its partition and discards the
+    rest", so ZeRO-2 reduce-scatters once per microbatch, not once per step.
 """
 
 from __future__ import annotations
@@ -175,7 +208,7 @@ KNOBS = {k.name: k for k in (
     _K("micro_batch_size", "int", 1, low=1, why="sequences per microbatch"),
     _K("sequence_parallel", "bool", False),
     _K("recompute", "choice", "none"),
-    _K("zero_stage", "int", 1, low=0, high=3, why="0 DDP, 1 distributed optimizer, 2 + grads, 3 FSDP"),
+    _K("zero_stage", "int", 1, low=0, high=3, why="0 DDP, 1 distributed optimizer, 2 + grads (reduce-scattered every microbatch), 3 FSDP"),
     _K("precision", "choice", "bf16"),
     _K("tp_comm_overlap", "bool", False),
     _K("overlap_grad_reduce", "bool", True),
@@ -189,13 +222,13 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
 #: Output name -> (CF units, long name).
 OUTPUTS = {
     "valid": ("1", "split is possible: TP*PP*CP divides the fleet and EP divides DP*CP"),
-    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads and experts split evenly, layers over the stages (unevenly only without interleaving [13]), no idle ranks, no expert parallelism in fp16 [15]"),
+    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers over the stages (unevenly only without interleaving [13]), interleaving with the microbatches in groups of pp_size [17], no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], a precision the accelerator has [21]"),
     "dp_size": ("1", "data-parallel degree"),
     "microbatch_count": ("1", "microbatches per step per data-parallel rank"),
     "step_latency_total": ("s", "training step time"),
     "effective_throughput": ("s-1", "fleet throughput in samples per second"),
     "tokens_per_second_per_accelerator": ("s-1", "tokens per second per accelerator"),
-    "model_flops_per_accelerator": ("FLOP s-1", "model FLOP/s per accelerator (Megatron-LM's count)"),
+    "model_flops_per_accelerator": ("FLOP s-1", "model FLOP/s per accelerator (Megatron-LM's count of NAR21 eq. 3, attention scores dense; Megatron-LM since 2025 halves them for the causal mask, printing 6.7 % less at Llama-3-70B seq_len 8192)"),
     "mfu": ("1", "model FLOPs utilization against the dense peak at the GEMM precision"),
     "hfu": ("1", "hardware FLOPs utilization (recomputation included)"),
     "compute_latency": ("s", "busy time of the heaviest stage (GEMMs, attention, memory-bound kernels)"),
@@ -329,6 +362,9 @@ class _Shape:
         self.expert_params = mats * h * self.moe_ffn
         self.moe_layer_nonexpert = attn + 2 * h + h * self.experts + self.shared * self.expert_params
         self.embedding_params = self.vocab * h
+        # One pipeline stage holds the input embedding and, untied, the output layer too [22].
+        tied = True if w.tied_embeddings is None else bool(w.tied_embeddings)
+        self.single_stage_embedding = self.embedding_params * (1.0 if tied else 2.0)
 
 
 # ------------------------------------------------------------------- solve

@@ -37,7 +37,7 @@ def _stage_params(w, sp: Split, layers_stage):
     tp, pp = sp.tp, sp.pp
     dense_stage_params = (w.dense_layer_params * w.dense_layers / w.layers
                           + w.moe_layer_nonexpert * w.moe_layers / w.layers) * layers_stage / tp \
-        + w.embedding_params / tp * (pp == 1)
+        + w.single_stage_embedding / tp * (pp == 1)
     expert_stage_params = (w.expert_params * w.experts * w.moe_layers / w.layers) * layers_stage \
         / (tp * sp.ep * 1.0) if w.moe else 0.0
     heavy_params = dense_stage_params + w.embedding_params / tp * (pp > 1)  # + LM head on last
@@ -76,7 +76,12 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     stage_b = layers_stage * pl.window_b
     stage_f = layers_stage * pl.window_f
     eta = c["overlap_efficiency"]
-    exp_grad = np.where(k["overlap_grad_reduce"], _exposed(t_grad, stage_b, eta), t_grad)
+    # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters them after every
+    # microbatch's backward, each behind that backward [24]; the other stages once.
+    per_microbatch = np.where(zero == 2, m, 1.0)
+    exp_grad = per_microbatch * np.where(k["overlap_grad_reduce"], _exposed(t_grad, stage_b, eta),
+                                         t_grad)
+    t_grad = per_microbatch * t_grad
     exp_gather = np.where(k["overlap_param_gather"], _exposed(t_gather, stage_f, eta), t_gather)
     # FSDP [9]: gather forward and backward, reduce-scatter gradients, every microbatch,
     # prefetched behind the whole compute.
@@ -122,10 +127,11 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     s_local, h, moe_share, layers_stage = ly.s_local, ly.h, ly.moe_share, pl.layers_stage
     flash = k["flash_attention"]
     weights, grads, optim = mem.model_state(dpr.dense_stage_params + w.embedding_params / tp * (pp > 1),
-                                            shard_group=group, zero_stage=zero)
+                                            shard_group=group, zero_stage=zero,
+                                            grad_bytes=hw.grad_bytes)
     if w.moe:
         we, ge, oe = mem.model_state(dpr.expert_stage_params, shard_group=dpr.expert_group,
-                                     zero_stage=zero)
+                                     zero_stage=zero, grad_bytes=hw.grad_bytes)
         weights, grads, optim = weights + we, grads + ge, optim + oe
     act_dense = mem.layer_activation_bytes(
         mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
@@ -140,7 +146,9 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         act_layer = act_dense
     activations = act_layer * mem.in_flight_layers(layers_stage, pp, sp.v, sp.m) + np.where(
         pp == 1, mem.logits_bytes(mbs, s_local, w.vocab, tp_size=tp), 0.0)
-    bucket = hw.grad_bytes * np.maximum(4e7, 1e6 * group)  # Megatron DDP bucket size [7]
+    # Megatron DDP's buckets are views into the gradient buffer [23]: a bucket of its own
+    # (size [7]) only where the gradients are sharded and one is gathered to reduce it.
+    bucket = np.where(zero >= 2, hw.grad_bytes * np.maximum(4e7, 1e6 * group), 0.0)
     buffers = (bucket + 2.0 * ly.act_bytes / tp * (pp > 1)
                + (zero == 3) * 2.0 * mem.WEIGHT_BYTES * (dpr.params_bytes / mem.WEIGHT_BYTES / layers_stage))
     footprint = weights + grads + optim + activations + buffers

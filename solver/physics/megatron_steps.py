@@ -73,6 +73,12 @@ def _peak(acc, key):
     return pf.get(key, _peak(acc, "bf16") if key == "fp8" else _peak(acc, "fp8"))
 
 
+def supports(acc, key):
+    """Whether the accelerator runs GEMMs in precision ``key`` [21]: 16 bits everywhere, FP8
+    and FP4 where the catalog states their peak (FP8 from Hopper/Ada on, FP4 on Blackwell)."""
+    return key in ("bf16", "fp16") or key in acc.precision_flops
+
+
 def _plateau(acc, key):
     ge = acc.gemm_efficiency
     return ge.get(key, ge.get("bf16", DEFAULT_GEMM_PLATEAU))
@@ -132,17 +138,25 @@ def split(w, fleet, k) -> Split:
     # filled, in a whole microbatch's time (and is not realizable): pricing floor(m)
     # microbatches for the whole batch's FLOPs gave an MFU above 1.
     m = np.maximum(np.ceil(m_exact), 1.0)
+    prec = k["precision"]
     realizable = (valid & (m_exact == np.floor(m_exact)) & (m_exact >= 1)
-                  & (w.heads % tp == 0) & ((w.kv_heads % tp == 0) | (tp % w.kv_heads == 0))
+                  & (w.heads % tp == 0) & (w.kv_heads % tp == 0)  # [16]
                   # uneven stages without interleaving [13]; even chunks with it
                   & ((w.layers % (pp * v) == 0) | ((v == 1) & (pp <= w.layers)))
                   & ((v == 1) | (pp > 1))
+                  # the interleaved schedule runs microbatches in groups of pp [17]
+                  & ((v == 1) | ((m_exact % pp == 0) & (m_exact >= pp)))
                   & ((cp == 1) | (s % (2 * cp) == 0))
+                  & ((cp == 1) | k["flash_attention"])  # [18]
+                  & (~sp | (s % (tp * cp) == 0))  # [19]
                   & ((w.experts % ep == 0) if w.moe else (ep == 1))
-                  & ((ep == 1) | (k["precision"] != _FP16))  # [15]
-                  & ~(k["tp_comm_overlap"] & ~sp & (tp > 1)))
+                  & ((ep == 1) | (prec != _FP16))  # [15]
+                  & ((tp == 1) | sp | (not w.moe))  # [20]
+                  & ~(k["tp_comm_overlap"] & ~sp)  # [15]: needs SP, which tp 1 turns off
+                  & ~(k["overlap_param_gather"] & ~k["overlap_grad_reduce"] & (k["zero_stage"] >= 1))
+                  & np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec])
     return Split(tp=tp, pp=pp, cp=cp, ep=ep, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
-                 rc=k["recompute"], zero=k["zero_stage"], prec=k["precision"], dp=dp, group=group,
+                 rc=k["recompute"], zero=k["zero_stage"], prec=prec, dp=dp, group=group,
                  valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable)
 
 
@@ -387,6 +401,11 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     t_pipe = m * stage_max + bubble
     # p2p: microbatch activations, split by TP (scatter/gather, Sec. 4.1 of [1]); the first
     # and last send cross all p v - 1 chunk boundaries; 1F1B also waits on each steady send.
+    # A simplification, kept for the published runs of legacy Megatron-LM: Megatron-Core's
+    # P2P communicator splits the send by TP only under sequence parallelism
+    # (schedules.get_tensor_shapes), so without SP at tp > 1 this term is low by a factor
+    # tp (a step priced up to ~10 % fast for such layouts; +0.45 % median on the
+    # megatron_llama70b spec's, in an audit on 2026-12-02).
     pp_bw, pp_lat = hw.link(tp * sp.cp * sp.dp * 2 <= hw.domain)
     t_p2p = net.p2p_time(ly.act_bytes / tp, bandwidth=pp_bw, latency=pp_lat) + hw.call_lat
     t_pp = np.where(pp > 1, 2.0 * t_p2p * ((pp * v - 1) + np.where(v == 1, m, 0.0)), 0.0)

@@ -347,10 +347,13 @@ def realizable_text(evidence: Optional[dict]) -> Optional[str]:
             parts.append(f"batch_size {best[0]:,} would split {best[1]:,} of them so")
     rest = n_blocked - n_fail
     if rest:
-        rules = ("the megatron model's divisibility rules: heads and KV heads by tp_size, layers "
-                 "by pp_size x v_stages, seq_len by 2 x cp_size, experts by ep_size; "
-                 "tp_comm_overlap needs sequence_parallel, ep_size > 1 a precision other than "
-                 "fp16" if megatron
+        rules = ("the megatron model's rules: heads and KV heads divisible by tp_size, layers "
+                 "by pp_size x v_stages, seq_len by 2 x cp_size (and by tp_size x cp_size under "
+                 "sequence_parallel), experts by ep_size, an interleaved schedule's microbatches "
+                 "by pp_size; tp_comm_overlap and MoE with tp_size > 1 need sequence_parallel, "
+                 "cp_size > 1 flash_attention, overlap_param_gather overlap_grad_reduce, "
+                 "ep_size > 1 a precision other than fp16, and every layout a precision its "
+                 "accelerator has (fp8 and fp4 only where the catalog states their peak)" if megatron
                  else "solver.physics.common.realizable")
         parts.append(f"{rest:,} fail {rules}")
     return "; ".join(parts)

@@ -15,6 +15,8 @@ sweep catalog workloads``), or its shape:
 ``vocab_size``             vocabulary, padded (default 51200)
 ``head_dim``               attention head width (default ``hidden_dim / heads``)
 ``gated_mlp``              SwiGLU-style MLP of 3 matrices (default false)
+``tied_embeddings``        output layer shares the embedding's weights (default true,
+                           Megatron-LM's; false for Llama-style ``--untie-embeddings-...``)
 ``parameters``             total parameters (default: counted from the shape)
 ``experts``, ``active_experts_per_token``, ``moe_ffn_hidden_dim``, ``shared_experts``,
 ``dense_layers``           MoE shape (optional)
@@ -75,7 +77,7 @@ MEASURED = ("step_time_s", "tokens_per_s_per_gpu")
 _SHAPE_INT = ("layers", "hidden_dim", "heads", "kv_heads", "ffn_hidden_dim", "vocab_size",
               "head_dim", "experts", "active_experts_per_token", "moe_ffn_hidden_dim",
               "shared_experts", "dense_layers")
-_SHAPE = _SHAPE_INT + ("gated_mlp", "parameters")
+_SHAPE = _SHAPE_INT + ("gated_mlp", "tied_embeddings", "parameters")
 _HARDWARE = ("fleet", "node", "fabric", "num_gpus")
 #: Every column the format knows (name -> what it holds).
 COLUMNS = {
@@ -221,10 +223,10 @@ def _catalog(where, column, text, getter):
 
 # ------------------------------------------------------------------ rows
 
-def _shape_params(l, h, heads, kv, ffn, vocab, gated, head_dim):
-    """Parameters of a dense transformer counted from its shape [1]."""
+def _shape_params(l, h, heads, kv, ffn, vocab, gated, head_dim, tied=False):
+    """Parameters of a dense transformer counted from its shape [1] (one embedding matrix if tied)."""
     attn = h * head_dim * (heads + 2 * kv) + heads * head_dim * h
-    return l * (attn + (3 if gated else 2) * h * ffn + 2 * h) + 2 * vocab * h
+    return l * (attn + (3 if gated else 2) * h * ffn + 2 * h) + (1 if tied else 2) * vocab * h
 
 
 def _workload(where, row):
@@ -245,12 +247,14 @@ def _workload(where, row):
     ints = {k: _whole(where, k, shape[k], low=0 if k in ("shared_experts", "dense_layers") else 1)
             for k in _SHAPE_INT if k in shape}
     gated = _boolean(where, "gated_mlp", shape["gated_mlp"]) if "gated_mlp" in shape else False
+    tied = (_boolean(where, "tied_embeddings", shape["tied_embeddings"])
+            if "tied_embeddings" in shape else True)
     l, h, heads = ints["layers"], ints["hidden_dim"], ints["heads"]
     kv, ffn = ints.get("kv_heads", heads), ints.get("ffn_hidden_dim", 4 * h)
     vocab, head_dim = ints.get("vocab_size", megatron.DEFAULT_VOCAB), ints.get("head_dim", h / heads)
     params = (_positive(where, "parameters", shape["parameters"]) if "parameters" in shape
-              else _shape_params(l, h, heads, kv, ffn, vocab, gated, head_dim))
-    fields = dict(ints, gated_mlp=gated, parameters=float(params))
+              else _shape_params(l, h, heads, kv, ffn, vocab, gated, head_dim, tied))
+    fields = dict(ints, gated_mlp=gated, tied_embeddings=tied, parameters=float(params))
     kind = "moe" if ints.get("experts", 1) > 1 else "transformer"
     workload = Workload(name=row.get("run_id") or f"h{h} l{l}", kind=kind,
                         inference_flops=2.0 * params, **fields)
