@@ -24,7 +24,10 @@ plus these masks and counts:
 ``realizable``
     A framework can run the layout: the per-replica batch of each
     gradient-accumulation step splits into ``microbatch_count`` whole
-    microbatches, no idle ranks (:func:`solver.physics.mlsysim.realizable`).
+    microbatches, no idle ranks (:func:`solver.physics.common.realizable`), and
+    the model splits evenly: TP divides the heads, an interleaved schedule cuts
+    the layers into equal chunks, EP divides the experts
+    (:func:`solver.physics.common.even_splits`); the megatron model has its own rules.
 ``admissible``
     ``valid & within_memory_limit & realizable`` and ``min_accelerators <=
     n_accelerators <= max_accelerators`` (``realizable`` unless the spec says

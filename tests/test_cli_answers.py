@@ -39,13 +39,15 @@ def _spec(root, name, axes, fixed="", constraints=""):
 
 @pytest.fixture(scope="module")
 def ties(tmp_path_factory):
-    """pp_size 1 only: microbatch_count and v_stages change nothing (4 layouts per split).
+    """pp_size 1 only: microbatch_count changes nothing, nor overlap_efficiency without
+    overlap_comm (4 layouts per split; v_stages > 1 needs stages to interleave).
 
     Every layout is realizable: a replica holds at least 2 samples (TP 2 of 1024).
     """
     root = tmp_path_factory.mktemp("answers")
     spec = _spec(root, "ties", "tp_size = [2, 4, 8]\npp_size = [1]\n"
-                 "microbatch_count = [1, 2]\nv_stages = [1, 2]", "zero_stage = 3")
+                 "microbatch_count = [1, 2]\noverlap_efficiency = [0.5, 1.0]",
+                 "zero_stage = 3\noverlap_comm = false")
     cube = sweep.save(sweep.run(sweep.load_spec(spec)), root / "ties.nc")
     return {"root": root, "spec": spec, "cube": cube}
 
@@ -77,7 +79,7 @@ def test_plot_with_no_admissible_layout_says_why_and_exits_3(ties, tmp_path, cap
     for kind in ("heatmap", "pareto"):
         code, out, err = _call(capsys, ["plot", ties["cube"], "--kind", kind, "--x",
                                         "tp_size" if kind == "heatmap" else "memory_footprint",
-                                        "--y", "v_stages" if kind == "heatmap" else "mfu",
+                                        "--y", "overlap_efficiency" if kind == "heatmap" else "mfu",
                                         "--max-accelerators", "512", "-o", tmp_path / "x.png"])
         assert code == 3, err
         assert "accelerator budget (<= 512) removed" in err and not (tmp_path / "x.png").exists()
@@ -94,18 +96,19 @@ def test_main_job_with_no_admissible_layout_exits_3_after_saving(tmp_path, capsy
 
 
 def test_top_shows_layouts_equal_in_every_output_as_one_row(ties, capsys):
-    # Issue #11.6: with pp_size 1, microbatch_count and v_stages change no output.
+    # Issue #11.6: with pp_size 1, microbatch_count changes no output (nor, without
+    # overlap_comm, overlap_efficiency).
     code, out, err = _call(capsys, ["top", ties["cube"], "-k", "10"])
     assert code == 0, err
     cube = sweep.open_cube(ties["cube"])
-    splits = int(cube["admissible"].any(["microbatch_count", "v_stages"]).sum())
+    splits = int(cube["admissible"].any(["microbatch_count", "overlap_efficiency"]).sum())
     assert out.startswith(f"top {splits} of {int(cube['admissible'].sum())} admissible")
-    assert "microbatch_count=1|2, v_stages=1|2" in out
+    assert "microbatch_count=1|2, overlap_efficiency=0.5|1" in out
     table = [line for line in out.splitlines() if re.match(r"\s*\d+ ", line)]
     assert len(table) == splits
     best = sweep.top_k(cube, k=1)
     assert int(best["ties"][0]) == 4 and str(best["equivalent"][0].values) == (
-        "microbatch_count=1|2; v_stages=1|2")
+        "microbatch_count=1|2; overlap_efficiency=0.5|1")
     code, out, err = _call(capsys, ["top", ties["cube"], "-k", "10", "--keep-ties"])
     assert len([line for line in out.splitlines() if re.match(r"\s*\d+ ", line)]) == 10
     cube.close()
@@ -150,10 +153,10 @@ def test_search_shows_layouts_equal_in_every_output_as_one_row(ties, capsys):
     table = out.split("distinct layouts by mfu:")[1]
     rows = [line for line in table.splitlines() if re.match(r"\s*\d+ ", line)]
     cube = sweep.open_cube(ties["cube"])
-    splits = int(cube["admissible"].any(["microbatch_count", "v_stages"]).sum())
+    splits = int(cube["admissible"].any(["microbatch_count", "overlap_efficiency"]).sum())
     cube.close()
     assert len(rows) == splits
-    assert "microbatch_count=1|2, v_stages=1|2" in table.splitlines()[1]
+    assert "microbatch_count=1|2, overlap_efficiency=0.5|1" in table.splitlines()[1]
 
 
 def test_a_search_with_no_admissible_layout_says_why_and_exits_3(ties, capsys):
@@ -174,7 +177,7 @@ def test_search_top_one_shows_its_whole_tie_group(ties, capsys):
     rows = [line for line in out.split("distinct layouts by mfu:")[1].splitlines()
             if re.match(r"\s*\d+ ", line)]
     assert len(rows) == 1
-    assert "microbatch_count=1|2, v_stages=1|2" in out.split("distinct layouts by mfu:")[1]
+    assert "microbatch_count=1|2, overlap_efficiency=0.5|1" in out.split("distinct layouts by mfu:")[1]
 
 
 def test_main_job_rows_list_the_knob_values_that_change_nothing(ties, tmp_path, capsys):
@@ -183,5 +186,5 @@ def test_main_job_rows_list_the_knob_values_that_change_nothing(ties, tmp_path, 
     table = out.split("Best layout of each parallel split", 1)[1]
     rows = [line for line in table.splitlines() if re.match(r"\s*\d+ ", line)]
     assert len(rows) == 3  # one per TP split, each standing for its 4 equal layouts
-    assert "same in every row: pp_size=1, microbatch_count=1|2, v_stages=1|2" in table
+    assert "same in every row: pp_size=1, microbatch_count=1|2, overlap_efficiency=0.5|1" in table
     assert "a|b: layouts with these values are equal in every output" in out

@@ -119,3 +119,38 @@ def test_search_requires_realizable_by_default():
     assert raw.n_admissible == EXPECTED.size
     assert raw.best_params["microbatch_count"] == 64
     assert raw.breakdown["realizable"] is False
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_mlsysim_layouts_must_split_the_model_evenly(engine):
+    """The reference prices any split; realizable also needs TP to divide the heads, an
+    interleaved schedule to cut the layers into pp_size x v_stages equal chunks (with
+    more than one stage; without interleaving any pp_size up to the layer count), and EP
+    to divide the experts (EP 1 on a dense model). Brute force over every point, both
+    engines (4096-point flat batches reach the fused kernel); the prices are the
+    reference's whatever the mask."""
+    import solver
+    if engine == "fused":
+        pytest.importorskip("numba")
+    rng = np.random.default_rng(7)
+    n = 4096
+    for name, fleet in (("Llama3_70B", "Training_1K"), ("Mixtral_8x7B", "Training_1K"),
+                        ("GPT3", "Training_1K")):
+        w = solver.catalog.workload(name)
+        tp = rng.choice([1, 2, 3, 4, 8, 16, 64], n)
+        pp = rng.choice([1, 2, 4, 5, 16, 32, 96, 200], n)
+        v = rng.choice([1, 2, 3, 4, 8], n)
+        ep = rng.choice([1, 2, 4, 8, 16], n)
+        out = solver.solve(w, solver.catalog.fleet(fleet), batch_size=4096, tp_size=tp,
+                           pp_size=pp, v_stages=v, ep_size=ep, microbatch_count=1, dp_size=2,
+                           engine=engine)
+        experts = w.experts if w.kind == "moe" else 1
+        even = np.array([w.heads % t == 0
+                         and ((p <= w.layers) if s == 1 else (p > 1 and w.layers % (p * s) == 0))
+                         and experts % e == 0 for t, p, s, e in zip(tp, pp, v, ep)])
+        assert 0 < even.sum() < n
+        whole = np.asarray(out["valid"])  # batch 4096 over dp 2: whole microbatches everywhere
+        np.testing.assert_array_equal(out["realizable"], even & whole)
+        raw = solver.solve(w, solver.catalog.fleet(fleet), batch_size=4096, tp_size=tp, pp_size=pp,
+                           v_stages=v, ep_size=ep, microbatch_count=1, dp_size=2, engine="numpy")
+        np.testing.assert_array_equal(out["step_latency_total"], raw["step_latency_total"])

@@ -49,6 +49,7 @@ from .. import knobs as _knobs
 from .. import memory as _mem
 from .. import replica as _rep
 from ..outputs import OUTPUTS
+from ..physics import common as _common
 from ..physics import mlsysim as _ml
 from . import buffers, in_ranges
 from .mlsysim_precision import _NAMES, PRECISION_KEYS, _code_at, precision_input
@@ -105,7 +106,8 @@ def scalars(workload, fleet, *, has_dp: bool) -> tuple:
         _rep.layer_count(workload), workload.active_experts_per_token or 1,
         acc.memory_capacity, acc.memory_bandwidth, host, _rep.overhead_time(workload, acc),
         acc.tdp is not None, acc.tdp or 0.0,
-        net.intra_bandwidth, net.intra_latency, net.inter_bandwidth, net.inter_latency)) + _CONSTANTS
+        net.intra_bandwidth, net.intra_latency, net.inter_bandwidth, net.inter_latency)
+        + _common.split_divisors(workload)) + _CONSTANTS
 
 
 def tables(workload, acc) -> tuple:
@@ -223,7 +225,7 @@ def _kernel(n, flags, k, c, t, names, fo, bo):  # noqa: C901  (one loop body)
     has_dp, transformer = len(flags[0]) > 0, len(flags[1]) > 0
     (_has_dp, _transformer, n_acc, apn, fwd, params, layers, width, lora_fraction, layer_count,
      top_k, mem_cap, mem_bw, offload_bw, overhead, has_tdp, tdp, intra_bw, intra_lat, inter_bw,
-     inter_lat, _H_LAT, _LORA_DP, _TP_AR, _ADAM, _BUCKET, _SEL, _FULL, _TRAFFIC, _LORA_FOOT,
+     inter_lat, div_heads, div_layers, div_experts, _H_LAT, _LORA_DP, _TP_AR, _ADAM, _BUCKET, _SEL, _FULL, _TRAFFIC, _LORA_FOOT,
      _LORA_EXTRA, _IDLE, _DYN, _MAX_INTEGER, _LO_BATCH, _HI_BATCH, _LO_EFF, _HI_EFF, _LO_DEG,
      _HI_DEG, _LO_ZERO, _HI_ZERO, _LO_OVL, _HI_OVL, _LO_FAC, _HI_FAC) = c
     t_bytes, t_peak, t_weights, t_model, t_tier = t
@@ -385,6 +387,13 @@ def _kernel(n, flags, k, c, t, names, fo, bo):  # noqa: C901  (one loop body)
         per_step = _floordiv(per_replica, gas)
         whole_step = (per_replica - per_step * gas == 0.0) & (per_step >= 1.0)
         whole_micro = per_step - _floordiv(per_step, mb) * mb == 0.0
+        # (common.even_splits) 0 where the workload states nothing to split
+        heads_ok = (div_heads == 0.0) | (div_heads - _floordiv(div_heads, tp) * tp == 0.0)
+        chunks = pp * v if (pp <= div_layers) & (v <= div_layers) else div_layers + 1.0
+        interleaved_ok = (pp > 1.0) & (div_layers - _floordiv(div_layers, chunks) * chunks == 0.0)
+        layers_ok = (div_layers == 0.0) | ((pp <= div_layers) if v == 1.0 else interleaved_ok)
+        experts_ok = (div_experts == 0.0) | (div_experts - _floordiv(div_experts, ep) * ep == 0.0)
+        even = heads_ok & layers_ok & experts_ok
 
         # 8. mask_invalid: NaN (False) where the split is impossible
         o_dp[i] = dp if valid else nan
@@ -414,7 +423,7 @@ def _kernel(n, flags, k, c, t, names, fo, bo):  # noqa: C901  (one loop body)
         o_buf[i] = m_buf if valid else nan
         b_valid[i] = valid
         b_idle[i] = idle & valid
-        b_real[i] = whole_replica & whole_step & whole_micro & valid
+        b_real[i] = whole_replica & whole_step & whole_micro & even & valid
         b_feas[i] = feasible & valid
     return ok
 

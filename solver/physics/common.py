@@ -14,7 +14,7 @@ import numpy as np
 
 from ..specs import Fleet, Workload
 
-__all__ = ["check_specs", "mask_invalid", "realizable"]
+__all__ = ["check_specs", "mask_invalid", "realizable", "even_splits", "split_divisors"]
 
 
 def check_specs(workload, fleet) -> None:
@@ -140,3 +140,52 @@ def realizable(*, batch_size, dp_size, gradient_accumulation_steps, microbatch_c
     whole_step = (rest == 0) & (per_step >= 1)
     whole_micro = per_step % np.asarray(microbatch_count, dtype=np.int64) == 0
     return whole_replica & whole_step & whole_micro
+
+
+def split_divisors(workload) -> tuple:
+    """``(heads, layers, experts)`` the layout must split evenly, 0 where the workload
+    states none (a non-transformer has no heads or layers to split; ``experts`` is 1 for
+    a dense model, so EP must be 1): the facts :func:`even_splits` checks, as floats."""
+    transformer = workload.is_transformer
+    heads = float(workload.heads or 0) if transformer else 0.0
+    layers = float(workload.layers or 0) if transformer else 0.0
+    experts = float(workload.experts or 0) if workload.kind == "moe" else 1.0
+    return heads, layers, experts
+
+
+def even_splits(workload, *, tp_size, pp_size, v_stages, ep_size):
+    """Whether the model splits over the layout as a training framework needs.
+
+    The reference prices any split; a framework runs one only if TP divides the
+    attention heads, an interleaved schedule (``v_stages > 1``) has more than one
+    stage and cuts the layers into ``pp_size * v_stages`` equal chunks (without
+    interleaving any ``pp_size`` up to the layer count: uneven first and last
+    stages), and EP divides the experts (an EP degree above 1 on a dense model
+    leaves its ranks nothing to hold). These are the megatron model's rules for the
+    same knobs (Megatron-Core's ``TransformerConfig`` and schedules; see
+    ``solver.physics.megatron``). Facts the workload does not state are not checked.
+
+    Examples
+    --------
+    >>> from solver import catalog
+    >>> w = catalog.workload("Llama3_70B")        # 80 layers, 64 heads, dense
+    >>> even_splits(w, tp_size=4, pp_size=16, v_stages=[1, 4, 5], ep_size=1).tolist()
+    [True, False, True]
+    >>> bool(even_splits(w, tp_size=8, pp_size=4, v_stages=1, ep_size=2))
+    False
+    """
+    heads, layers, experts = split_divisors(workload)
+    tp = np.asarray(tp_size, dtype=np.int64)
+    pp = np.asarray(pp_size, dtype=np.int64)
+    v = np.asarray(v_stages, dtype=np.int64)
+    ep = np.asarray(ep_size, dtype=np.int64)
+    ok = np.ones(np.broadcast_shapes(tp.shape, pp.shape, v.shape, ep.shape), dtype=bool)
+    if heads:
+        ok = ok & (int(heads) % tp == 0)
+    if layers:
+        L = int(layers)
+        chunks = np.where((pp <= L) & (v <= L), pp * v, L + 1)  # no int64 overflow
+        ok = ok & np.where(v == 1, pp <= L, (pp > 1) & (L % chunks == 0))
+    if experts:
+        ok = ok & (int(experts) % ep == 0)
+    return ok

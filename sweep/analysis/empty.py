@@ -354,7 +354,9 @@ def realizable_text(evidence: Optional[dict]) -> Optional[str]:
                  "cp_size > 1 flash_attention, overlap_param_gather overlap_grad_reduce, "
                  "ep_size > 1 a precision other than fp16, and every layout a precision its "
                  "accelerator has (fp8 and fp4 only where the catalog states their peak)" if megatron
-                 else "solver.physics.common.realizable")
+                 else "the even splits of solver.physics.common.even_splits: heads divisible "
+                      "by tp_size, an interleaved schedule's layers by pp_size x v_stages (and "
+                      "pp_size > 1), experts by ep_size (ep_size 1 on a dense model)")
         parts.append(f"{rest:,} fail {rules}")
     return "; ".join(parts)
 

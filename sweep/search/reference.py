@@ -107,7 +107,8 @@ def reference_optimizer_space(workload, fleet, batch_size: int, *, precision: st
     TP over powers of two up to the node size (``max_tp``), PP over powers of
     two up to the cluster size (``max_pp``), both below 2**10 as the reference
     loops; EP = 1; ``microbatch_count = max(1, batch_size // dp)`` when PP > 1,
-    else 1; ``overlap_comm`` True by default; layouts whose weights, gradients
+    else 1; ``overlap_comm`` True by default; realizable not required (the
+    reference ranks splits no framework runs); layouts whose weights, gradients
     and Adam state (divided by TP*PP) exceed 90 % of the accelerator's memory
     are screened out, and those whose full training state does not fit are
     dropped (the memory limit is the capacity).
@@ -140,6 +141,9 @@ def reference_optimizer_space(workload, fleet, batch_size: int, *, precision: st
                   "efficiency": float(efficiency), "overlap_comm": bool(overlap_comm),
                   "seq_len": int(seq_len), "ep_size": 1,
                   "activation_recomputation": bool(activation_recomputation)},
+        # the reference's own candidates: it ranks splits no framework runs (more stages
+        # than layers, TP not dividing the heads), so the parity study keeps them
+        "constraints": {"require_realizable": False},
     }
     return ReferenceSpace(spec=load_spec(raw), derive=_ReferenceMicrobatches(int(batch_size)),
                           constraints={"prescreen": _ReferencePrescreen()},
