@@ -453,3 +453,22 @@ def test_top_k_of_a_utilization_across_precisions_warns():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             sweep.top_k(one, objective)
+
+
+def test_a_looser_memory_limit_than_the_cubes_is_refused_not_ignored():
+    """admissible holds the spec's memory limit: a looser limit asked of it could admit
+    nothing more, so it is refused naming both limits; a tighter one applies, and a mask
+    without the limit (valid) takes any."""
+    spec = {"workload": "Llama3_70B", "fleet": "Training_1K",
+            "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 8], "zero_stage": [0, 1, 3]},
+            "fixed": {"batch_size": 1024, "microbatch_count": 8},
+            "constraints": {"memory_limit": "60 GB"}, "outputs": ["mfu", "memory_footprint"]}
+    cube = sweep.run(spec)
+    with pytest.raises(ValueError, match=r"looser than the cube's own limit .*\(60 GB"):
+        sweep.top_k(cube, "mfu", k=3, constraints={"memory_limit": "84 GB"})
+    tight = sweep.top_k(cube, "mfu", k=50, constraints={"memory_limit": "40 GB"})
+    assert tight.sizes["rank"] > 0 and float(tight["memory_footprint"].max()) <= 40e9
+    loose = sweep.top_k(cube, "mfu", k=200, where="valid", constraints={"memory_limit": "84 GB"})
+    assert 60e9 < float(loose["memory_footprint"].max()) <= 84e9
+    same = sweep.top_k(cube, "mfu", k=3, constraints={"memory_limit": "60 GB"})  # equal: fine
+    assert same.identical(sweep.top_k(cube, "mfu", k=3))

@@ -136,3 +136,42 @@ def test_a_bug_reading_a_cube_keeps_its_traceback(files, monkeypatch, error):
     monkeypatch.setattr(cubes, "_check_masks", broken)
     with pytest.raises(error, match="an internal bug"):
         cli.main(["top", str(files["cube"])])
+
+
+def test_select_on_a_boolean_dim(tmp_path, capsys):
+    """--select on a boolean dim (a list of one bool read as a mask raised IndexError)."""
+    spec = tmp_path / "b.toml"
+    spec.write_text(SPEC.replace("zero_stage = [0, 1, 2, 3]",
+                                 "zero_stage = [1, 3]\nactivation_recomputation = [false, true]"))
+    cube = tmp_path / "b.nc"
+    assert cli.main(["run", str(spec), "-o", str(cube), "--no-progress"]) == 0
+    capsys.readouterr()
+    for value in ("false", "true"):
+        code, out, err = _call(capsys, ["top", cube, "-k", "2", "--select",
+                                        f"activation_recomputation={value}"])
+        assert code == 0, err
+        assert f"activation_recomputation={value}" in out
+
+
+def test_figure_names_are_checked_before_the_work(files, tmp_path, capsys):
+    """plot -o: no suffix means .png (and says so); an unknown suffix is one line, status 2."""
+    pytest.importorskip("matplotlib")
+    code, out, err = _call(capsys, ["plot", files["cube"], "-o", tmp_path / "noext"])
+    assert code == 0, err
+    assert (tmp_path / "noext.png").exists() and f"wrote {tmp_path / 'noext.png'}" in out
+    code, out, err = _call(capsys, ["plot", files["cube"], "-o", tmp_path / "x.foo"])
+    assert code == 2 and "expected a figure file ending in one of" in err and "x.foo" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 32), "x"])
+def test_search_seed_outside_numpy_range_is_one_line(files, capsys, seed):
+    code, out, err = _call(capsys, ["search", files["spec"], "--seed", seed, "--mode", "sampled"])
+    assert code == 2 and "expected a whole number in [0, 2**32 - 1]" in err
+
+
+def test_search_seed_is_checked_in_every_mode(files):
+    import sweep
+    for mode in ("sampled", "exhaustive", "auto"):
+        with pytest.raises(ValueError, match="seed must be a whole number"):
+            sweep.search(str(files["spec"]), seed=-1, mode=mode)

@@ -176,6 +176,9 @@ def test_incomplete_cubes_are_refused_unless_allowed(monkeypatch, tmp_path):
                              r"or pass allow_partial=True"):
         sweep.open_cube(path)
     whole = sweep.run(SPEC)
+    # the command line's show reads it too (there is no file at the path yet)
+    from sweep import cli
+    assert cli.main(["show", str(path), "--allow-partial"]) == 0
     for where in (path, partial_path(path)):
         part = sweep.open_cube(where, allow_partial=True)
         assert part.attrs["complete"] == 0 and part.attrs["blocks_done"] == 3

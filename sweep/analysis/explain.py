@@ -124,5 +124,10 @@ def explain_runner_up(spec, winner: Mapping, runner_up: Mapping) -> str:
     what = "longer" if step >= 0 else "shorter"
     count = (f" on {second['n_accelerators']} accelerators instead of {first['n_accelerators']}"
              if second["n_accelerators"] != first["n_accelerators"] else "")
-    return (f"Why #1 wins: #2 ({', '.join(changed) or 'same layout'}) has {loss:.1f}% lower "
-            f"MFU{count}; its step is {abs(relative):.1f}% {what} ({_seconds(step)}): {terms}.")
+    return (f"Why #1 wins: #2 ({', '.join(changed) or 'same layout'}) has {_percent(loss)} lower "
+            f"MFU{count}; its step is {_percent(abs(relative))} {what} ({_seconds(step)}): {terms}.")
+
+
+def _percent(value) -> str:
+    """A share in %: one decimal, or two significant digits below 0.1 % (not a '0.0%' gap)."""
+    return f"{value:.1f}%" if abs(value) >= 0.1 or value == 0 else f"{value:.2g}%"

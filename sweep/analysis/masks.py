@@ -18,7 +18,7 @@ from typing import Mapping, Optional
 import xarray as xr
 
 from ..cube import COMPLETE
-from ..limits import parse_memory_limit
+from ..limits import MemoryLimitError, parse_memory_limit
 from ..storage import IncompleteCubeError
 
 __all__ = ["mask", "aligned"]
@@ -68,6 +68,28 @@ def _memory_limit(cube, value):
     if limit.size is not None:
         return limit.size
     return limit.resolve(_capacities(cube))
+
+
+def _check_not_looser(cube, limit, value) -> None:
+    """Refuse a memory limit looser than the one a cube's ``admissible`` already holds: the
+    layouts between the two were never admissible, so the answer would quietly be the
+    cube's own limit's, not the one asked for."""
+    try:
+        stored = json.loads(cube.attrs["memory_limit"])
+    except (KeyError, ValueError, TypeError):
+        return
+    if isinstance(limit, xr.DataArray) and "fleet" in limit.dims:
+        asked = {str(f): float(limit.sel(fleet=f)) for f in limit["fleet"].values}
+    else:
+        asked = {label: float(limit) for label in stored}
+    for label, own in stored.items():
+        if label in asked and own is not None and asked[label] > float(own) * (1 + 1e-12):
+            raise MemoryLimitError(
+                f"memory_limit {asked[label] / 1e9:.4g} GB is looser than the cube's "
+                f"own limit for fleet {label!r} ({float(own) / 1e9:.4g} GB, its spec's, already in "
+                f"'admissible'): the layouts between the two were never admissible. Sweep with "
+                f"the looser limit (memory_limit in the spec), or ask a mask without it "
+                f"(where='valid' or 'feasible'; on the command line --where)")
 
 
 def aligned(cube: xr.Dataset, where: xr.DataArray) -> xr.DataArray:
@@ -143,7 +165,10 @@ def mask(cube: xr.Dataset, where=None, constraints: Optional[Mapping] = None) ->
     for key, value in (constraints or {}).items():
         if key == "memory_limit":
             var = _require(cube, "memory_footprint", "memory_limit's variable")
-            selected = selected & (var <= _memory_limit(cube, value))
+            limit = _memory_limit(cube, value)
+            if where.name == "admissible":
+                _check_not_looser(cube, limit, value)
+            selected = selected & (var <= limit)
         elif key in ("max_accelerators", "min_accelerators"):
             var = _require(cube, "n_accelerators", f"{key}'s variable")
             selected = selected & ((var <= value) if key == "max_accelerators" else (var >= value))

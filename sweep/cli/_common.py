@@ -65,6 +65,21 @@ def _check_output(path, flag) -> Path:
     return path
 
 
+def _check_figure_output(path, flag) -> Path:
+    """A figure's file name: its directory must exist, no suffix means ``.png``, and the
+    suffix must be a format matplotlib writes (else a :class:`UsageError`, before any work)."""
+    path = _check_output(path, flag)
+    if not path.suffix:
+        return path.with_name(path.name + ".png")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        raise UsageError(f"{flag}: expected a figure file ending in one of "
+                         f"{', '.join('.' + f for f in sorted(formats))}, but got {str(path)!r}")
+    return path
+
+
 def _progress(args) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 

@@ -11,7 +11,7 @@ import warnings
 
 import numpy as np
 
-from ._common import EXIT_OK, UsageError, _check_output
+from ._common import EXIT_OK, UsageError, _check_figure_output, _check_output
 from .format import format_table
 
 __all__ = ["command"]
@@ -97,20 +97,25 @@ def command(args) -> int:
     """``calibrate``: fit (or, with ``--calibration``, score) and print; save and plot."""
     from ..calibration import MeasurementError, ProfileError, read_measurements
 
-    try:
-        data = read_measurements(args.measurements)
-        meas, pred, base = _score(args, data) if args.calibration else _fit(args, data)
-    except (MeasurementError, ProfileError) as err:
-        raise UsageError(str(err)) from None
+    # where the results go is checked before the fit, which can take a while
+    if args.output:
+        _check_output(args.output, "-o")
     if args.plot:
         import importlib.util
 
         if importlib.util.find_spec("matplotlib") is None:
             raise UsageError("calibrate --plot: expected matplotlib to be installed (pip "
                              "install 'layout-sweep[plot]'), but it is not")
+        args.plot = str(_check_figure_output(args.plot, "--plot"))
+    try:
+        data = read_measurements(args.measurements)
+        meas, pred, base = _score(args, data) if args.calibration else _fit(args, data)
+    except (MeasurementError, ProfileError) as err:
+        raise UsageError(str(err)) from None
+    if args.plot:
         from .. import plot
 
-        path = _check_output(args.plot, "--plot")
+        path = _check_figure_output(args.plot, "--plot")
         figure = plot.calibration(meas, pred, labels=data.run_ids, uncalibrated=base)
         figure.savefig(path, dpi=120)
         print(f"wrote {path}")

@@ -49,6 +49,16 @@ def _positive_int(text) -> int:
     return value
 
 
+def _seed(text) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2 ** 32:
+        raise argparse.ArgumentTypeError(f"expected a whole number in [0, 2**32 - 1], but got {text!r}")
+    return value
+
+
 def _jobs(text) -> int:
     try:
         value = int(text)
@@ -230,7 +240,7 @@ def _add_search(commands):
     search.add_argument("spec", metavar="SPEC", help="a spec (TOML)")
     search.add_argument("--trials", type=_positive_int, help="sampled mode: a fixed budget of "
                         "optuna trials (the classic ask/tell loop); default: stop by evidence")
-    search.add_argument("--seed", type=int, help="seeds the sampler")
+    search.add_argument("--seed", type=_seed, help="seeds the sampler (0 .. 2**32 - 1)")
     search.add_argument("--physics", type=_PHYSICS_TYPE, metavar="MODEL",
                         help=f"the physics model ({_PHYSICS_HELP}), instead of the spec's")
     search.add_argument("--memory-limit", type=_memory_limit, metavar="LIMIT",

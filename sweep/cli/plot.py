@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import EXIT_OK, UsageError, _check_output
+from ._common import EXIT_OK, UsageError, _check_figure_output
 from .cubes import _check_dim, _check_variable, _check_where, _constraints, _open_cube, _parse_select
 from .format import _human_bytes
 
@@ -26,6 +26,8 @@ def command(args) -> int:
                          "'layout-sweep[plot]'), but it is not")
     from .. import plot
 
+    if args.output:  # refused before any work
+        _check_figure_output(args.output, "-o")
     cube = _open_cube(args.cube, args.allow_partial)
     where = _check_where(cube, args.where)
     select = _parse_select(cube, args.select)
@@ -56,7 +58,7 @@ def command(args) -> int:
     else:
         figure = plot.pareto(cube, x, y, where=where, select=select, constraints=constraints)
     name = args.var if args.kind != "pareto" else f"{y}_vs_{x}"
-    output = _check_output(args.output or f"{Path(args.cube).stem}_{args.kind}_{name}.png", "-o")
+    output = _check_figure_output(args.output or f"{Path(args.cube).stem}_{args.kind}_{name}.png", "-o")
     figure.savefig(output, dpi=args.dpi)
     cube.close()
     print(f"wrote {output} ({_human_bytes(output.stat().st_size)})")

@@ -61,7 +61,9 @@ def command(args) -> int:
     attrs = cube.attrs
     path = Path(args.cube)
     size = int(np.prod([cube.sizes[d] for d in cube.dims], dtype=np.int64))
-    print(f"{path} ({_human_bytes(path.stat().st_size)}): {attrs.get('title', 'a cube')}")
+    # an unfinished sweep (--allow-partial) is read from its staged blocks: no file yet
+    file_size = _human_bytes(path.stat().st_size) if path.exists() else "not assembled yet"
+    print(f"{path} ({file_size}): {attrs.get('title', 'a cube')}")
     if attrs.get("description"):
         print(f"  {attrs['description']}")
     print(*_show_facts(attrs), sep="\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from solver.outputs import MAXIMIZE
 
 from .. import analysis
@@ -44,7 +46,9 @@ def command(args) -> int:
     where = _check_where(cube, args.where)
     select = _parse_select(cube, args.select)
     if select:
-        cube = cube.sel({d: [v] for d, v in select.items()})
+        # by position: a list of one boolean would be read as a mask of the dim
+        cube = cube.isel({d: [int(np.flatnonzero(cube[d].values == v)[0])]
+                          for d, v in select.items()})
     constraints = _constraints(args)
     count = int(analysis.mask(cube, where, constraints).sum())
     if not count:

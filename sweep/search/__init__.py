@@ -314,6 +314,10 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     started = time.perf_counter()
     k = _whole("top_k" if top_k is not None else "k", _alias(k, top_k, "top_k", "k"))
     block_points = _alias(block_points, max_points, "max_points", "block_points")
+    if seed is not None:  # numpy seeds the sampler: 0 .. 2**32 - 1, refused in every mode
+        seed = _whole("seed", seed, low=0)
+        if seed >= 2 ** 32:
+            raise ValueError(f"seed must be a whole number in [0, 2**32 - 1], but got {seed!r}")
     chosen = mode_name(mode)
     time_budget = _budget(time_budget)
     spec = with_calibration(load_spec(spec), calibration)
