@@ -214,7 +214,7 @@ def _extras_in(directory: str) -> dict:
         path = Path(directory) / filename
         if not path.exists():
             continue
-        for kind, entries in load_file(path).items():
+        for kind, entries in _load_file(path, _builtin()).items():
             for key, spec in entries.items():
                 if not key.endswith(EXTRA_SUFFIX):
                     raise CatalogError(f"{path}: {kind}.{key}: extra catalog keys must end in "
@@ -337,7 +337,8 @@ def load_file(path) -> dict:
         sub-table per entry (``[fleets.MyFleet]``) with the same keys as the
         built-in catalog files. A node's ``accelerator`` and a fleet's
         ``node`` / ``fabric`` name an entry of this file or, failing that, of
-        the built-in catalog. ``name`` defaults to the table key.
+        the built-in catalog (the registry's entries and the ``_MC`` ones of
+        :data:`EXTRA_FILES`). ``name`` defaults to the table key.
 
     Returns
     -------
@@ -353,6 +354,12 @@ def load_file(path) -> dict:
         :data:`MAGNITUDE`, counts of 2**53 or more, missing required keys or
         unknown references; the message names the file, the table and the key.
     """
+    builtin, extras = _builtin(), _extras()
+    return _load_file(path, {kind: {**builtin[kind], **extras[kind]} for kind in KINDS})
+
+
+def _load_file(path, fallback: dict) -> dict:
+    """:func:`load_file` with references resolved in ``fallback`` after the file's own."""
     display = str(path)
     data = read_toml(Path(path), display)
     for top, value in data.items():
@@ -362,4 +369,4 @@ def load_file(path) -> dict:
         if not isinstance(value, dict):
             raise _wrong(f"{display}: {top}", f"a table of [{top}.NAME] tables", value)
     sources = {kind: (display, f"{kind}.", data[kind]) for kind in KINDS if kind in data}
-    return _build_all(sources, fallback=_builtin())
+    return _build_all(sources, fallback=fallback)

@@ -304,6 +304,9 @@ class Workload:
             refuse("heads", f"at most hidden_dim ({self.hidden_dim})", self.heads)
         if self.heads and self.hidden_dim and self.hidden_dim % self.heads:
             refuse("heads", f"a divisor of hidden_dim ({self.hidden_dim})", self.heads)
+        if self.kv_heads and self.heads and self.heads % self.kv_heads:
+            # grouped-query attention: each KV head serves the same number of query heads
+            refuse("kv_heads", f"a divisor of heads ({self.heads})", self.kv_heads)
         if (self.active_parameters is not None and self.parameters is not None
                 and self.active_parameters > self.parameters):
             refuse("active_parameters", f"at most parameters ({self.parameters:g})",

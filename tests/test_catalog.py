@@ -204,6 +204,26 @@ def _write(tmp_path, text, name="mine.toml"):
     return path
 
 
+def test_load_file_builds_on_the_shipped_megatron_entries(tmp_path):
+    """A user's fleet or node may name the catalog's _MC entries (megatron.toml), not only
+    the registry's: 16 DGX H100 of 80 GB, not mlsysim's H100 of 80 GiB."""
+    loaded = catalog.load_file(_write(tmp_path, """
+        [nodes.MyNode]
+        accelerator = "H100_SXM_MC"
+        accelerators_per_node = 4
+        intra_node_bandwidth = "450 GB/s"
+        [fleets.MyMC]
+        node = "DGX_H100_MC"
+        count = 16
+        fabric = "InfiniBand_NDR"
+        source = "test"
+        """))
+    assert loaded["fleets"]["MyMC"].node == catalog.node("DGX_H100_MC")
+    assert loaded["fleets"]["MyMC"].total_accelerators == 128
+    assert loaded["nodes"]["MyNode"].accelerator == catalog.accelerator("H100_SXM_MC")
+    assert catalog.accelerator("H100_SXM_MC").memory_capacity == 80e9
+
+
 def test_load_file(tmp_path):
     loaded = catalog.load_file(_write(tmp_path, USER_FILE))
     assert set(loaded) == set(KINDS)

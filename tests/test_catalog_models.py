@@ -29,6 +29,7 @@ def test_a_consistent_model_loads(tmp_path):
     ({"active_parameters": 60e9}, "active_parameters", "at most parameters (4.7e+10)", "60000000000.0"),
     ({"active_experts_per_token": 9}, "active_experts_per_token", "at most experts (8)", "9"),
     ({"heads": 24}, "heads", "a divisor of hidden_dim (4096)", "24"),
+    ({"kv_heads": 5}, "kv_heads", "a divisor of heads (32)", "5"),
     ({"heads": 8192}, "heads", "at most hidden_dim (4096)", "8192"),
     ({"hidden_dim": 0}, "hidden_dim", ">= 1 for a layered model", "0"),
     ({"experts": 0, "active_experts_per_token": None}, "experts", ">= 1 for a mixture of experts",

@@ -18,7 +18,7 @@ import xarray as xr
 
 import solver
 import sweep
-from solver.outputs import DERIVED, OUTPUTS
+from solver.outputs import DERIVED, MEGATRON_ONLY, OUTPUTS
 
 SPEC = {
     "workload": ["Llama3_70B", "Mixtral_8x7B"], "fleet": "Training_1K",
@@ -39,11 +39,16 @@ def cube_file(request, tmp_path_factory):
 
 
 def test_registry_units_are_udunits():
-    for name, output in {**OUTPUTS, **DERIVED}.items():
+    from solver.physics import megatron
+    for name, output in {**OUTPUTS, **DERIVED, **MEGATRON_ONLY}.items():
         unit = cf_units.Unit(output.units)  # raises ValueError for "B"
         if name.startswith("memory_"):
             assert output.units == "byte" and unit == cf_units.Unit("byte"), name
             assert unit.convert(1.0, "bit") == 8.0
+    for name, (units, _) in megatron.OUTPUTS.items():  # the model's own table says the same
+        cf_units.Unit(units)
+        if name in MEGATRON_ONLY:
+            assert units == MEGATRON_ONLY[name].units, name
     with pytest.raises(ValueError):
         cf_units.Unit("B")  # what the cubes said before
 

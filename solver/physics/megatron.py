@@ -228,7 +228,7 @@ OUTPUTS = {
     "step_latency_total": ("s", "training step time"),
     "effective_throughput": ("s-1", "fleet throughput in samples per second"),
     "tokens_per_second_per_accelerator": ("s-1", "tokens per second per accelerator"),
-    "model_flops_per_accelerator": ("FLOP s-1", "model FLOP/s per accelerator (Megatron-LM's count of NAR21 eq. 3, attention scores dense; Megatron-LM since 2025 halves them for the causal mask, printing 6.7 % less at Llama-3-70B seq_len 8192)"),
+    "model_flops_per_accelerator": ("s-1", "model FLOPs per second per accelerator (Megatron-LM's count of NAR21 eq. 3, attention scores dense; Megatron-LM since 2025 halves them for the causal mask, printing 6.7 % less at Llama-3-70B seq_len 8192)"),
     "mfu": ("1", "model FLOPs utilization against the dense peak at the GEMM precision"),
     "hfu": ("1", "hardware FLOPs utilization (recomputation included)"),
     "compute_latency": ("s", "busy time of the heaviest stage (GEMMs, attention, memory-bound kernels)"),
