@@ -109,7 +109,7 @@ def test_num_gpus_must_agree_with_the_layout(tmp_path):
 
 def test_cli_calibrate_prints_the_fit_saves_and_plots(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    rows = [f"r{i},Llama3_8B_MC,EOS_H100_MC,128,4096,{tp},{pp},{dp},1.0"
+    rows = [f"r{i},Llama3_8B_MC,EOS_H100_MC,128,4096,{tp},{pp},{dp},1e4"  # placeholder times
             for i, (tp, pp, dp) in enumerate([(1, 1, 16), (2, 1, 8), (8, 2, 1), (4, 1, 4),
                                               (1, 2, 8), (8, 1, 2)])]
     data = read_measurements(_write(tmp_path, [HEADER, *rows]))
@@ -168,3 +168,21 @@ def test_plot_calibration_draws_the_identity_line():
     assert ax.get_xscale() == "log"
     with pytest.raises(ValueError, match="1-D of one length"):
         plot.calibration([1.0, 2.0], [1.0])
+
+
+def test_impossible_steps_and_repeated_names_are_refused(tmp_path):
+    """A step faster than the accelerators' dense peak allows cannot have been measured
+    (Llama 3 70B, 512 x 8192 tokens on 64 H100 in 11.2 s is MFU 2.5); two lines of one name
+    would be one row of the residual table."""
+    header = "run_id,workload,fleet,tp_size,pp_size,dp_size,batch_size,seq_len,precision,step_time_s"
+    fast = _write(tmp_path, [header, "a,Llama3_70B_MC,EOS_H100_MC,8,4,2,512,8192,bf16,11.2"])
+    with pytest.raises(MeasurementError, match=r"runs.csv line 2, column step_time_s: expected a "
+                                               r"step the accelerators can run .* got 11\.2 s, "
+                                               r"which is 2\.\d\dx that peak"):
+        read_measurements(fast)
+    ok = read_measurements(_write(tmp_path, [header, "a,Llama3_70B_MC,EOS_H100_MC,8,4,2,512,8192,bf16,84.6"]))
+    assert ok.runs[0].step_time == 84.6
+    twice = _write(tmp_path, [HEADER, GOOD[0], GOOD[1].replace("b,", "a,", 1)])
+    with pytest.raises(MeasurementError, match=r"line 3, column run_id: expected a name no other "
+                                               r"line has, but got 'a' \(also line 2\)"):
+        read_measurements(twice)

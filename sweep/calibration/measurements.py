@@ -44,7 +44,9 @@ in seconds) or ``tokens_per_s_per_gpu`` (converted with ``batch_size * seq_len
 (default ``line N``).
 
 A line the file cannot mean is refused with :class:`MeasurementError`, naming
-the file, the line and the column: ``runs.csv line 4, column tp_size: expected a
+the file, the line and the column (a layout Megatron-Core cannot run, a step faster
+than the accelerators' dense peak allows at the model's FLOPs, a ``run_id`` two lines
+share, a cell of the wrong kind): ``runs.csv line 4, column tp_size: expected a
 whole number >= 1, but got 'x'``.
 """
 
@@ -363,6 +365,20 @@ def _check_priced(measurements: Measurements) -> None:
                 run = measurements.runs[indices[bad[0]]]
                 raise MeasurementError(f"{measurements.source} line {run.line}: expected {why}, "
                                        f"but got {_layout(run.knobs)}")
+        # The measured step at the model's FLOPs: faster than the accelerators' dense peak
+        # allows, it cannot have been measured (a unit or a batch is wrong).
+        measured = np.array([measurements.runs[i].step_time for i in indices])
+        implied = (np.asarray(out["mfu"], dtype=np.float64)
+                   * np.asarray(out["step_latency_total"], dtype=np.float64) / measured)
+        bad = np.flatnonzero(implied > 1.0)
+        if bad.size:
+            run = measurements.runs[indices[bad[0]]]
+            raise MeasurementError(
+                f"{measurements.source} line {run.line}, column {run.measured_as}: expected a "
+                f"step the accelerators can run (the model's FLOPs at most their dense peak), "
+                f"but got {run.step_time:.4g} s, which is {implied[bad[0]]:.2f}x that peak "
+                f"(MFU {implied[bad[0]]:.2f}): check the unit (seconds per optimizer step) "
+                f"and batch_size (global, in sequences)")
 
 
 def _layout(knobs) -> str:
@@ -443,6 +459,13 @@ def _from_text(text, source, sha256) -> Measurements:
         runs.append(_run(source, line, {k: c.strip() for k, c in zip(header, cells)}))
     if not runs:
         raise MeasurementError(f"{source}: expected at least one run after the header, but got none")
+    first = {}
+    for run in runs:
+        if run.run_id in first:
+            raise MeasurementError(f"{source} line {run.line}, column run_id: expected a name no "
+                                   f"other line has, but got {run.run_id!r} (also line "
+                                   f"{first[run.run_id]})")
+        first[run.run_id] = run.line
     measurements = Measurements(runs=tuple(runs), source=source, sha256=sha256)
     _check_priced(measurements)
     return measurements
