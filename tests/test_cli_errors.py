@@ -175,3 +175,19 @@ def test_search_seed_is_checked_in_every_mode(files):
     for mode in ("sampled", "exhaustive", "auto"):
         with pytest.raises(ValueError, match="seed must be a whole number"):
             sweep.search(str(files["spec"]), seed=-1, mode=mode)
+
+
+def test_the_packages_warnings_are_one_line(tmp_path, capsys):
+    """A warning of ours (here: MFU across precisions) prints as 'prog: warning: ...', not
+    Python's file path and source line."""
+    spec = tmp_path / "p.toml"
+    spec.write_text(SPEC.replace("zero_stage = [0, 1, 2, 3]",
+                                 'zero_stage = [1]\nprecision = ["fp16", "fp8"]'))
+    cube = tmp_path / "p.nc"
+    assert cli.main(["run", str(spec), "-o", str(cube), "--no-progress"]) == 0
+    capsys.readouterr()
+    code, out, err = _call(capsys, ["top", cube, "-k", "1"])
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("layout-sweep: warning: objective 'mfu'")
+    assert ".py:" not in err

@@ -344,7 +344,8 @@ def realizable_text(evidence: Optional[dict]) -> Optional[str]:
         best = (_best_batch(evidence["divisors"], batch)
                 if batch is not None and evidence["divisors"] else None)
         if best is not None:
-            parts.append(f"batch_size {best[0]:,} would split {best[1]:,} of them so")
+            parts.append(f"batch_size {best[0]:,} would split {best[1]:,} of them into whole "
+                         f"microbatches")
     rest = n_blocked - n_fail
     if rest:
         rules = ("the megatron model's rules: heads and KV heads divisible by tp_size, layers "

@@ -86,11 +86,13 @@ def _dispatch(args) -> int:
 
 @contextlib.contextmanager
 def _warning_lines(prog: str):
-    """Show a :class:`JournalWarning` (a repaired journal) as one ``prog: warning:`` line."""
+    """Show the package's own warnings (a repaired journal, MFU across precisions, ...) as one
+    ``prog: warning:`` line each, not Python's file path and source line; others as Python does."""
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, JournalWarning):
+        if issubclass(category, JournalWarning) or category.__module__.split(".")[0] in (
+                "sweep", "solver"):
             print(f"{prog}: warning: {_one_line(message)}", file=sys.stderr, flush=True)
         else:
             shown(message, category, filename, lineno, file, line)

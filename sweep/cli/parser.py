@@ -248,7 +248,9 @@ def _add_search(commands):
                              "default: the spec's")
     search.add_argument("--objective", default="mfu", help="output to optimize (default: mfu)")
     _add_direction(search)
-    search.add_argument("--sampler", default="tpe", type=_one_of(_SAMPLERS, "a sampler"))
+    search.add_argument("--sampler", default="tpe", type=_one_of(_SAMPLERS, "a sampler"),
+                        help="sampled mode: the optuna sampler (" + ", ".join(_SAMPLERS)
+                        + "; default tpe)")
     search.add_argument("--storage", help="optuna storage: an RDB URL or a journal file "
                         "(*.log) to resume or share a study")
     search.add_argument("--study-name", help="study name (default: from the spec and space)")
@@ -312,7 +314,8 @@ def _add_plot(commands):
                               "points, or pinned with --select), or a Pareto scatter of two "
                               "variables.")
     plt.add_argument("cube", metavar="CUBE", help="a cube file (netCDF)")
-    plt.add_argument("--kind", default="heatmap", type=_one_of(_PLOT_KINDS, "a plot kind"))
+    plt.add_argument("--kind", default="heatmap", type=_one_of(_PLOT_KINDS, "a plot kind"),
+                     help="the plot: " + ", ".join(_PLOT_KINDS) + " (default heatmap)")
     plt.add_argument("--var", default="mfu", help="variable plotted (heatmap, line)")
     plt.add_argument("--x", help="dim on x (default tp_size); pareto: a variable "
                      "(default memory_footprint)")
@@ -322,7 +325,8 @@ def _add_plot(commands):
                                                              "a reduction"),
                      help="how the dims not plotted are reduced (default: max)")
     plt.add_argument("-o", "--output", help="PNG file (default: <cube>_<kind>_<var>.png)")
-    plt.add_argument("--dpi", type=_positive_int, default=120)
+    plt.add_argument("--dpi", type=_positive_int, default=120,
+                     help="resolution of a raster figure (default 120)")
     _add_narrowing(plt)
 
 
