@@ -249,7 +249,7 @@ def _get(kind: str, name: str):
     if isinstance(name, str) and name.endswith(EXTRA_SUFFIX) and name in _extras()[kind]:
         return _extras()[kind][name]
     raise CatalogError(
-        f"unknown {_SINGULAR[kind]} {name!r}{_suggest(str(name), entries)}"
+        f"unknown {_SINGULAR[kind]} {name!r}{_suggest(str(name), {**entries, **_extras()[kind]})}"
         f" (see solver.catalog.names({kind!r}))"
     )
 

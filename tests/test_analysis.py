@@ -473,3 +473,12 @@ def test_a_looser_memory_limit_than_the_cubes_is_refused_not_ignored():
     assert 60e9 < float(loose["memory_footprint"].max()) <= 84e9
     same = sweep.top_k(cube, "mfu", k=3, constraints={"memory_limit": "60 GB"})  # equal: fine
     assert same.identical(sweep.top_k(cube, "mfu", k=3))
+
+
+def test_a_boolean_mask_is_no_objective():
+    spec = {"workload": "Llama3_70B", "fleet": "Training_1K", "axes": {"tp_size": [4, 8]},
+            "fixed": {"batch_size": 1024, "pp_size": 4}, "outputs": ["mfu"]}
+    cube = sweep.run(spec)
+    with pytest.raises(ValueError, match="objective must be a numeric variable, but got the "
+                                         "boolean mask 'valid'"):
+        sweep.top_k(cube, "valid")

@@ -72,6 +72,9 @@ def test_a_shape_and_tokens_per_second_are_read(tmp_path):
      "tokens_per_s_per_gpu, but got 'neither'"),
     ("d,Llama3_8X_MC,EOS_H100_MC,128,4096,1,1,16,2.0",
      "runs.csv line 5, column workload: expected a catalog name"),
+    ("d,Llama3_8B_MC,EOS_H100_M,128,4096,1,1,16,2.0",
+     "runs.csv line 5, column fleet: expected a catalog name (python -m sweep catalog fleets "
+     "lists them), but got 'EOS_H100_M'; did you mean 'EOS_H100_MC'?"),
     ("d,Llama3_8B_MC,EOS_H100_MC,100,4096,1,1,16,2.0",
      "runs.csv line 5: expected a layout Megatron-Core can run (whole microbatches"),
     ("d,Llama3_8B_MC,EOS_H100_MC,128,4096,1,1,16",

@@ -84,7 +84,9 @@ def conditions(cube: xr.Dataset, where=None, constraints: Optional[Mapping] = No
     for key, value in (constraints or {}).items():
         every = xr.DataArray(True)
         label = {"memory_limit": f"memory limit ({_describe_limit(value)})",
-                 "max_accelerators": f"{BUDGET} (<= {value})"}.get(key, f"{key} in {value!r}")
+                 "max_accelerators": f"{BUDGET} (<= {value})",
+                 "min_accelerators": f"the accelerator floor (>= {value})"}.get(
+            key, f"{key} in {value!r}")
         out[label] = mask(cube, every, {key: value})
     return out
 

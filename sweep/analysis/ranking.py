@@ -224,6 +224,9 @@ def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
     direction = direction_of(objective, direction, largest)
     block_points = _block_points(block_points, slab_points)
     _require(cube, objective, keyword)
+    if cube[objective].dtype == bool:  # a mask ranks nothing (the command line refuses it too)
+        raise ValueError(f"{keyword} must be a numeric variable, but got the boolean mask "
+                         f"{objective!r} (pass it as where= to select points)")
     if "precision" in cube.dims:
         warn_across_precisions([objective], cube["precision"].values)
     sign = _sign(direction)

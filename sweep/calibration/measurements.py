@@ -171,10 +171,10 @@ class _Line:
     def __init__(self, source, line):
         self.source, self.line = source, line
 
-    def fail(self, column, expected, got):
+    def fail(self, column, expected, got, hint=""):
         col = f", column {column}" if column else ""
         raise MeasurementError(f"{self.source} line {self.line}{col}: expected {expected}, "
-                               f"but got {got!r}")
+                               f"but got {got!r}{hint}")
 
 
 def _whole(where, column, text, low=1, high=None):
@@ -220,7 +220,13 @@ def _catalog(where, column, text, getter):
     try:
         return getter(str(text).strip())
     except (CatalogError, KeyError, ValueError) as err:
-        where.fail(column, f"a catalog name ({err})", text)
+        message = str(err)
+        hint = message[message.index("; did you mean"):message.index("?") + 1] \
+            if "; did you mean" in message and "?" in message else ""
+        kind = {"workload": "workloads", "fleet": "fleets", "node": "nodes",
+                "fabric": "fabrics"}.get(column, column)
+        where.fail(column, f"a catalog name (python -m sweep catalog {kind} lists them)", text,
+                   hint)
 
 
 # ------------------------------------------------------------------ rows
