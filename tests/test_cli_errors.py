@@ -138,14 +138,19 @@ def test_a_bug_reading_a_cube_keeps_its_traceback(files, monkeypatch, error):
         cli.main(["top", str(files["cube"])])
 
 
-def test_select_on_a_boolean_dim(tmp_path, capsys):
-    """--select on a boolean dim (a list of one bool read as a mask raised IndexError)."""
-    spec = tmp_path / "b.toml"
-    spec.write_text(SPEC.replace("zero_stage = [0, 1, 2, 3]",
-                                 "zero_stage = [1, 3]\nactivation_recomputation = [false, true]"))
-    cube = tmp_path / "b.nc"
+def _cube_with(tmp_path, capsys, axes: str):
+    """The cube of SPEC with ``axes`` (TOML lines) in place of its zero_stage axis."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC.replace("zero_stage = [0, 1, 2, 3]", axes))
+    cube = tmp_path / "spec.nc"
     assert cli.main(["run", str(spec), "-o", str(cube), "--no-progress"]) == 0
     capsys.readouterr()
+    return cube
+
+
+def test_select_on_a_boolean_dim(tmp_path, capsys):
+    """--select on a boolean dim (a list of one bool read as a mask raised IndexError)."""
+    cube = _cube_with(tmp_path, capsys, "zero_stage = [1, 3]\nactivation_recomputation = [false, true]")
     for value in ("false", "true"):
         code, out, err = _call(capsys, ["top", cube, "-k", "2", "--select",
                                         f"activation_recomputation={value}"])
@@ -180,12 +185,7 @@ def test_search_seed_is_checked_in_every_mode(files):
 def test_the_packages_warnings_are_one_line(tmp_path, capsys):
     """A warning of ours (here: MFU across precisions) prints as 'prog: warning: ...', not
     Python's file path and source line."""
-    spec = tmp_path / "p.toml"
-    spec.write_text(SPEC.replace("zero_stage = [0, 1, 2, 3]",
-                                 'zero_stage = [1]\nprecision = ["fp16", "fp8"]'))
-    cube = tmp_path / "p.nc"
-    assert cli.main(["run", str(spec), "-o", str(cube), "--no-progress"]) == 0
-    capsys.readouterr()
+    cube = _cube_with(tmp_path, capsys, 'zero_stage = [1]\nprecision = ["fp16", "fp8"]')
     code, out, err = _call(capsys, ["top", cube, "-k", "1"])
     assert code == 0, err
     lines = [line for line in err.splitlines() if line.strip()]
