@@ -91,8 +91,9 @@ def parse_memory_limit(value, *, where: str = "memory_limit") -> MemoryLimit:
     Raises
     ------
     MemoryLimitError
-        For zero, negative, non-finite, unitless numbers in (1, 1e6), unknown
-        units and wrong types; the message suggests the likely meaning.
+        For zero, negative, non-finite, unitless numbers in (1, 1e6), sizes
+        under 1 MB, unknown units and wrong types; the message suggests the
+        likely meaning.
     """
     if isinstance(value, MemoryLimit):
         return value
@@ -113,6 +114,10 @@ def parse_memory_limit(value, *, where: str = "memory_limit") -> MemoryLimit:
                 prefix = f"{where}: " if where else ""
                 raise MemoryLimitError(f"{prefix}expected a finite size > 0 such as '72 GB', "
                                        f"but got {value!r}")
+            if size < MIN_BARE_BYTES:  # no training state fits in less than a megabyte
+                prefix = f"{where}: " if where else ""
+                raise MemoryLimitError(f"{prefix}expected a size of at least 1 MB such as "
+                                       f"'72 GB', but got {value!r} ({size:g} B)")
             return MemoryLimit(size=float(size))
         value = number
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):

@@ -81,7 +81,9 @@ def _fit(args, data):
     print()
     print(format_table(["run", "line", "measured [s]", "predicted [s]", "error [%]",
                         "LOO error [%]", "uncalibrated [%]"], _residual_rows(cal.residuals())))
-    loo = "" if args.no_loo else f", leave-one-out {cal.loo_error:.2f} %"
+    loo = "" if args.no_loo else (
+        f", leave-one-out {cal.loo_error:.2f} %" if math.isfinite(cal.loo_error)
+        else ", leave-one-out needs two runs or more")
     print(f"mean absolute error: in sample {cal.in_sample_error:.2f} %{loo} (uncalibrated "
           f"{np.mean(np.abs(cal.uncalibrated / data.step_times - 1)) * 100:.2f} %)")
     for w in caught:
