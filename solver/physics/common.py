@@ -142,6 +142,11 @@ def realizable(*, batch_size, dp_size, gradient_accumulation_steps, microbatch_c
     return whole_replica & whole_step & whole_micro
 
 
+#: :func:`even_splits` in words (messages name them).
+EVEN_SPLIT_RULES = ("heads divisible by tp_size, an interleaved schedule's layers by pp_size x "
+                    "v_stages (and pp_size > 1), experts by ep_size (ep_size 1 on a dense model)")
+
+
 def split_divisors(workload) -> tuple:
     """``(heads, layers, experts)`` the layout must split evenly, 0 where the workload
     states none (a non-transformer has no heads or layers to split; ``experts`` is 1 for
@@ -153,8 +158,11 @@ def split_divisors(workload) -> tuple:
     return heads, layers, experts
 
 
-def even_splits(workload, *, tp_size, pp_size, v_stages, ep_size):
+def even_splits(divisors, *, tp_size, pp_size, v_stages, ep_size):
     """Whether the model splits over the layout as a training framework needs.
+
+    ``divisors``: the model's ``(heads, layers, experts)``, 0 for a fact it does not
+    state (:func:`split_divisors` of a workload; the megatron model passes its shape's).
 
     The reference prices any split; a framework runs one only if TP divides the
     attention heads, an interleaved schedule (``v_stages > 1``) has more than one
@@ -163,18 +171,20 @@ def even_splits(workload, *, tp_size, pp_size, v_stages, ep_size):
     stages), and EP divides the experts (an EP degree above 1 on a dense model
     leaves its ranks nothing to hold). These are the megatron model's rules for the
     same knobs (Megatron-Core's ``TransformerConfig`` and schedules; see
-    ``solver.physics.megatron``). Facts the workload does not state are not checked.
+    ``solver.physics.megatron``, which checks them here too). Facts the workload does
+    not state are not checked.
 
     Examples
     --------
     >>> from solver import catalog
     >>> w = catalog.workload("Llama3_70B")        # 80 layers, 64 heads, dense
-    >>> even_splits(w, tp_size=4, pp_size=16, v_stages=[1, 4, 5], ep_size=1).tolist()
+    >>> d = split_divisors(w)
+    >>> even_splits(d, tp_size=4, pp_size=16, v_stages=[1, 4, 5], ep_size=1).tolist()
     [True, False, True]
-    >>> bool(even_splits(w, tp_size=8, pp_size=4, v_stages=1, ep_size=2))
+    >>> bool(even_splits(d, tp_size=8, pp_size=4, v_stages=1, ep_size=2))
     False
     """
-    heads, layers, experts = split_divisors(workload)
+    heads, layers, experts = divisors
     tp = np.asarray(tp_size, dtype=np.int64)
     pp = np.asarray(pp_size, dtype=np.int64)
     v = np.asarray(v_stages, dtype=np.int64)

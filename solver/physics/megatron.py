@@ -215,6 +215,14 @@ KNOBS = {k.name: k for k in (
     _K("overlap_param_gather", "bool", True),
     _K("flash_attention", "bool", True),
 )}
+#: The rules of ``realizable`` beyond whole microbatches, in words (messages name them).
+REALIZABLE_RULES = (
+    "heads and KV heads divisible by tp_size, layers by pp_size x v_stages, seq_len by "
+    "2 x cp_size (and by tp_size x cp_size under sequence_parallel), experts by ep_size, an "
+    "interleaved schedule's microbatches by pp_size; tp_comm_overlap and MoE with tp_size > 1 "
+    "need sequence_parallel, cp_size > 1 flash_attention, overlap_param_gather "
+    "overlap_grad_reduce, ep_size > 1 a precision other than fp16, and every layout a "
+    "precision its accelerator has (fp8 and fp4 only where the catalog states their peak)")
 #: Knob name -> default.
 DEFAULTS = {name: knob.default for name, knob in KNOBS.items()}
 _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}

@@ -27,6 +27,7 @@ from .. import flops as fl
 from .. import gemm
 from .. import knobs as knobs_
 from .. import network as net
+from .common import even_splits
 
 #: Recompute modes, coded 0, 1, 2.
 RECOMPUTE = ("none", "selective", "full")
@@ -140,16 +141,16 @@ def split(w, fleet, k) -> Split:
     m = np.maximum(np.ceil(m_exact), 1.0)
     prec = k["precision"]
     realizable = (valid & (m_exact == np.floor(m_exact)) & (m_exact >= 1)
-                  & (w.heads % tp == 0) & (w.kv_heads % tp == 0)  # [16]
-                  # uneven stages without interleaving [13]; even chunks with it
-                  & ((w.layers % (pp * v) == 0) | ((v == 1) & (pp <= w.layers)))
-                  & ((v == 1) | (pp > 1))
+                  # heads, layers (uneven stages without interleaving [13], even chunks
+                  # with it) and experts (EP 1 on a dense model) split evenly
+                  & even_splits((w.heads, w.layers, w.experts if w.moe else 1),
+                                tp_size=tp, pp_size=pp, v_stages=v, ep_size=ep)
+                  & (w.kv_heads % tp == 0)  # [16]
                   # the interleaved schedule runs microbatches in groups of pp [17]
                   & ((v == 1) | ((m_exact % pp == 0) & (m_exact >= pp)))
                   & ((cp == 1) | (s % (2 * cp) == 0))
                   & ((cp == 1) | k["flash_attention"])  # [18]
                   & (~sp | (s % (tp * cp) == 0))  # [19]
-                  & ((w.experts % ep == 0) if w.moe else (ep == 1))
                   & ((ep == 1) | (prec != _FP16))  # [15]
                   & ((tp == 1) | sp | (not w.moe))  # [20]
                   & ~(k["tp_comm_overlap"] & ~sp)  # [15]: needs SP, which tp 1 turns off

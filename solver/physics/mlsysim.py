@@ -51,7 +51,7 @@ from .. import replica as rep
 from ..outputs import OUTPUTS
 from ..replica import layer_count, pick, stored_bytes, weight_bytes, width
 from ..specs import Accelerator, Fleet, Workload
-from .common import check_specs, even_splits, mask_invalid, realizable
+from .common import check_specs, even_splits, mask_invalid, realizable, split_divisors
 
 __all__ = [
     "solve",
@@ -214,7 +214,7 @@ def price(workload: Workload, fleet: Fleet, k: dict, shape: tuple) -> dict:
         batch_size=k["batch_size"], dp_size=s.dp_size,
         gradient_accumulation_steps=k["gradient_accumulation_steps"],
         microbatch_count=k["microbatch_count"]) & even_splits(
-        workload, tp_size=tp, pp_size=pp, v_stages=k["v_stages"], ep_size=s.ep_size)
+        split_divisors(workload), tp_size=tp, pp_size=pp, v_stages=k["v_stages"], ep_size=s.ep_size)
     return mask_invalid(out, s.valid, shape, OUTPUTS)
 
 

@@ -34,6 +34,8 @@ from typing import Mapping, Optional
 import numpy as np
 import xarray as xr
 
+from solver.physics import common, megatron as megatron_model
+
 __all__ = ["NoAdmissibleError", "admissible_counts", "explain_empty", "conditions",
            "realizable_evidence", "merge_evidence", "realizable_text", "batch_split_knobs"]
 
@@ -350,16 +352,9 @@ def realizable_text(evidence: Optional[dict]) -> Optional[str]:
                          f"microbatches")
     rest = n_blocked - n_fail
     if rest:
-        rules = ("the megatron model's rules: heads and KV heads divisible by tp_size, layers "
-                 "by pp_size x v_stages, seq_len by 2 x cp_size (and by tp_size x cp_size under "
-                 "sequence_parallel), experts by ep_size, an interleaved schedule's microbatches "
-                 "by pp_size; tp_comm_overlap and MoE with tp_size > 1 need sequence_parallel, "
-                 "cp_size > 1 flash_attention, overlap_param_gather overlap_grad_reduce, "
-                 "ep_size > 1 a precision other than fp16, and every layout a precision its "
-                 "accelerator has (fp8 and fp4 only where the catalog states their peak)" if megatron
-                 else "the even splits of solver.physics.common.even_splits: heads divisible "
-                      "by tp_size, an interleaved schedule's layers by pp_size x v_stages (and "
-                      "pp_size > 1), experts by ep_size (ep_size 1 on a dense model)")
+        rules = (f"the megatron model's rules: {megatron_model.REALIZABLE_RULES}" if megatron
+                 else f"the even splits of solver.physics.common.even_splits: "
+                      f"{common.EVEN_SPLIT_RULES}")
         parts.append(f"{rest:,} fail {rules}")
     return "; ".join(parts)
 

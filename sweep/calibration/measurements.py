@@ -363,9 +363,8 @@ def _check_priced(measurements: Measurements) -> None:
             raise MeasurementError(f"{measurements.source}: {err}") from None
         for name, why in (("valid", "a possible split (ep_size must divide dp_size * cp_size)"),
                           ("realizable", "a layout Megatron-Core can run (whole microbatches: "
-                           "batch_size a multiple of dp_size * micro_batch_size; heads and "
-                           "experts divisible by tp_size and ep_size; layers at least pp_size, "
-                           "and divisible by pp_size * v_stages when v_stages > 1)")):
+                           "batch_size a multiple of dp_size * micro_batch_size; "
+                           f"{megatron.REALIZABLE_RULES})")):
             bad = np.flatnonzero(~np.asarray(out[name]))
             if bad.size:
                 run = measurements.runs[indices[bad[0]]]
