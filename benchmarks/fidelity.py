@@ -655,11 +655,12 @@ def markdown(res):
         vt_n, vt_over = sum(g["n"] for g in mem["vtrain"]), sum(g["over"] for g in mem["vtrain"])
         worst = max(pub, key=lambda p: p["ratio"])
         out += ["", "Memory against the layouts that ran (megatron model's `memory_footprint` over the "
-                "accelerator's capacity; a published run's chosen candidate): "
+                "accelerator's capacity as the device reports it, e.g. 81,559 MiB on an H100; a published "
+                "run's chosen candidate): "
                 f"{len(bad)} of {len(pub)} published runs over capacity"
                 + (" (" + ", ".join(f"{p['run_id']} {p['ratio']:.3f}" for p in bad) + ")" if bad else "")
                 + f"; largest share {worst['ratio']:.3f} ({worst['run_id']}); vTrain: {vt_over} of {vt_n} "
-                f"layouts over their 40 GB (largest share "
+                f"layouts over their A100 40GB's 40,339 MiB (largest share "
                 f"{max(g['max_ratio'] for g in mem['vtrain']):.3f}). Those layouts ran, so the model's "
                 "memory overstates them; `feasible` rules them out."]
     per_run = res.get("per_run", [])

@@ -206,7 +206,8 @@ def _write(tmp_path, text, name="mine.toml"):
 
 def test_load_file_builds_on_the_shipped_megatron_entries(tmp_path):
     """A user's fleet or node may name the catalog's _MC entries (megatron.toml), not only
-    the registry's: 16 DGX H100 of 80 GB, not mlsysim's H100 of 80 GiB."""
+    the registry's: 16 DGX H100 of 81,559 MiB (what the device reports), not mlsysim's H100 of
+    80 GiB."""
     loaded = catalog.load_file(_write(tmp_path, """
         [nodes.MyNode]
         accelerator = "H100_SXM_MC"
@@ -221,7 +222,7 @@ def test_load_file_builds_on_the_shipped_megatron_entries(tmp_path):
     assert loaded["fleets"]["MyMC"].node == catalog.node("DGX_H100_MC")
     assert loaded["fleets"]["MyMC"].total_accelerators == 128
     assert loaded["nodes"]["MyNode"].accelerator == catalog.accelerator("H100_SXM_MC")
-    assert catalog.accelerator("H100_SXM_MC").memory_capacity == 80e9
+    assert catalog.accelerator("H100_SXM_MC").memory_capacity == 81559 * 2**20
 
 
 def test_load_file(tmp_path):
