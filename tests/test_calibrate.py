@@ -291,6 +291,18 @@ def test_the_prior_gives_few_runs_an_uncertainty_and_keeps_unseen_constants_near
         all(cal.profile.uncertainty[n] / cal.constants[n] < 0.8 * cal.profile.prior_width[n]
             for n in free)
     assert cal.in_sample_error < 3.0
+    # one standard deviation as a range in log space, inside the bounds even where
+    # fitted + std is not (the barely seen scale-up efficiency, bounded by 1)
+    table = cal.constants_table().set_index("constant")
+    for n in free:
+        c, s = cal.constants[n], cal.profile.uncertainty[n] / cal.constants[n]
+        low, high = M.CONSTANT_BOUNDS[n][:2]
+        assert table.loc[n, "range_low"] == pytest.approx(max(low, c * math.exp(-s)), rel=1e-12)
+        assert table.loc[n, "range_high"] == pytest.approx(min(high, c * math.exp(s)), rel=1e-12)
+        assert low <= table.loc[n, "range_low"] < c < table.loc[n, "range_high"] <= high
+    n = "scale_up_efficiency"
+    assert cal.constants[n] + cal.profile.uncertainty[n] > M.CONSTANT_BOUNDS[n][1]
+    assert table.loc[n, "range_high"] == M.CONSTANT_BOUNDS[n][1]
 
 
 def test_prior_width_is_checked():

@@ -129,9 +129,16 @@ def test_cli_calibrate_prints_the_fit_saves_and_plots(tmp_path, capsys):
     assert profile.prior_width == {"gemm_scale": math.inf, "step_overhead": math.inf}
     # the default prior moves the fit a little (step_overhead is pulled toward its start,
     # 0.005, and gemm_scale makes up for it), within a few per cent
+    capsys.readouterr()
     assert main(["calibrate", str(path), "-o", str(tmp_path / "q.toml"), "--no-loo",
                  "--free", "gemm_scale,step_overhead"]) == 0
     pulled = sweep.load_profile(tmp_path / "q.toml")
+    # the fit table gives one standard deviation as a range in log space too
+    out = capsys.readouterr().out
+    assert "1-sd range" in out.splitlines()[1]
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["gemm_scale"])
+    c, s = pulled.constants["gemm_scale"], pulled.uncertainty["gemm_scale"] / pulled.constants["gemm_scale"]
+    assert row[4] == f"{c * math.exp(-s):.3g}-{c * math.exp(s):.3g}"
     assert pulled.constants["gemm_scale"] == pytest.approx(0.6, rel=0.05)
     assert pulled.constants["gemm_scale"] != pytest.approx(0.6, rel=1e-3)
     assert pulled.prior_width == {"gemm_scale": 0.3, "step_overhead": 2.0}

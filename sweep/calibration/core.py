@@ -208,15 +208,30 @@ class Calibration:
         })
 
     def constants_table(self):
-        """Per fitted constant (pandas): start, fitted, one standard deviation, sensitivity."""
+        """Per fitted constant (pandas): start, fitted, one standard deviation, its range,
+        sensitivity.
+
+        The fit is in log space, so one standard deviation spans ``fitted * exp(-s)`` to
+        ``fitted * exp(s)`` with ``s = std / fitted`` (``range_low``, ``range_high``), cut
+        to the constant's bounds: ``fitted +- std`` can leave them (0.9 +- 0.48 of an
+        efficiency bounded by 1), the range cannot.
+        """
         import pandas as pd
 
         p = self.profile
-        rows = [{"constant": n, "start": self.start[n], "fitted": p.constants[n],
-                 "std": p.uncertainty.get(n, np.nan), "low": megatron.CONSTANT_BOUNDS[n][0],
-                 "high": megatron.CONSTANT_BOUNDS[n][1], "sensitivity": self.sensitivity[n],
-                 "meaning": megatron.CONSTANT_BOUNDS[n][2]} for n in p.free]
-        return pd.DataFrame(rows)
+        rows = []
+        for n in p.free:
+            c, sd = p.constants[n], p.uncertainty.get(n, np.nan)
+            low, high = megatron.CONSTANT_BOUNDS[n][:2]
+            s = sd / c if c > 0 else np.nan
+            rows.append({"constant": n, "start": self.start[n], "fitted": c, "std": sd,
+                         "range_low": float(np.clip(c * np.exp(-s), low, high)),
+                         "range_high": float(np.clip(c * np.exp(s), low, high)),
+                         "low": low, "high": high, "sensitivity": self.sensitivity[n],
+                         "meaning": megatron.CONSTANT_BOUNDS[n][2]})
+        return pd.DataFrame(rows, columns=["constant", "start", "fitted", "std", "range_low",
+                                           "range_high", "low", "high", "sensitivity",
+                                           "meaning"])
 
 
 def _free_names(free, measurements) -> tuple:

@@ -24,6 +24,8 @@ def _number(value, digits=4) -> str:
 
 def _constants_rows(cal) -> list:
     return [[r["constant"], _number(r["start"]), _number(r["fitted"]), _number(r["std"], 2),
+             "-" if math.isnan(r["range_low"]) else
+             f"{_number(r['range_low'], 3)}-{_number(r['range_high'], 3)}",
              f"[{r['low']:g}, {r['high']:g}]", _number(r["sensitivity"], 2)]
             for r in cal.constants_table().to_dict("records")]
 
@@ -76,7 +78,7 @@ def _fit(args, data):
               f"leave-one-out error {error:.2f} %")
     print(f"{data.source}: {len(data)} runs, sha256 {data.sha256[:16]}; fitted "
           f"{', '.join(cal.profile.free) or 'nothing'} (megatron physics)")
-    print(format_table(["constant", "start", "fitted", "std", "bounds", "sensitivity"],
+    print(format_table(["constant", "start", "fitted", "std", "1-sd range", "bounds", "sensitivity"],
                        _constants_rows(cal)))
     print()
     print(format_table(["run", "line", "measured [s]", "predicted [s]", "error [%]",
