@@ -135,6 +135,14 @@ def _vtrain_node():
                                name="8x A100 40GB (vTrain)")
 
 
+#: NEMO2407 models whose NeMo launcher config reduces gradients in BF16
+#: (``grad_sync_dtype: bf16``, so ``grad_reduce_in_bf16``, [25] of the model):
+#: NeMo-Framework-Launcher ``conf/training/gpt3/{5b,20b,175b}_fp8_performance.yaml`` and
+#: ``conf/training/nemotron/nemotron_340b.yaml``. The configs of Llama 2 / 3 and
+#: Nemotron 8B / 22B state no ``grad_sync_dtype``, so FP32 (the default).
+NEMO_BF16_GRADIENTS = ("GPT3-5B", "GPT3-20B", "GPT3-175B", "Nemotron-340B")
+
+
 def load_runs():
     """The usable published runs and the vTrain groups, with what each assumes."""
     shapes = _shapes()
@@ -209,7 +217,10 @@ def load_runs():
                      v_stages=v, micro_batch_size=mbs, sequence_parallel=sp, recompute=recompute,
                      zero_stage=zero, precision=precision, tp_comm_overlap=modern and sp,
                      overlap_grad_reduce=modern or zero == 3, overlap_param_gather=modern or zero == 3,
-                     flash_attention=modern)
+                     flash_attention=modern,
+                     grad_reduce_in_bf16=src == "NEMO2407" and r["model"] in NEMO_BF16_GRADIENTS)
+        if knobs["grad_reduce_in_bf16"]:
+            notes.append("gradients reduced in bf16 (the model's NeMo launcher config)")
         # measured step time, from what the source printed
         meg_flops = flops.megatron_model_flops(gb, s, l, h, heads=a, kv_heads=kv, ffn_hidden=f,
                                                vocab=V, gated=gated)

@@ -1,8 +1,10 @@
 """Fidelity regression: the shipped constants keep the error measured by benchmarks/fidelity.py.
 
 The bars are the in-sample errors measured with the all-data fit on 2026-12-01
-(benchmarks/results/fidelity.md) plus a small margin; a change to the physics
-or the constants that makes the fit worse fails here.
+(benchmarks/results/fidelity.md) plus a small margin, NEMO2407's and NEMOLS's re-set on
+2026-12-02 (04:13) when NeMo's GPT-3 and Nemotron-4 340B runs took the bf16 gradient
+reduction their configs state (NEMO2407 3.8 -> 3.1 % mean, NEMOLS 4.7 -> 5.6 % max); a
+change to the physics or the constants that makes the fit worse fails here.
 """
 
 import sys
@@ -16,8 +18,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import fidelity as F  # noqa: E402
 
 #: source -> (mean APE bar [%], max APE bar [%]) of the shipped constants, in sample.
-BARS = {"NAR21": (5.7, 11.3), "KOR22": (4.9, 9.5), "MLM24": (4.5, 9.3), "NEMO2407": (4.3, 9.5),
-        "NEMOLS": (3.0, 5.2), "VTRAIN": (8.9, 32.1), "published_overall": (4.8, 11.3)}
+BARS = {"NAR21": (5.7, 11.3), "KOR22": (4.9, 9.5), "MLM24": (4.5, 9.3), "NEMO2407": (3.6, 9.3),
+        "NEMOLS": (3.0, 6.0), "VTRAIN": (8.9, 32.1), "published_overall": (4.8, 11.3)}
 #: Minimum Kendall tau over the 8 vTrain groups.
 TAU_BAR = 0.86
 

@@ -217,6 +217,40 @@ def test_model_state_buckets_and_untied_embeddings(engine):
 
 
 @pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_bf16_gradient_reduction_halves_the_gradients_on_the_wire_and_in_memory(engine):
+    """grad_reduce_in_bf16 [25]: BF16 and FP8 training then hold the FP16 layout (2 B of
+    gradients, the optimizer's FP32 copy of its shard: 2 + 2 + 16 / d B per parameter
+    with the distributed optimizer), and every gradient reduction moves half the bytes
+    (with nothing overlapped, the DP time at zero 0 and 1 is a reduction of the gradient
+    buffer, so it halves up to its per-step latency). FP16 training reduces FP16
+    gradients either way (4096 layouts, both engines)."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    small = catalog.workload("Llama3_8B_MC")
+    n = 4096
+    zero = np.array([0, 1, 0, 1] * (n // 4))
+    prec = np.array(["bf16", "fp8", "fp16", "fp16"] * (n // 4))
+    kw = dict(batch_size=64, seq_len=4096, tp_size=1, pp_size=1, dp_size=8, micro_batch_size=1,
+              zero_stage=zero, precision=prec, overlap_grad_reduce=False,
+              overlap_param_gather=False, engine=engine)
+    fp32 = M.solve(small, FL, **kw)
+    bf16 = M.solve(small, FL, grad_reduce_in_bf16=True, **kw)
+    shape = M._Shape(small)
+    params = shape.layers * shape.dense_layer_params + 2 * shape.embedding_params
+    state = lambda o: o["memory_weights"] + o["memory_gradients"] + o["memory_optimizer_state"]  # noqa: E731
+    np.testing.assert_allclose(state(fp32)[:2], [18 * params, (6 + 12 / 8) * params], rtol=1e-12)
+    np.testing.assert_allclose(state(bf16)[:2], [20 * params, (4 + 16 / 8) * params], rtol=1e-12)
+    np.testing.assert_allclose(bf16["memory_gradients"][:2], fp32["memory_gradients"][:2] / 2,
+                               rtol=1e-12)
+    for name in M.OUTPUTS:  # fp16: the knob changes nothing
+        np.testing.assert_array_equal(bf16[name][2::4], fp32[name][2::4], err_msg=name)
+        np.testing.assert_array_equal(bf16[name][3::4], fp32[name][3::4], err_msg=name)
+    dp32, dp16 = fp32["dp_communication_latency"][:2], bf16["dp_communication_latency"][:2]
+    assert (dp16 < dp32).all() and (dp16 > dp32 / 2).all()
+    assert (bf16["step_latency_total"][:2] < fp32["step_latency_total"][:2]).all()
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
 def test_zero2_reduces_gradients_every_microbatch(engine):
     """ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every microbatch
     ([24] of the model), where the distributed optimizer (zero 1) reduces once a step: with

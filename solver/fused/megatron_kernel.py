@@ -144,8 +144,8 @@ def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec):
 
 @kernel(cache=_CACHE)
 def _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                 mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, values,
-                 rows, b0, b1):
+                 mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
+                 values, rows, b0, b1):
     """Steps 1, 2 and 5-8 of configurations ``b0:b1``, steps 3-4 read from ``values[rows]``.
 
     A loop without the memo's probing, so LLVM vectorizes it (four configurations a
@@ -173,6 +173,7 @@ def _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a,
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco, prec,
             flash, ogr, opg, zero, f[13])
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
+        grad_bytes = 2.0 if gbf_a[i] else grad_bytes  # grad_reduce_in_bf16 [25]
         r = values[rows[i - b0]]
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total = \
             r[0], r[1], r[2], r[3], r[4], r[5], r[6]
@@ -230,7 +231,7 @@ def _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a,
 
 @kernel(cache=_CACHE)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
-            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, lo, hi, ext, mode, bounds, slot_k1,
+            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo, lo, hi, ext, mode, bounds, slot_k1,
             slot_k2, slot_row, values, rows):
     """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
 
@@ -341,8 +342,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 | _outside(mbs_a[i], bounds[16], bounds[17])
                 | _outside(zero_a[i], bounds[18], bounds[19]))
         _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                     mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, fo, bo, values,
-                     rows, np.uint64(b0), np.uint64(b1))
+                     mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
+                     values, rows, np.uint64(b0), np.uint64(b1))
     return not out_of_bounds
 
 
@@ -413,7 +414,7 @@ def constant_scalars(c):
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-        opg, flash, bounds=None):
+        opg, flash, gbf, bounds=None):
     """Price ``n`` configurations: the knobs as 1-D arrays of length ``n`` (int64 / bool).
 
     ``bounds``: 20 ints, the least and the largest value each of ``batch`` ... ``zero`` may
@@ -434,7 +435,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     fo = tuple(buffers.empty(n, np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)
     args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-            opg, flash, fo, bo)
+            opg, flash, gbf, fo, bo)
     _compile(args)
     if libm_is_numpy_log():
         ok = in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), 0, bounds,

@@ -114,6 +114,16 @@ References
     reduction is required after every backward because of gradient partitioning. Each
     rank retains only the accumulated gradients of its partition and discards the
     rest", so ZeRO-2 reduce-scatters once per microbatch, not once per step.
+[25] Megatron-LM ``megatron/training/arguments.py``: BF16 training accumulates and
+    reduces gradients in FP32 (``accumulate_allreduce_grads_in_fp32``) unless
+    ``--grad-reduce-in-bf16``; Megatron-Core ``DistributedDataParallelConfig.
+    grad_reduce_in_fp32`` sets the gradient buffer's dtype. NeMo maps its optimizer's
+    ``grad_sync_dtype`` onto it (``grad_reduce_in_fp32 = grad_sync_dtype == "fp32"``,
+    ``MegatronGPTModel.setup_mcore_distributed_parallel``); NeMo's performance configs
+    set ``grad_sync_dtype: bf16`` (NeMo-Framework-Launcher ``conf/training/gpt3/
+    *_fp8_performance.yaml``, ``nemotron/nemotron_340b.yaml``). The 16-bit buffer is
+    the FP16 layout of [7]'s table: 2 B of gradients, and the optimizer's FP32 copy of
+    its shard (4 + 16 / d bytes per parameter with the distributed optimizer).
 """
 
 from __future__ import annotations
@@ -214,6 +224,7 @@ KNOBS = {k.name: k for k in (
     _K("overlap_grad_reduce", "bool", True),
     _K("overlap_param_gather", "bool", True),
     _K("flash_attention", "bool", True),
+    _K("grad_reduce_in_bf16", "bool", False),
 )}
 #: The rules of ``realizable`` beyond whole microbatches, in words (messages name them).
 REALIZABLE_RULES = (
@@ -381,7 +392,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           cp_size=1, ep_size=1, dp_size=None, v_stages=1, micro_batch_size=1,
           sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
-          flash_attention=True, engine="auto", **constants):
+          flash_attention=True, grad_reduce_in_bf16=False, engine="auto", **constants):
     """Megatron-Core training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Every knob may be an array; all broadcast together (pass a grid as an
@@ -419,6 +430,13 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     flash_attention : bool
         Fused causal attention kernel (False: unfused softmax, as Megatron-LM
         ran before 2023).
+    grad_reduce_in_bf16 : bool
+        Gradients accumulated and reduced in BF16 (Megatron-LM's
+        ``--grad-reduce-in-bf16``, ``grad_reduce_in_fp32=False`` in Megatron-Core,
+        ``grad_sync_dtype: bf16`` in NeMo) [25]: 2 B per parameter in the buffer and
+        on the wire instead of FP32's 4, and the optimizer's FP32 copy of its shard.
+        False (default): FP32, Megatron-LM's default for BF16 and FP8 training. FP16
+        training reduces FP16 gradients either way.
     engine : {"auto", "numpy", "fused"}
         ``"numpy"``: the broadcast numpy path (any shapes). ``"fused"``: the
         numba kernel of :mod:`solver.fused.megatron_kernel` (bitwise the same
@@ -448,7 +466,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
                   recompute=recompute, zero_stage=zero_stage, precision=precision,
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
-                  overlap_param_gather=overlap_param_gather, flash_attention=flash_attention)
+                  overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
+                  grad_reduce_in_bf16=grad_reduce_in_bf16)
     if dp_size is not None:
         values["dp_size"] = dp_size
     unchecked = []  # range checks left to the fused kernel, or made before the numpy path
@@ -606,7 +625,7 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
                         a["v_stages"], a["micro_batch_size"], a["sequence_parallel"],
                         a["recompute"], a["zero_stage"], a["precision"], a["tp_comm_overlap"],
                         a["overlap_grad_reduce"], a["overlap_param_gather"],
-                        a["flash_attention"], _KERNEL_BOUNDS)
+                        a["flash_attention"], a["grad_reduce_in_bf16"], _KERNEL_BOUNDS)
     if not ok:
         _check_deferred(k, memo)  # raises, naming the knob and the value
         raise AssertionError("the fused kernel refused an integer knob value the checks accept")
@@ -619,7 +638,7 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
 def _solve(w: _Shape, fleet: Fleet, k, c, shape):
     """The steps in order (:mod:`.megatron_steps`, :mod:`.megatron_compose`), like ModelChain.run_model."""
     sp = steps.split(w, fleet, k)
-    hw = steps.hardware(fleet, c, sp.prec)
+    hw = steps.hardware(fleet, c, sp.prec, k["grad_reduce_in_bf16"])
     ly = steps.layer_times(w, k, c, sp, hw)
     cm = steps.communication(w, k, c, sp, hw, ly)
     pl = steps.pipeline(w, c, sp, hw, ly, cm)

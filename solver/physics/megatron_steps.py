@@ -199,8 +199,9 @@ class Hardware:
         return np.where(inside, self.up_bw, self.out_bw), np.where(inside, self.up_lat, self.out_lat)
 
 
-def hardware(fleet, c, prec) -> Hardware:
-    """Peaks and GEMM plateaus per precision code ``prec``; HBM and network rates."""
+def hardware(fleet, c, prec, grad_bf16=False) -> Hardware:
+    """Peaks and GEMM plateaus per precision code ``prec``; HBM and network rates.
+    ``grad_bf16``: the ``grad_reduce_in_bf16`` knob (16-bit gradients, as FP16 has)."""
     node, fabric = fleet.node, fleet.fabric
     acc = node.accelerator
     gemm_key = np.array(PRECISIONS)
@@ -213,7 +214,8 @@ def hardware(fleet, c, prec) -> Hardware:
         * c["gemm_scale"]
     return Hardware(
         peak_gemm=peak_gemm, peak16=peak16, plateau=plateau, plateau16=plateau16,
-        grad_bytes=np.where(prec == PRECISIONS.index("fp16"), 2.0, 4.0),  # FP32 reduce for BF16 [7]
+        # FP32 reduce for BF16 and FP8 [7], unless grad_reduce_in_bf16 [25]; FP16's are FP16
+        grad_bytes=np.where((prec == PRECISIONS.index("fp16")) | np.asarray(grad_bf16), 2.0, 4.0),
         hbm=acc.memory_bandwidth, shift=c["gemm_size_shift"], k_overhead=c["gemm_k_overhead"],
         flash_eff=acc.gemm_efficiency.get("flash_attention", DEFAULT_FLASH_ATTENTION_EFFICIENCY),
         domain=node.scale_up_domain or node.accelerators_per_node,
