@@ -20,6 +20,12 @@ References
 [3] Rajbhandari, S. et al. (2020), "ZeRO", SC (stages 1-3).
 [4] Megatron-LM, ``megatron/core/pipeline_parallel/schedules.py``: warm-up
     microbatches p - r - 1 (1F1B) and 2 (p - r - 1) + (v - 1) p (interleaved).
+[5] Megatron-Core ``optimizer/distrib_optimizer.py`` and ``optimizer/optimizer.py``
+    (``_copy_model_grads_to_main_grads``): the optimizer step makes the FP32 copy of
+    16-bit gradients (``shard_main_param.grad = shard_model_grad.float()``, a new
+    tensor; for FP32 main gradients ``.float()`` is the same one), and ``zero_grad``
+    (``set_to_none``), called by ``train_step`` before the next forward, drops it: it
+    lives after the backward has freed the activations, never beside them.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ __all__ = [
     "MAIN_GRAD_BYTES",
     "ADAM_STATE_BYTES",
     "model_state",
+    "gradient_copy",
     "layer_activation_bytes",
     "in_flight_layers",
     "logits_bytes",
@@ -77,6 +84,17 @@ def model_state(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYT
     optimizer = (ADAM_STATE_BYTES + np.where(g < MAIN_GRAD_BYTES, MAIN_GRAD_BYTES, 0.0)) * p \
         / np.where(z >= 1, d, 1.0)
     return weights, gradients, optimizer
+
+
+def gradient_copy(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYTES):
+    """The optimizer step's FP32 copy of 16-bit gradients [B]: the 4 of FP16's
+    ``4 + 16 / d`` bytes per parameter [2], part of :func:`model_state`'s optimizer state.
+    It exists only in the step, once the activations are freed [5], so the footprint
+    counts the larger of the two (0 for FP32 main gradients, which are their own copy).
+    """
+    g = np.asarray(grad_bytes, dtype=np.float64)
+    return np.where(g < MAIN_GRAD_BYTES, MAIN_GRAD_BYTES, 0.0) * np.asarray(parameters, dtype=np.float64) \
+        / np.where(np.asarray(zero_stage) >= 1, np.asarray(shard_group, dtype=np.float64), 1.0)
 
 
 def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn_hidden, gated,

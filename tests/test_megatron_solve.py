@@ -223,7 +223,8 @@ def test_bf16_gradient_reduction_halves_the_gradients_on_the_wire_and_in_memory(
     with the distributed optimizer), and every gradient reduction moves half the bytes
     (with nothing overlapped, the DP time at zero 0 and 1 is a reduction of the gradient
     buffer, so it halves up to its per-step latency). FP16 training reduces FP16
-    gradients either way (4096 layouts, both engines)."""
+    gradients either way (4096 layouts, both engines). The FP32 copy is never held with
+    the activations."""
     if engine == "fused":
         pytest.importorskip("numba")
     small = catalog.workload("Llama3_8B_MC")
@@ -245,6 +246,21 @@ def test_bf16_gradient_reduction_halves_the_gradients_on_the_wire_and_in_memory(
     for name in M.OUTPUTS:  # fp16: the knob changes nothing
         np.testing.assert_array_equal(bf16[name][2::4], fp32[name][2::4], err_msg=name)
         np.testing.assert_array_equal(bf16[name][3::4], fp32[name][3::4], err_msg=name)
+    # the optimizer's FP32 copy of 16-bit gradients (4 / d of those bytes) lives only in
+    # the step, when the activations are freed ([5] of megatron_memory): the footprint
+    # counts the larger. At zero 0 the copy (32 GB) outweighs the activations (21 GB), at
+    # zero 1 (4 GB at d = 8) the activations do; FP32 gradients are their own copy.
+    parts = sum(bf16[k] for k in ("memory_weights", "memory_gradients", "memory_optimizer_state",
+                                  "memory_activations", "memory_communication_buffers"))
+    held = bf16["memory_activations"] + bf16["memory_communication_buffers"]
+    copy = 4.0 * params / np.array([1.0, 8.0])
+    assert copy[0] > held[0] and copy[1] < held[1]
+    np.testing.assert_allclose(bf16["memory_footprint"][:2], parts[:2] - np.minimum(copy, held[:2]),
+                               rtol=1e-12)
+    np.testing.assert_allclose(bf16["memory_footprint"][0], state(bf16)[0], rtol=1e-12)
+    np.testing.assert_allclose(fp32["memory_footprint"][:2], sum(
+        fp32[k][:2] for k in ("memory_weights", "memory_gradients", "memory_optimizer_state",
+                              "memory_activations", "memory_communication_buffers")), rtol=1e-12)
     dp32, dp16 = fp32["dp_communication_latency"][:2], bf16["dp_communication_latency"][:2]
     assert (dp16 < dp32).all() and (dp16 > dp32 / 2).all()
     assert (bf16["step_latency_total"][:2] < fp32["step_latency_total"][:2]).all()

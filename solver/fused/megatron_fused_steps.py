@@ -306,11 +306,12 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
 
 @njit(**_PRIM)
 def _model_state(p, group, zero, grad_bytes):
-    """megatron_memory.model_state."""
+    """megatron_memory.model_state and gradient_copy."""
     weights = _WB * p / (group if zero >= 3 else 1.0)
     grads = grad_bytes * p / (group if zero >= 2 else 1.0)
     optim = (_ASB + (_MGB if grad_bytes < _MGB else 0.0)) * p / (group if zero >= 1 else 1.0)
-    return weights, grads, optim
+    copy = (_MGB if grad_bytes < _MGB else 0.0) * p / (group if zero >= 1 else 1.0)
+    return weights, grads, optim, copy
 
 
 @njit(**_PRIM)
@@ -335,11 +336,11 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
     """megatron_compose.memory."""
     h, heads, moe, top_k, moe_share, vocab, emb = w[1], w[2], w[6], w[9], w[12], w[13], w[16]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
-    weights, grads, optim = _model_state(dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0),
-                                         group, zero, grad_bytes)
+    weights, grads, optim, copy = _model_state(
+        dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0), group, zero, grad_bytes)
     if moe != 0.0:
-        we, ge, oe = _model_state(expert_stage_params, expert_group, zero, grad_bytes)
-        weights, grads, optim = weights + we, grads + ge, optim + oe
+        we, ge, oe, ce = _model_state(expert_stage_params, expert_group, zero, grad_bytes)
+        weights, grads, optim, copy = weights + we, grads + ge, optim + oe, copy + ce
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash)
     if moe != 0.0:
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash)
@@ -354,7 +355,7 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
     bucket = grad_bytes * _max(4e7, 1e6 * group) if zero >= 2 else 0.0
     buffers = (bucket + 2.0 * act_bytes / tp * (1.0 if pp > 1.0 else 0.0)
                + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
-    footprint = weights + grads + optim + activations + buffers
+    footprint = weights + grads + optim + activations + buffers - _min(copy, activations + buffers)
     return weights, grads, optim, activations, buffers, footprint
 
 

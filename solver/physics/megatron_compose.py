@@ -126,13 +126,16 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     tp, pp, zero, group, mbs = sp.tp, sp.pp, sp.zero, sp.group, sp.mbs
     s_local, h, moe_share, layers_stage = ly.s_local, ly.h, ly.moe_share, pl.layers_stage
     flash = k["flash_attention"]
-    weights, grads, optim = mem.model_state(dpr.dense_stage_params + w.embedding_params / tp * (pp > 1),
-                                            shard_group=group, zero_stage=zero,
+    dense = dpr.dense_stage_params + w.embedding_params / tp * (pp > 1)
+    weights, grads, optim = mem.model_state(dense, shard_group=group, zero_stage=zero,
                                             grad_bytes=hw.grad_bytes)
+    copy = mem.gradient_copy(dense, shard_group=group, zero_stage=zero, grad_bytes=hw.grad_bytes)
     if w.moe:
         we, ge, oe = mem.model_state(dpr.expert_stage_params, shard_group=dpr.expert_group,
                                      zero_stage=zero, grad_bytes=hw.grad_bytes)
         weights, grads, optim = weights + we, grads + ge, optim + oe
+        copy = copy + mem.gradient_copy(dpr.expert_stage_params, shard_group=dpr.expert_group,
+                                        zero_stage=zero, grad_bytes=hw.grad_bytes)
     act_dense = mem.layer_activation_bytes(
         mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
         tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash)
@@ -151,7 +154,9 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     bucket = np.where(zero >= 2, hw.grad_bytes * np.maximum(4e7, 1e6 * group), 0.0)
     buffers = (bucket + 2.0 * ly.act_bytes / tp * (pp > 1)
                + (zero == 3) * 2.0 * mem.WEIGHT_BYTES * (dpr.params_bytes / mem.WEIGHT_BYTES / layers_stage))
-    footprint = weights + grads + optim + activations + buffers
+    # the optimizer's FP32 copy of 16-bit gradients (in optim) and the activations and
+    # buffers are never held at once (megatron_memory [5]): the larger of them counts
+    footprint = weights + grads + optim + activations + buffers - np.minimum(copy, activations + buffers)
     return Memory(weights=weights, grads=grads, optim=optim, activations=activations,
                   buffers=buffers, footprint=footprint)
 
