@@ -141,6 +141,11 @@ def _vtrain_node():
 #: ``conf/training/nemotron/nemotron_340b.yaml``. The configs of Llama 2 / 3 and
 #: Nemotron 8B / 22B state no ``grad_sync_dtype``, so FP32 (the default).
 NEMO_BF16_GRADIENTS = ("GPT3-5B", "GPT3-20B", "GPT3-175B", "Nemotron-340B")
+#: NEMO2407 models whose NeMo launcher config states the recompute: the GPT-3
+#: ``*_fp8_performance.yaml`` set ``activations_checkpoint_granularity: selective``,
+#: ``nemotron_340b.yaml`` sets it null (none). The others keep the choice rule.
+NEMO_RECOMPUTE = {"GPT3-5B": "selective", "GPT3-20B": "selective", "GPT3-175B": "selective",
+                  "Nemotron-340B": "none"}
 
 
 def load_runs():
@@ -203,6 +208,9 @@ def load_runs():
             recompute = "full"; notes.append("recompute=full (Table 1's configuration)")
         elif not rec and src == "MLM24":
             notes.append("recompute=none (not among the flags MLM24 lists)")
+        elif not rec and src == "NEMO2407" and r["model"] in NEMO_RECOMPUTE:
+            recompute = NEMO_RECOMPUTE[r["model"]]
+            notes.append(f"recompute={recompute} (the model's NeMo launcher config)")
         elif not rec and "ZeRO-3" not in r["zero_dist_opt"]:
             choices["recompute"] = ["none", "selective"]
             notes.append("recompute in ['none', 'selective'] by the choice rule")

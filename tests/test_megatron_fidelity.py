@@ -3,7 +3,8 @@
 The bars are the in-sample errors measured with the all-data fit on 2026-12-01
 (benchmarks/results/fidelity.md) plus a small margin, NEMO2407's and NEMOLS's re-set on
 2026-12-02 (04:13) when NeMo's GPT-3 and Nemotron-4 340B runs took the bf16 gradient
-reduction their configs state (NEMO2407 3.8 -> 3.1 % mean, NEMOLS 4.7 -> 5.6 % max); a
+reduction their configs state (NEMO2407 3.8 -> 3.1 % mean, NEMOLS 4.7 -> 5.6 % max; at
+05:18, with the configs' recompute too, 2.7 % and 5.1 %); a
 change to the physics or the constants that makes the fit worse fails here.
 """
 
