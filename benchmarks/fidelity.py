@@ -135,17 +135,18 @@ def _vtrain_node():
                                name="8x A100 40GB (vTrain)")
 
 
-#: NEMO2407 models whose NeMo launcher config reduces gradients in BF16
-#: (``grad_sync_dtype: bf16``, so ``grad_reduce_in_bf16``, [25] of the model):
-#: NeMo-Framework-Launcher ``conf/training/gpt3/{5b,20b,175b}_fp8_performance.yaml`` and
-#: ``conf/training/nemotron/nemotron_340b.yaml``. The configs of Llama 2 / 3 and
-#: Nemotron 8B / 22B state no ``grad_sync_dtype``, so FP32 (the default).
-NEMO_BF16_GRADIENTS = ("GPT3-5B", "GPT3-20B", "GPT3-175B", "Nemotron-340B")
-#: NEMO2407 models whose NeMo launcher config states the recompute: the GPT-3
-#: ``*_fp8_performance.yaml`` set ``activations_checkpoint_granularity: selective``,
-#: ``nemotron_340b.yaml`` sets it null (none). The others keep the choice rule.
-NEMO_RECOMPUTE = {"GPT3-5B": "selective", "GPT3-20B": "selective", "GPT3-175B": "selective",
-                  "Nemotron-340B": "none"}
+#: What the NeMo launcher config of a NEMO2407 model states, where it states it
+#: (NeMo-Framework-Launcher ``conf/training/gpt3/{5b,20b,175b}_fp8_performance.yaml``,
+#: ``conf/training/nemotron/nemotron_340b.yaml``): ``grad_sync_dtype: bf16``, so
+#: ``grad_reduce_in_bf16`` ([25] of the model), and ``activations_checkpoint_granularity``
+#: (selective; null = none). The configs of Llama 2 / 3 and Nemotron 8B / 22B state
+#: neither: FP32 gradients (the default) and the choice rule's recompute.
+NEMO_CONFIGS = {
+    "GPT3-5B": {"grad_reduce_in_bf16": True, "recompute": "selective"},
+    "GPT3-20B": {"grad_reduce_in_bf16": True, "recompute": "selective"},
+    "GPT3-175B": {"grad_reduce_in_bf16": True, "recompute": "selective"},
+    "Nemotron-340B": {"grad_reduce_in_bf16": True, "recompute": "none"},
+}
 
 
 def load_runs():
@@ -208,8 +209,8 @@ def load_runs():
             recompute = "full"; notes.append("recompute=full (Table 1's configuration)")
         elif not rec and src == "MLM24":
             notes.append("recompute=none (not among the flags MLM24 lists)")
-        elif not rec and src == "NEMO2407" and r["model"] in NEMO_RECOMPUTE:
-            recompute = NEMO_RECOMPUTE[r["model"]]
+        elif not rec and src == "NEMO2407" and r["model"] in NEMO_CONFIGS:
+            recompute = NEMO_CONFIGS[r["model"]]["recompute"]
             notes.append(f"recompute={recompute} (the model's NeMo launcher config)")
         elif not rec and "ZeRO-3" not in r["zero_dist_opt"]:
             choices["recompute"] = ["none", "selective"]
@@ -226,7 +227,8 @@ def load_runs():
                      zero_stage=zero, precision=precision, tp_comm_overlap=modern and sp,
                      overlap_grad_reduce=modern or zero == 3, overlap_param_gather=modern or zero == 3,
                      flash_attention=modern,
-                     grad_reduce_in_bf16=src == "NEMO2407" and r["model"] in NEMO_BF16_GRADIENTS)
+                     grad_reduce_in_bf16=src == "NEMO2407" and NEMO_CONFIGS.get(
+                         r["model"], {}).get("grad_reduce_in_bf16", False))
         if knobs["grad_reduce_in_bf16"]:
             notes.append("gradients reduced in bf16 (the model's NeMo launcher config)")
         # measured step time, from what the source printed
