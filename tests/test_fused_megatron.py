@@ -291,13 +291,17 @@ def test_factorize_choices_matches_exactly_on_every_thread(monkeypatch):
         [1, 2] * 600)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("case", [1, 12, 27, 44])
-def test_numpy_log_mode_is_numpy_bitwise(case, monkeypatch):
+def test_numpy_log_mode_is_numpy_bitwise(case, threads, monkeypatch):
     """Where numpy's float64 log is not libm's (its AVX-512 code), the kernel takes the
-    GEMM curve's logs with np.log between its passes: the same bits there too."""
+    logs of only the step memo's misses with np.log between its passes, in each thread's
+    range: the same bits there too."""
     from solver.fused import megatron_kernel as fk
     monkeypatch.setattr(fk, "_LIBM_IS_NUMPY_LOG", False)
     monkeypatch.setattr(fk, "_NUMPY_LOG_CHUNK", 1000)  # several chunks, a ragged last one
+    monkeypatch.setattr(fused, "THREAD_MIN_POINTS", 700)  # 3 ranges of 833: not chunk-aligned
+    monkeypatch.setenv(fused.THREADS_ENV, str(threads))
     wl_name, fl_name = CASES[case]
     wl, fl = catalog.workload(wl_name), catalog.fleet(fl_name)
     knobs = _draw(np.random.default_rng(case), 2500, dp_given=bool(case % 2))

@@ -253,39 +253,62 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
     (the key table), ``values`` and ``rows`` are scratch of each call (:func:`_memo_scratch`):
     arguments, not allocations, so LLVM knows they overlap no output.
 
-    ``mode`` 0: the logs from libm; 1: only the GEMMs' ideal durations, into ``ext`` (rows
-    G_*, columns ``i - lo``); 2: the steps, their logs read from ``ext`` (where numpy's
-    log is not libm's, :func:`run` takes them with ``np.log`` between modes 1 and 2).
+    ``mode`` 0: the logs from libm. Where numpy's log is not libm's, :func:`run` takes
+    them with ``np.log`` between a mode 1 and a mode 2 call on the same range: mode 1
+    walks the memo as mode 2 will and writes only the misses' GEMM ideal durations into
+    ``ext`` (rows G_*, columns 0, 1, ... in mode 2's order), returning how many; mode 2
+    prices the steps, reading a miss's logs from the next column. Misses are few (864
+    distinct keys in a million of ``bench_fused``'s draws), so the logs cost little.
 
     The first pass also makes the range checks of the integer knobs (``bounds``: the
     least and the largest value of each, in the order of the ten integer knob arrays
     of the signature, ``batch_a`` ... ``zero_a``), so their arrays are read once, not once
-    more before the call. Returns whether every value lay within them (mode 1 checks
-    nothing: mode 2 follows it on the same range).
+    more before the call. Modes 0 and 2 return 1 if every value lay within them, else 0
+    (mode 1 checks nothing: mode 2 follows it on the same range).
     """
-    if mode == 1:
+    if mode == 1:  # the memo's misses, in mode 2's order: their GEMMs' ideal durations
+        slot_k1[:] = _NO_SLOT
+        kept = 0
+        col = 0
         for i in range(lo, hi):
-            j = i - lo
-            s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
-            mbs, flash, prec = float(mbs_a[i]), flash_a[i], prec_a[i]
-            peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
-            (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
-             f_router, f_head) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
-            ext[G_QKV, j] = _ideal(f_qkv, 1.0, peak_gemm)
-            ext[G_PROJ, j] = _ideal(f_proj, 1.0, peak_gemm)
-            ext[G_CORE, j] = _ideal(f_core, calls_core, peak16)
-            ext[G_FC1, j] = _ideal(f_fc1, 1.0, peak_gemm)
-            ext[G_FC2, j] = _ideal(f_fc2, 1.0, peak_gemm)
-            ext[G_MOE1, j] = _ideal(f_moe1, calls_moe, peak_gemm)
-            ext[G_MOE2, j] = _ideal(f_moe2, calls_moe, peak_gemm)
-            ext[G_SH1, j] = _ideal(f_sh1, 1.0, peak_gemm)
-            ext[G_SH2, j] = _ideal(f_sh2, 1.0, peak_gemm)
-            ext[G_ROUTER, j] = _ideal(f_router, 1.0, peak_gemm)
-            ext[G_HEAD, j] = _ideal(f_head, 1.0, peak16)
-        return True
+            tp = float(tp_a[i])
+            sp = spk_a[i] and tp > 1.0  # as _split has it
+            fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc_a[i],
+                                     flash_a[i], prec_a[i], tco_a[i])
+            row = -1
+            slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
+            if fits:
+                while slot_k1[slot] != _NO_SLOT:
+                    if slot_k1[slot] == k1 and slot_k2[slot] == k2:
+                        row = slot_row[slot]
+                        break
+                    slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
+            if row < 0:
+                s, cp, ep, mbs = float(s_a[i]), float(cp_a[i]), float(ep_a[i]), float(mbs_a[i])
+                flash, prec = flash_a[i], prec_a[i]
+                peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
+                (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1,
+                 f_sh2, f_router, f_head) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
+                ext[G_QKV, col] = _ideal(f_qkv, 1.0, peak_gemm)
+                ext[G_PROJ, col] = _ideal(f_proj, 1.0, peak_gemm)
+                ext[G_CORE, col] = _ideal(f_core, calls_core, peak16)
+                ext[G_FC1, col] = _ideal(f_fc1, 1.0, peak_gemm)
+                ext[G_FC2, col] = _ideal(f_fc2, 1.0, peak_gemm)
+                ext[G_MOE1, col] = _ideal(f_moe1, calls_moe, peak_gemm)
+                ext[G_MOE2, col] = _ideal(f_moe2, calls_moe, peak_gemm)
+                ext[G_SH1, col] = _ideal(f_sh1, 1.0, peak_gemm)
+                ext[G_SH2, col] = _ideal(f_sh2, 1.0, peak_gemm)
+                ext[G_ROUTER, col] = _ideal(f_router, 1.0, peak_gemm)
+                ext[G_HEAD, col] = _ideal(f_head, 1.0, peak16)
+                col += 1
+                if fits and kept < MEMO_KEYS:
+                    slot_k1[slot], slot_k2[slot], slot_row[slot] = k1, k2, kept
+                    kept += 1
+        return col
     # the step memo: open addressing (linear probing) on the two key words -> a row of values
     slot_k1[:] = _NO_SLOT
     kept = 0
+    col = 0
     up_bw, out_bw = f[7] * c[7], f[8] * c[8]  # as _communication computes them
     out_of_bounds = False
     for b0 in range(lo, hi, BLOCK):
@@ -310,10 +333,11 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
                 if mode == 0:
                     lgs = _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec)
-                else:
-                    j = i - lo
-                    lgs = (ext[0, j], ext[1, j], ext[2, j], ext[3, j], ext[4, j], ext[5, j],
-                           ext[6, j], ext[7, j], ext[8, j], ext[9, j], ext[10, j])
+                else:  # mode 1 wrote this miss's logs into column ``col``
+                    lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
+                           ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
+                           ext[10, col])
+                    col += 1
                 s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
                     _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
                                  plateau16, lgs)
@@ -344,7 +368,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
         _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
                      mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
                      values, rows, np.uint64(b0), np.uint64(b1))
-    return not out_of_bounds
+    return 0 if out_of_bounds else 1
 
 
 @njit(**_INLINE_STEP)
@@ -442,18 +466,24 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
                                               *_memo_scratch()), n)
         return fo, bo, all(ok)
     # numpy's float64 log is its own SIMD code here (AVX-512): take the logs with it, in
-    # chunks, between the kernel's mode 1 and mode 2 calls, so they are the numpy path's.
+    # chunks, between the kernel's mode 1 and mode 2 calls, so they are the numpy path's;
+    # in threads as mode 0 (np.log releases the GIL), each range with its own scratch.
     rows = [g for g in range(N_GEMMS)
             if not ((G_MOE1 <= g <= G_ROUTER and not w[6]) or (g in (G_SH1, G_SH2) and not w[11]))]
-    ext = np.empty((N_GEMMS, min(n, _NUMPY_LOG_CHUNK)))
-    ok = True
-    for lo in range(0, n, _NUMPY_LOG_CHUNK):
-        hi = min(lo + _NUMPY_LOG_CHUNK, n)
-        _kernel(*args, lo, hi, ext, 1, bounds, *_memo_scratch())
-        for g in rows:
-            np.log(ext[g, :hi - lo], out=ext[g, :hi - lo])
-        ok = _kernel(*args, lo, hi, ext, 2, bounds, *_memo_scratch()) and ok
-    return fo, bo, ok
+
+    def priced(lo, hi):
+        ext = np.empty((N_GEMMS, min(hi - lo, _NUMPY_LOG_CHUNK)))
+        memo = _memo_scratch()
+        ok = True
+        for b in range(lo, hi, _NUMPY_LOG_CHUNK):
+            e = min(b + _NUMPY_LOG_CHUNK, hi)
+            misses = _kernel(*args, b, e, ext, 1, bounds, *memo)
+            for g in rows:
+                np.log(ext[g, :misses], out=ext[g, :misses])
+            ok = _kernel(*args, b, e, ext, 2, bounds, *memo) and ok
+        return ok
+
+    return fo, bo, all(in_ranges(priced, n))
 
 
 _NUMPY_LOG_CHUNK = 1 << 16
