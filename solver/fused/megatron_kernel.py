@@ -701,7 +701,7 @@ def factorize_choices(array, choices):
         return None
     width = array.dtype.itemsize // 4
     chars = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape[0], width)
-    codes = np.empty(array.shape[0], dtype=np.int64)
+    codes = buffers.empty(array.shape[0], np.int64)  # faulted in already (see _flat)
     if width <= _PACKED_WIDTH and all(ch.isascii() for ch in choices):
         keys = tuple(np.uint64(sum(ord(ch) << (7 * j) for j, ch in enumerate(choice))
                                if len(choice) <= width else int(_NO_KEY)) for choice in choices)
