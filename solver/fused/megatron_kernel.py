@@ -272,6 +272,33 @@ def _priced_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a
                      fo, bo, values, rows, b0, b1)
 
 
+@njit(**_INLINE_STEP)
+def _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, lgs, r):
+    """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), into the row ``r``."""
+    peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
+    s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
+        _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
+                     plateau16, lgs)
+    (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
+     ep_layer_f, ep_layer_b) = _communication(
+        w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b)
+    t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
+    r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
+        s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total
+    r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
+        cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
+
+
+@njit(**_INLINE_STEP)
+def _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, zero_a):
+    """Whether configuration ``i``'s integer knobs leave ``bounds`` (see :func:`_kernel`)."""
+    return (_outside(batch_a[i], bounds[0], bounds[1]) | _outside(s_a[i], bounds[2], bounds[3])
+            | _outside(tp_a[i], bounds[4], bounds[5]) | _outside(pp_a[i], bounds[6], bounds[7])
+            | _outside(cp_a[i], bounds[8], bounds[9]) | _outside(ep_a[i], bounds[10], bounds[11])
+            | _outside(dp_a[i], bounds[12], bounds[13]) | _outside(v_a[i], bounds[14], bounds[15])
+            | _outside(mbs_a[i], bounds[16], bounds[17]) | _outside(zero_a[i], bounds[18], bounds[19]))
+
+
 @kernel(cache=_CACHE)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
             zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo, lo, hi, ext, plan, mode, bounds,
@@ -356,13 +383,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 row = -1 - col
                 col += 1
             plan[0, i - lo] = row
-            out_of_bounds |= (
-                _outside(batch_a[i], bounds[0], bounds[1]) | _outside(s_a[i], bounds[2], bounds[3])
-                | _outside(tp_a[i], bounds[4], bounds[5]) | _outside(pp_a[i], bounds[6], bounds[7])
-                | _outside(cp_a[i], bounds[8], bounds[9]) | _outside(ep_a[i], bounds[10], bounds[11])
-                | _outside(dp_a[i], bounds[12], bounds[13]) | _outside(v_a[i], bounds[14], bounds[15])
-                | _outside(mbs_a[i], bounds[16], bounds[17])
-                | _outside(zero_a[i], bounds[18], bounds[19]))
+            out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+                                          mbs_a, zero_a)
         return 2 * col + (0 if out_of_bounds else 1)
     up_bw, out_bw = f[7] * c[7], f[8] * c[8]  # as _communication computes them
     if mode == 2:  # mode 1's plan: each configuration's row, and the misses to price
@@ -377,25 +399,13 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                     rc, prec = rc_a[i], prec_a[i]
                     tco, flash = tco_a[i], flash_a[i]
                     sp = spk_a[i] and tp > 1.0  # as _split has it
-                    peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
                            ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
                            ext[10, col])
-                    s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, \
-                        layer_b = _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm,
-                                               peak16, plateau, plateau16, lgs)
-                    (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f,
-                     cp_layer_b, ep_layer_f, ep_layer_b) = _communication(
-                        w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
-                        t_core_f, t_core_b)
-                    t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
                     row = plan[1, col]
                     row = MEMO_KEYS + (i - b0) if row < 0 else row
-                    r = values[row]
-                    r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
-                        s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total
-                    r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
-                        cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
+                    _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, lgs,
+                              values[row])
                 rows[i - b0] = row
             _priced_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
                           v_a, mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a,
@@ -424,38 +434,20 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                         break
                     slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
             if row < 0:  # 3, 4 and the LM head, computed (and kept)
-                peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
-                lgs = _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec)
-                s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
-                    _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
-                                 plateau16, lgs)
-                (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
-                 ep_layer_f, ep_layer_b) = _communication(
-                    w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f,
-                    t_core_b)
-                t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
                 if fits and kept < MEMO_KEYS:
                     slot_k1[slot], slot_k2[slot], slot_row[slot] = k1, k2, kept
                     row = kept
                     kept += 1
                 else:
                     row = MEMO_KEYS + (i - b0)
-                r = values[row]
-                r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
-                    s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total
-                r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
-                    cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
+                _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco,
+                          _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec), values[row])
             rows[i - b0] = row
-            out_of_bounds |= (
-                _outside(batch_a[i], bounds[0], bounds[1]) | _outside(s_a[i], bounds[2], bounds[3])
-                | _outside(tp_a[i], bounds[4], bounds[5]) | _outside(pp_a[i], bounds[6], bounds[7])
-                | _outside(cp_a[i], bounds[8], bounds[9]) | _outside(ep_a[i], bounds[10], bounds[11])
-                | _outside(dp_a[i], bounds[12], bounds[13]) | _outside(v_a[i], bounds[14], bounds[15])
-                | _outside(mbs_a[i], bounds[16], bounds[17])
-                | _outside(zero_a[i], bounds[18], bounds[19]))
+            out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+                                          mbs_a, zero_a)
         _priced_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
                       mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
-                     values, rows, np.uint64(b0), np.uint64(b1))
+                      values, rows, np.uint64(b0), np.uint64(b1))
     return 0 if out_of_bounds else 1
 
 
