@@ -101,8 +101,8 @@ def megatron_draw(n, seed=1):
 
 def megatron_normalization(mknobs, n):
     """What megatron.solve(engine="fused") does to the knobs before its kernel: checks the
-    bools, codes the names, spreads the scalars to arrays (the integer range checks are
-    the kernel's)."""
+    bools, spreads the scalars to arrays (the integer range checks and, for names of up
+    to 9 characters, the names' matching are the kernel's)."""
     values = {name: default for name, default in megatron.DEFAULTS.items() if name != "dp_size"}
     values.update(mknobs, seq_len=8192)
     k = megatron._normalize(values, fast=True, unchecked=[])
@@ -296,7 +296,7 @@ def main(argv=None):
         mg_norm_s, _ = best(lambda: megatron_normalization(mknobs, n), repeat + 2)
         res["megatron_flat"]["normalization_seconds"] = mg_norm_s
         print(f"  normalization: {mg_norm_s * 1e3:.2f} ms ({mg_norm_s / mg_fu_s:.1%} of the call; "
-              f"name codes, scalar knobs spread to arrays; the integer range checks run in the "
+              f"scalar knobs spread to arrays; the integer range checks and name matching run in the "
               f"kernel)")
         del mg_fu, mg_np
         # The two physics' fused kernels in adjacent calls, mlsysim then megatron, so that
@@ -434,8 +434,8 @@ def markdown(res):
                   "call (knob conversion and the precision names' view; range checks and name "
                   f"decoding run in the kernel); megatron {mg['normalization_seconds'] * 1e3:.2f} ms, "
                   f"{mg['normalization_seconds'] / mg['fused']['seconds']:.1%} of its fused call "
-                  "(bool checks, name codes, scalar knobs spread to arrays; the integer range "
-                  "checks run in the kernel). The numpy path's normalize (mlsysim): "
+                  "(bool checks, scalar knobs spread to arrays; the integer range checks and the "
+                  "names' matching run in the kernel). The numpy path's normalize (mlsysim): "
                   f"{norm['numpy_path_normalize'] * 1e3:.1f} ms."]
     lines += ["", "The reference is timed in a spawned interpreter of its own "
               "(`bench_solver.time_reference_isolated`), so neither side runs on a heap the "

@@ -291,6 +291,44 @@ def test_factorize_choices_matches_exactly_on_every_thread(monkeypatch):
         [1, 2] * 600)
 
 
+@pytest.mark.parametrize("numpy_log", [False, True])
+def test_names_matched_in_the_kernel_are_the_checking_converters(numpy_log, monkeypatch):
+    """Big arrays of names of up to 9 characters reach the kernel as characters, matched
+    exactly in its first pass (in each thread's range); a name that is not exactly a
+    choice fails the call, and the checking converter then takes it (case-folded) or
+    raises its message, wherever in the call it sits."""
+    from solver.fused import megatron_kernel as fk
+    monkeypatch.setattr(fused, "THREAD_MIN_POINTS", 1024)
+    monkeypatch.setenv(fused.THREADS_ENV, "3")
+    # the libm pass (numpy_log False) is bitwise where libm's log is numpy's, else to an ulp or two
+    exact = numpy_log or fk.libm_is_numpy_log()
+    monkeypatch.setattr(fk, "_LIBM_IS_NUMPY_LOG", not numpy_log)
+    wl, fl = catalog.workload("Mixtral_8x7B_MC"), catalog.fleet("GB200_NVL72_8_MC")
+    n = 5000
+    knobs = _draw(np.random.default_rng(8), n, dp_given=True)
+    assert knobs["recompute"].dtype == "<U9" and knobs["precision"].dtype == "<U4"
+    k = M._normalize(dict(knobs), fast=True, unchecked=(unchecked := []))
+    assert {"recompute", "precision"} <= set(unchecked) and k["recompute"] is knobs["recompute"]
+
+    def same(fast, ref):
+        if exact:
+            return _assert_same(fast, ref)
+        for name in M.OUTPUTS:
+            np.testing.assert_allclose(fast[name], ref[name], rtol=1e-14, err_msg=name)
+    for dense in (catalog.workload("Llama3_8B_MC"), wl):
+        same(M.solve(dense, fl, engine="fused", **knobs), M.solve(dense, fl, engine="numpy", **knobs))
+    at = np.arange(n)
+    folded = dict(knobs, recompute=np.where(at == n - 2, "Selective", knobs["recompute"]))
+    assert folded["recompute"].dtype == "<U9"
+    same(M.solve(wl, fl, engine="fused", **folded), M.solve(wl, fl, engine="numpy", **folded))
+    for name, odd, where in (("recompute", "sometimes", n - 1), ("recompute", "nine", 0),
+                             ("precision", "b\u00e616", n - 3), ("precision", "fp8 ", 2000)):
+        bad = dict(knobs, **{name: np.where(at == where, odd, knobs[name]).astype(knobs[name].dtype)})
+        assert bad[name][where] == odd
+        with pytest.raises(ValueError, match=f"{name} must be one of.*{odd!r}"):
+            M.solve(wl, fl, engine="fused", **bad)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("case", [1, 12, 27, 44])
 def test_numpy_log_mode_is_numpy_bitwise(case, threads, monkeypatch):

@@ -52,7 +52,8 @@ import math
 from pathlib import Path
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from ..physics import megatron_steps as _steps
 from . import buffers, in_ranges
@@ -102,6 +103,51 @@ _N_MEMO = 14
 BLOCK = 1024
 
 
+def choice_code(a, i, keys):  # pragma: no cover - the overload below replaces it inside numba
+    """The code of configuration ``i``'s name: ``a[i]`` of int64 codes, or the index in
+    ``keys`` of row ``i`` of name characters (:func:`name_characters`), -1 if none."""
+
+
+@overload(choice_code)
+def _choice_code_overload(a, i, keys):
+    if isinstance(a, types.Array) and a.ndim == 2:  # (n, width) uint32 characters
+        def decode(a, i, keys):
+            keys, width = keys  # width: a tuple as long as a row, so the loop unrolls
+            key = np.uint64(0)
+            high = np.uint32(0)
+            for j in range(len(width)):
+                ch = a[i, np.uint64(j)]
+                high |= ch
+                key |= np.uint64(ch) << np.uint64(7 * j)
+            code = -1
+            for t in range(len(keys)):
+                code = t if key == keys[t] else code
+            return -1 if high >= 128 else code
+        return decode
+    return lambda a, i, keys: a[i]
+
+
+def name_characters(array):
+    """A 1-D array of names as the kernel matches them, (n, width) uint32 characters; None
+    where it cannot (not unicode, or wider than :data:`_PACKED_WIDTH` characters)."""
+    if not (isinstance(array, np.ndarray) and array.dtype.kind == "U" and array.ndim == 1
+            and 0 < array.dtype.itemsize // 4 <= _PACKED_WIDTH):
+        return None
+    width = array.dtype.itemsize // 4
+    return np.ascontiguousarray(array).view(np.uint32).reshape(array.shape[0], width)
+
+
+def choice_keys(choices, names):
+    """The packed keys (7 bits a character) of ``choices`` for the characters ``names``
+    (no key matches a choice longer than their width, or one not ASCII), and a tuple of
+    their width (numba types a tuple by its length: each width compiles a loop of its own,
+    unrolled, as :func:`_match_packed`)."""
+    width = names.shape[1] if names.ndim == 2 else 0
+    return (tuple(np.uint64(sum(ord(ch) << (7 * j) for j, ch in enumerate(choice)))
+                  if len(choice) <= width and choice.isascii() else _NO_KEY for choice in choices),
+            (0,) * width)
+
+
 @njit(**_INLINE_STEP)
 def _memo_key(s, mbs, tp, cp, ep, sp, rc, flash, prec, tco):
     """Two words that pack the knobs steps 3-4 and the LM head depend on, exactly
@@ -144,7 +190,7 @@ def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec):
 
 @njit(**_INLINE_STEP)
 def _price_steps(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                 mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
                  values, rows, b0, b1):
     """Steps 1, 2 and 5-8 of configurations ``b0:b1``, steps 3-4 read from ``values[rows]``
     (the loop of :func:`_price_block` and :func:`_price_block_dense`, inlined into each).
@@ -168,7 +214,7 @@ def _price_steps(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a,
         batch, s = float(batch_a[i]), float(s_a[i])
         tp, pp, cp, ep = float(tp_a[i]), float(pp_a[i]), float(cp_a[i]), float(ep_a[i])
         v, mbs = float(v_a[i]), float(mbs_a[i])
-        rc, zero, prec = rc_a[i], zero_a[i], prec_a[i]
+        rc, zero, prec = rc_b[i - b0], zero_a[i], prec_b[i - b0]  # (the names' codes: by block)
         spk, tco, ogr, opg, flash = spk_a[i], tco_a[i], ogr_a[i], opg_a[i], flash_a[i]
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco, prec,
@@ -232,17 +278,17 @@ def _price_steps(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a,
 
 @kernel(cache=_CACHE)
 def _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                 mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
                  values, rows, b0, b1):
     """:func:`_price_steps` of any workload."""
     _price_steps(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                 mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
                  values, rows, b0, b1)
 
 
 @kernel(cache=_CACHE)
 def _price_block_dense(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
-                       v_a, mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a,
+                       v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a,
                        fo, bo, values, rows, b0, b1):
     """:func:`_price_steps` of a workload without experts (``w[6]``, the MoE flag, is 0.0).
 
@@ -253,22 +299,22 @@ def _price_block_dense(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a,
     Where the flag is 0.0 the two give the same bits.
     """
     _price_steps(w[:6] + (0.0,) + w[7:], f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a,
-                 cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a,
+                 cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
                  flash_a, gbf_a, fo, bo, values, rows, b0, b1)
 
 
 @njit(**_INLINE_STEP)
 def _priced_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                  mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
+                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
                   values, rows, b0, b1):
     """:func:`_price_block_dense` for a workload without experts, else :func:`_price_block`."""
     if w[6] == 0.0:
         _price_block_dense(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a,
-                           dp_a, v_a, mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a,
+                           dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
                            flash_a, gbf_a, fo, bo, values, rows, b0, b1)
     else:
         _price_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
-                     v_a, mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a,
+                     v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a,
                      fo, bo, values, rows, b0, b1)
 
 
@@ -302,7 +348,7 @@ def _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs
 @kernel(cache=_CACHE)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
             zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo, lo, hi, ext, plan, mode, bounds,
-            slot_k1, slot_k2, slot_row, values, rows):
+            slot_k1, slot_k2, slot_row, values, rows, rc_b, prec_b, rc_keys, prec_keys):
     """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
 
     Steps 3 (layer times) and 4 (communication)
@@ -318,17 +364,26 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
     own (``values`` has :data:`MEMO_KEYS` shared rows, then one per configuration of a block).
 
     Blocks of :data:`BLOCK` configurations take two passes: a scalar one finds (or
-    computes) each configuration's row of ``values`` into ``rows``, then
-    :func:`_price_block` prices the rest, vectorized. ``slot_k1``, ``slot_k2``, ``slot_row``
-    (the key table), ``values`` and ``rows`` are scratch of each call (:func:`_memo_scratch`):
+    computes) each configuration's row of ``values`` into ``rows`` and the codes of its
+    recompute and precision into ``rc_b`` and ``prec_b``, then :func:`_price_block` prices
+    the rest, vectorized. ``slot_k1``, ``slot_k2``, ``slot_row`` (the key table), ``values``,
+    ``rows``, ``rc_b`` and ``prec_b`` are scratch of each call (:func:`_memo_scratch`):
     arguments, not allocations, so LLVM knows they overlap no output.
+
+    ``rc_a`` and ``prec_a`` are int64 codes or the characters of the names
+    (:func:`name_characters`); the scalar pass matches names exactly against
+    ``rc_keys`` / ``prec_keys`` (:func:`choice_keys`), so a million names cost no pass of
+    their own, nor a code array written and read back (the megatron call, 2 threads, 1M
+    layouts, unsaved: 41.7 -> 34.6 ms). A name that is no choice gives the code -1 and
+    fails the range check.
 
     ``mode`` 0: the logs from libm. Where numpy's log is not libm's, :func:`run` takes
     them with ``np.log`` between a mode 1 and a mode 2 call on the same range. Mode 1
     makes the first pass: it walks the memo and writes only the misses' GEMM ideal
     durations into ``ext`` (rows G_*, columns 0, 1, ...), and a plan into ``plan``
     (``plan[0, i - lo]``: the configuration's row of ``values``, or ``-1 - column`` of
-    a miss; ``plan[1, column]``: the shared row a miss is kept in, -1 for none). Mode 2
+    a miss; ``plan[1, column]``: the shared row a miss is kept in, -1 for none;
+    ``plan[2]`` and ``plan[3]``: the names' codes). Mode 2
     follows the plan: it prices each miss from its logs, then the blocks. Misses are few
     (864 distinct keys in a million of ``bench_fused``'s draws), so the logs cost little,
     and mode 2 neither packs nor looks up a key again.
@@ -347,8 +402,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
         for i in range(lo, hi):
             tp = float(tp_a[i])
             sp = spk_a[i] and tp > 1.0  # as _split has it
-            fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc_a[i],
-                                     flash_a[i], prec_a[i], tco_a[i])
+            rc, prec = choice_code(rc_a, i, rc_keys), choice_code(prec_a, i, prec_keys)
+            fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc,
+                                     flash_a[i], prec, tco_a[i])
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
@@ -359,7 +415,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                     slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
             if row < 0:
                 s, cp, ep, mbs = float(s_a[i]), float(cp_a[i]), float(ep_a[i]), float(mbs_a[i])
-                flash, prec = flash_a[i], prec_a[i]
+                flash = flash_a[i]
                 peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
                 (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1,
                  f_sh2, f_router, f_head) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
@@ -383,8 +439,10 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 row = -1 - col
                 col += 1
             plan[0, i - lo] = row
+            plan[2, i - lo] = rc
+            plan[3, i - lo] = prec
             out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                                          mbs_a, zero_a)
+                                          mbs_a, zero_a) | (rc < 0) | (prec < 0)
         return 2 * col + (0 if out_of_bounds else 1)
     up_bw, out_bw = f[7] * c[7], f[8] * c[8]  # as _communication computes them
     if mode == 2:  # mode 1's plan: each configuration's row, and the misses to price
@@ -392,11 +450,12 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             b1 = min(b0 + BLOCK, hi)
             for i in range(b0, b1):
                 row = plan[0, i - lo]
+                rc, prec = plan[2, i - lo], plan[3, i - lo]
+                rc_b[i - b0], prec_b[i - b0] = rc, prec
                 if row < 0:  # 3, 4 and the LM head, computed (and kept where mode 1 kept the key)
                     col = -1 - row
                     s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
                     mbs = float(mbs_a[i])
-                    rc, prec = rc_a[i], prec_a[i]
                     tco, flash = tco_a[i], flash_a[i]
                     sp = spk_a[i] and tp > 1.0  # as _split has it
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
@@ -408,7 +467,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                               values[row])
                 rows[i - b0] = row
             _priced_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
-                          v_a, mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a,
+                          v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a,
                          fo, bo, values, rows, np.uint64(b0), np.uint64(b1))
         return 1
     # mode 0. The step memo: open addressing (linear probing) on the two key words -> a row
@@ -420,7 +479,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
         for i in range(b0, b1):
             s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
             mbs = float(mbs_a[i])
-            rc, prec = rc_a[i], prec_a[i]
+            rc, prec = choice_code(rc_a, i, rc_keys), choice_code(prec_a, i, prec_keys)
+            rc_b[i - b0], prec_b[i - b0] = rc, prec
             spk, tco, flash = spk_a[i], tco_a[i], flash_a[i]
             sp = spk and tp > 1.0  # as _split has it
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc, flash, prec,
@@ -444,9 +504,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                           _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec), values[row])
             rows[i - b0] = row
             out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                                          mbs_a, zero_a)
+                                          mbs_a, zero_a) | (rc < 0) | (prec < 0)
         _priced_block(w, f, c, has_dp, up_bw, out_bw, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                      mbs_a, spk_a, rc_a, zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
+                      mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, fo, bo,
                       values, rows, np.uint64(b0), np.uint64(b1))
     return 0 if out_of_bounds else 1
 
@@ -518,8 +578,12 @@ def constant_scalars(c):
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-        opg, flash, gbf, bounds=None):
+        opg, flash, gbf, bounds=None, choices=None):
     """Price ``n`` configurations: the knobs as 1-D arrays of length ``n`` (int64 / bool).
+
+    ``rc`` and ``prec`` are each int64 codes or the characters of their names
+    (:func:`name_characters`), matched exactly against ``choices`` (the recompute and the
+    precision names, in code order) in the kernel's first pass.
 
     ``bounds``: 20 ints, the least and the largest value each of ``batch`` ... ``zero`` may
     take (see :func:`_kernel`; None: any int64).
@@ -527,11 +591,13 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     Returns
     -------
     (tuple of len(FLOAT_OUTPUTS) float64 arrays, tuple of 3 bool arrays, bool): the
-    outputs, each of length n, and whether every integer knob lay within ``bounds``
-    (where one did not, the outputs are not to be used)
+    outputs, each of length n, and whether every integer knob lay within ``bounds`` and
+    every name was one of ``choices`` (where not, the outputs are not to be used)
     """
     if bounds is None:
         bounds = _ANY_INT64
+    keys = (choice_keys(choices[0], rc), choice_keys(choices[1], prec)) if choices else \
+        (choice_keys(("",), rc), choice_keys(("",), prec))
     # One array per output, not rows of one block: each is its own argument, which the
     # kernels' noalias flag declares overlaps no other (solver.fused._numba), and a caller
     # who keeps one output keeps only its memory. They come from buffers: arrays of an
@@ -540,10 +606,10 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)
     args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
             opg, flash, gbf, fo, bo)
-    _compile(args)
+    _compile(args, keys)
     if libm_is_numpy_log():
         ok = in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), _NO_PLAN, 0,
-                                              bounds, *_memo_scratch()), n)
+                                              bounds, *_memo_scratch(), *keys), n)
         return fo, bo, all(ok)
     # numpy's float64 log is its own SIMD code here (AVX-512): take the logs with it, in
     # chunks, between the kernel's mode 1 and mode 2 calls, so they are the numpy path's;
@@ -553,15 +619,15 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
 
     def priced(lo, hi):
         ext = np.empty((N_GEMMS, min(hi - lo, _NUMPY_LOG_CHUNK)))
-        plan = np.empty((2, ext.shape[1]), dtype=np.int64)
+        plan = np.empty((4, ext.shape[1]), dtype=np.int64)
         memo = _memo_scratch()
         ok = True
         for b in range(lo, hi, _NUMPY_LOG_CHUNK):
             e = min(b + _NUMPY_LOG_CHUNK, hi)
-            misses, in_bounds = divmod(_kernel(*args, b, e, ext, plan, 1, bounds, *memo), 2)
+            misses, in_bounds = divmod(_kernel(*args, b, e, ext, plan, 1, bounds, *memo, *keys), 2)
             for g in rows:
                 np.log(ext[g, :misses], out=ext[g, :misses])
-            _kernel(*args, b, e, ext, plan, 2, bounds, *memo)
+            _kernel(*args, b, e, ext, plan, 2, bounds, *memo, *keys)
             ok = ok and bool(in_bounds)
         return ok
 
@@ -569,7 +635,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
 
 
 _NUMPY_LOG_CHUNK = 1 << 16
-_NO_PLAN = np.empty((2, 1), dtype=np.int64)  # mode 0 reads no plan
+_NO_PLAN = np.empty((4, 1), dtype=np.int64)  # mode 0 reads no plan
 _ANY_INT64 = (np.iinfo(np.int64).min, np.iinfo(np.int64).max) * 10
 _LIBM_IS_NUMPY_LOG = None
 #: Lanes :func:`_price_block`'s loop is compiled with (four float64 in AVX2's 256 bits).
@@ -581,10 +647,11 @@ def _memo_scratch():
     """The step memo's scratch for one call of :func:`_kernel` (each thread's range its own)."""
     return (np.empty(MEMO_SLOTS, dtype=np.uint64), np.empty(MEMO_SLOTS, dtype=np.uint64),
             np.empty(MEMO_SLOTS, dtype=np.int64), np.empty((MEMO_KEYS + BLOCK, _N_MEMO)),
+            np.empty(BLOCK, dtype=np.int64), np.empty(BLOCK, dtype=np.int64),
             np.empty(BLOCK, dtype=np.int64))
 
 
-def _compile(args):
+def _compile(args, keys):
     """Compile :func:`_kernel` (or load it from numba's cache) before its first real call,
     with its block loop vectorized.
 
@@ -602,12 +669,15 @@ def _compile(args):
         w, f, c, has_dp = args[:4]
         knobs, (fo, bo) = args[4:-2], args[-2:]
         memo = _memo_scratch()
+        # the names' codes come by block (memo[5], memo[6]), from the kernel's first pass
+        block_knobs = knobs[:10] + knobs[11:12] + (memo[5], memo[6]) + knobs[13:]
         with forced_vector_width(VECTOR_WIDTH):  # this loop only: LLVM warns of each it cannot
             for block in (_price_block, _price_block_dense):
-                block(w, f, c, has_dp, 0.0, 0.0, *knobs, fo, bo, memo[3], memo[4], np.uint64(0),
-                      np.uint64(0))
-        _kernel(*args, 0, 0, np.empty((1, 1)), _NO_PLAN, 0, _ANY_INT64, *memo)  # calls _price_block above
+                block(w, f, c, has_dp, 0.0, 0.0, *block_knobs, fo, bo, memo[3], memo[4],
+                      np.uint64(0), np.uint64(0))
         _COMPILED = True
+    # (each type of the name arrays compiles a _kernel of its own, calling the same blocks)
+    _kernel(*args, 0, 0, np.empty((1, 1)), _NO_PLAN, 0, _ANY_INT64, *_memo_scratch(), *keys)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -292,6 +292,12 @@ def _codes(name, value):
     return table[codes]
 
 
+def _choice_codes(name, value, fk=None):
+    """:func:`_codes`, through the one-pass match of ``fk`` (the fused kernel's module) where given."""
+    codes = fk.factorize_choices(value, _CHOICES[name]) if fk is not None else None
+    return codes if codes is not None else _codes(name, value)
+
+
 def _normalize(values, fast=False, unchecked=None):
     """The knobs checked and converted (int64, bool, int64 codes of the choices).
 
@@ -299,8 +305,9 @@ def _normalize(values, fast=False, unchecked=None):
     pass in one numba pass each (:mod:`solver.fused.megatron_kernel`); anything else, and
     every error message, goes through the checking converters. ``unchecked``: a list
     that, where given, takes the names of big int64 arrays passed on with their range
-    checks left to the fused kernel (its first pass reads them anyway); whoever prices
-    them otherwise checks them first (:func:`_check_deferred`).
+    checks left to the fused kernel (its first pass reads them anyway), and of big 1-D
+    arrays of names of up to 9 characters passed on as names, for that pass to match;
+    whoever prices them otherwise checks and converts them first (:func:`_check_deferred`).
     """
     fk = None
     if fast:
@@ -312,9 +319,12 @@ def _normalize(values, fast=False, unchecked=None):
         knob = KNOBS[name]
         big = fk is not None and isinstance(value, np.ndarray) and value.ndim == 1 \
             and value.size >= FUSED_MIN_POINTS
-        if knob.kind == "choice":
-            codes = fk.factorize_choices(value, _CHOICES[name]) if big else None
-            out[name] = codes if codes is not None else _codes(name, value)
+        if knob.kind == "choice" and big and unchecked is not None \
+                and fk.name_characters(value) is not None:
+            out[name] = value  # matched exactly in the fused kernel's first pass
+            unchecked.append(name)
+        elif knob.kind == "choice":
+            out[name] = _choice_codes(name, value, fk if big else None)
         elif big and knob.kind == "int" and unchecked is not None and value.dtype == np.int64:
             out[name] = value
             unchecked.append(name)
@@ -558,10 +568,14 @@ def _price(w, fleet, k, constants, engine, memo):
 
 
 def _check_deferred(k, memo):
-    """The range checks :func:`_normalize` left to the fused kernel: made (ValueError naming
-    the knob and the value) and struck off."""
+    """The checks :func:`_normalize` left to the fused kernel: made (ValueError naming the
+    knob and the value), names turned into codes in ``k``, and struck off."""
+    from ..fused import megatron_kernel as fk
     for name in memo.get("unchecked", ()):
-        knobs_._CONVERT["int"](KNOBS[name], k[name])
+        if KNOBS[name].kind == "choice":
+            k[name] = _choice_codes(name, k[name], fk)
+        else:
+            knobs_._CONVERT["int"](KNOBS[name], k[name])
     memo["unchecked"] = []
 
 
@@ -601,6 +615,9 @@ def _flat(name, value, n):
     million int64 costs the page faults of 8 MB on every call."""
     dtype = _FUSED_DTYPES[KNOBS[name].kind]
     array = np.asarray(value)
+    if array.dtype.kind == "U":  # names the kernel matches (see _normalize)
+        from ..fused import megatron_kernel as fk
+        return fk.name_characters(array)
     if array.ndim == 1 and array.shape[0] == n:
         return np.ascontiguousarray(array, dtype=dtype)
     out = buffers.empty(n, dtype)
@@ -625,9 +642,14 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
                         a["v_stages"], a["micro_batch_size"], a["sequence_parallel"],
                         a["recompute"], a["zero_stage"], a["precision"], a["tp_comm_overlap"],
                         a["overlap_grad_reduce"], a["overlap_param_gather"],
-                        a["flash_attention"], a["grad_reduce_in_bf16"], _KERNEL_BOUNDS)
+                        a["flash_attention"], a["grad_reduce_in_bf16"], _KERNEL_BOUNDS,
+                        (_CHOICES["recompute"], _CHOICES["precision"]))
     if not ok:
+        names = [name for name in memo.get("unchecked", ()) if KNOBS[name].kind == "choice"]
         _check_deferred(k, memo)  # raises, naming the knob and the value
+        if names:  # names the exact match refused but the checking converter takes ("BF16")
+            memo.pop("n")
+            return _solve_fused(w, fleet, k, c, shape, memo)
         raise AssertionError("the fused kernel refused an integer knob value the checks accept")
     memo["unchecked"] = []
     rows = {name: fo[j].reshape(shape) for j, name in enumerate(fk.FLOAT_OUTPUTS)}
