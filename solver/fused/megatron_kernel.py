@@ -405,6 +405,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             rc, prec = choice_code(rc_a, i, rc_keys), choice_code(prec_a, i, prec_keys)
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc,
                                      flash_a[i], prec, tco_a[i])
+            # mode 0's probe, written out again: as a helper function the scalar pass ran
+            # about 2x slower (an earlier session's A/B, unsaved)
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
