@@ -580,7 +580,7 @@ def constant_scalars(c):
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-        opg, flash, gbf, bounds=None, choices=None):
+        opg, flash, gbf, bounds, choices):
     """Price ``n`` configurations: the knobs as 1-D arrays of length ``n`` (int64 / bool).
 
     ``rc`` and ``prec`` are each int64 codes or the characters of their names
@@ -588,7 +588,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     precision names, in code order) in the kernel's first pass.
 
     ``bounds``: 20 ints, the least and the largest value each of ``batch`` ... ``zero`` may
-    take (see :func:`_kernel`; None: any int64).
+    take (see :func:`_kernel`).
 
     Returns
     -------
@@ -596,10 +596,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     outputs, each of length n, and whether every integer knob lay within ``bounds`` and
     every name was one of ``choices`` (where not, the outputs are not to be used)
     """
-    if bounds is None:
-        bounds = _ANY_INT64
-    keys = (choice_keys(choices[0], rc), choice_keys(choices[1], prec)) if choices else \
-        (choice_keys(("",), rc), choice_keys(("",), prec))
+    keys = (choice_keys(choices[0], rc), choice_keys(choices[1], prec))
     # One array per output, not rows of one block: each is its own argument, which the
     # kernels' noalias flag declares overlaps no other (solver.fused._numba), and a caller
     # who keeps one output keeps only its memory. They come from buffers: arrays of an
@@ -724,16 +721,7 @@ def _match_packed(chars, keys, codes, lo, hi, width):
     """
     bad = 0
     for i in range(lo, hi):
-        key = np.uint64(0)
-        high = np.uint32(0)
-        for j in range(len(width)):
-            ch = chars[i, np.uint64(j)]  # unsigned: no wraparound select (see _price_block)
-            high |= ch
-            key |= np.uint64(ch) << np.uint64(7 * j)
-        code = -1
-        for t in range(len(keys)):
-            code = t if key == keys[t] else code
-        code = -1 if high >= 128 else code
+        code = choice_code(chars, i, (keys, width))
         codes[i] = code
         bad |= code < 0
     return bad == 0
@@ -767,9 +755,7 @@ def factorize_choices(array, choices):
     chars = np.ascontiguousarray(array).view(np.uint32).reshape(array.shape[0], width)
     codes = buffers.empty(array.shape[0], np.int64)  # faulted in already (see _flat)
     if width <= _PACKED_WIDTH and all(ch.isascii() for ch in choices):
-        keys = tuple(np.uint64(sum(ord(ch) << (7 * j) for j, ch in enumerate(choice))
-                               if len(choice) <= width else int(_NO_KEY)) for choice in choices)
-        shape = (0,) * width
+        keys, shape = choice_keys(choices, chars)
         matched = in_ranges(lambda lo, hi: _match_packed(chars, keys, codes, np.uint64(lo),
                                                          np.uint64(hi), shape), codes.size)
     else:
