@@ -228,7 +228,10 @@ def load_runs():
                      overlap_grad_reduce=modern or zero == 3, overlap_param_gather=modern or zero == 3,
                      flash_attention=modern,
                      grad_reduce_in_bf16=src == "NEMO2407" and NEMO_CONFIGS.get(
-                         r["model"], {}).get("grad_reduce_in_bf16", False))
+                         r["model"], {}).get("grad_reduce_in_bf16", False),
+                     # legacy Megatron-LM (NAR21, KOR22) split its p2p sends by TP by
+                     # default ([26] of the model; NAR21 Sec. 4.1)
+                     scatter_gather_tensors_in_pipeline=not modern)
         if knobs["grad_reduce_in_bf16"]:
             notes.append("gradients reduced in bf16 (the model's NeMo launcher config)")
         # measured step time, from what the source printed
@@ -266,7 +269,8 @@ def load_runs():
                      pp_size=g[:, 9].astype(int), dp_size=g[:, 8].astype(int), cp_size=1,
                      micro_batch_size=g[:, 2].astype(int), v_stages=1, sequence_parallel=False,
                      recompute="none", zero_stage=0, precision="fp16", tp_comm_overlap=False,
-                     overlap_grad_reduce=False, overlap_param_gather=False, flash_attention=False)
+                     overlap_grad_reduce=False, overlap_param_gather=False, flash_attention=False,
+                     scatter_gather_tensors_in_pipeline=True)  # legacy Megatron-LM's default
         runs.append(Run(f"VTRAIN-h{h}-l{l}", "VTRAIN", wl, "A100-40GB", knobs, g[:, 10] / 1e3,
                         "vocab 51200, fp16, no recompute, unfused attention, DDP assumed; A100 40GB", f"h{h}-l{l}"))
     return runs, skipped

@@ -53,6 +53,50 @@ def test_one_stage_has_no_bubble_no_p2p_and_zero0_no_gather():
     assert float(one["dp_communication_latency"]) == 0.0
 
 
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_pipeline_sends_split_by_tp_under_sp_or_scatter_gather(engine):
+    """p2p_split [26]: a pipeline send is 1/tp of the activations under sequence parallelism
+    or legacy Megatron-LM's scatter/gather, the whole tensor otherwise (Megatron-Core
+    without SP), on random layouts (seeded), both engines. The send time is affine in the
+    bytes over bandwidth, so its bandwidth part is read off two scale-up and scale-out
+    efficiencies (e, e/2) and must shrink by exactly tp; its p2p buffers likewise."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    rng = np.random.default_rng(26)
+    n = 2048
+    pick = lambda xs: rng.choice(xs, n)  # noqa: E731
+    kw = dict(batch_size=pick([64, 128, 256]), seq_len=pick([2048, 4096]),
+              tp_size=pick([1, 2, 4, 8]), pp_size=pick([1, 2, 4, 8]), dp_size=pick([1, 2, 4]),
+              v_stages=pick([1, 2]), micro_batch_size=pick([1, 2]),
+              sequence_parallel=rng.random(n) < 0.5, zero_stage=pick([0, 1]),
+              recompute=pick(["none", "selective", "full"]), engine=engine)
+    sg, plain = (M.solve(WL, FL, scatter_gather_tensors_in_pipeline=True, **kw),
+                 M.solve(WL, FL, scatter_gather_tensors_in_pipeline=False, **kw))
+    tp, pp, sp = kw["tp_size"], kw["pp_size"], kw["sequence_parallel"] & (kw["tp_size"] > 1)
+    same = sp | (tp == 1) | (pp == 1)
+    assert same.sum() > 100 and (~same & sg["valid"]).sum() > 100
+    for name in M.OUTPUTS:  # SP, one TP rank or one stage: the knob changes nothing
+        np.testing.assert_array_equal(sg[name][same], plain[name][same], err_msg=name)
+    split = ~same & sg["valid"]
+    t = tp[split]
+    # the p2p buffers (two sends; zero 0-1: no bucket, no FSDP gather buffer)
+    np.testing.assert_allclose(plain["memory_communication_buffers"][split],
+                               t * sg["memory_communication_buffers"][split], rtol=1e-12)
+    slow = dict(scale_up_efficiency=M.CONSTANTS["scale_up_efficiency"] / 2,
+                scale_out_efficiency=M.CONSTANTS["scale_out_efficiency"] / 2)
+    x = {}
+    for g in (True, False):
+        for label, extra in (("e", {}), ("e/2", slow)):
+            x[g, label] = M.solve(WL, FL, scatter_gather_tensors_in_pipeline=g, **kw,
+                                  **extra)["pp_communication_latency"][split]
+    bandwidth_part = {g: x[g, "e/2"] - x[g, "e"] for g in (True, False)}
+    assert np.all(bandwidth_part[False] > 0)
+    np.testing.assert_allclose(bandwidth_part[False], t * bandwidth_part[True], rtol=1e-9)
+    np.testing.assert_allclose(x[False, "e"] - bandwidth_part[False],  # the latencies stay
+                               x[True, "e"] - bandwidth_part[True], rtol=1e-9)
+    assert np.all(plain["step_latency_total"][split] > sg["step_latency_total"][split])
+
+
 def test_bubble_is_narayanan_eq1():
     for v in (1, 5):
         out = M.solve(WL, FL, **{**BASE, "v_stages": v})

@@ -205,6 +205,12 @@ def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, a
 # --------------------------------------------------------------- 5. pipeline
 
 @njit(**_INLINE)
+def _p2p_split(tp, sp, scatter_gather):
+    """megatron_steps.p2p_split: the TP split of a pipeline send."""
+    return tp if (sp or scatter_gather) else 1.0
+
+
+@njit(**_INLINE)
 def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
     """megatron_steps.pipeline's LM head time (forward and backward GEMMs, cross entropy)."""
     h, vocab = w[1], w[13]
@@ -218,8 +224,9 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
 
 @njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
-              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head):
-    """megatron_steps.pipeline (``t_head`` from :func:`_head`)."""
+              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, p2p_split):
+    """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``p2p_split``: the TP split
+    of a p2p send, :func:`_p2p_split`)."""
     layers = w[0]
     domain, up_lat, out_lat = f[6], f[9], f[10]
     layer_overhead, call_lat = c[6], c[11]
@@ -235,7 +242,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     t_pipe = m * stage_max + bubble
     inside = tp * cp * dp * 2.0 <= domain
     pp_bw, pp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
-    t_p2p = act_bytes / tp / pp_bw + pp_lat + call_lat
+    t_p2p = act_bytes / p2p_split / pp_bw + pp_lat + call_lat
     t_pp = 2.0 * t_p2p * ((pp * v - 1.0) + (m if v == 1.0 else 0.0)) if pp > 1.0 else 0.0
     return layers_stage, bubble, t_pipe, t_pp, window_f, window_b
 
@@ -332,7 +339,8 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
 
 @njit(**_INLINE)
 def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
-            layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes):
+            layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes,
+            p2p_split):
     """megatron_compose.memory."""
     h, heads, moe, top_k, moe_share, vocab, emb = w[1], w[2], w[6], w[9], w[12], w[13], w[16]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
@@ -353,7 +361,7 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
     logits = 4.0 * mbs * s_local * vocab / tp if pp == 1.0 else 0.0
     activations = act_layer * in_flight + logits
     bucket = grad_bytes * _max(4e7, 1e6 * group) if zero >= 2 else 0.0
-    buffers = (bucket + 2.0 * act_bytes / tp * (1.0 if pp > 1.0 else 0.0)
+    buffers = (bucket + 2.0 * act_bytes / p2p_split * (1.0 if pp > 1.0 else 0.0)
                + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
     footprint = weights + grads + optim + activations + buffers - _min(copy, activations + buffers)
     return weights, grads, optim, activations, buffers, footprint

@@ -23,7 +23,8 @@ named steps, like pvlib's ModelChain:
    and the host's time to launch its kernels [12].
 3. **pipeline**: heaviest stage (LM head on the last: its GEMMs in 16 bits and
    the FP32 cross-entropy at HBM bandwidth [11]), 1F1B / interleaved bubble
-   ``(p-1)/v`` stage-microbatches [1], p2p activation sends (divided by TP [1]).
+   ``(p-1)/v`` stage-microbatches [1], p2p activation sends (divided by TP under
+   sequence parallelism, or legacy Megatron-LM's scatter/gather [26]).
 4. **data parallel**: gradient all-reduce or reduce-scatter (distributed
    optimizer) in buckets overlapped with the last microbatch's backward,
    parameter all-gather overlapped with the first forward, FSDP per-microbatch
@@ -124,6 +125,12 @@ References
     *_fp8_performance.yaml``, ``nemotron/nemotron_340b.yaml``). The 16-bit buffer is
     the FP16 layout of [7]'s table: 2 B of gradients, and the optimizer's FP32 copy of
     its shard (4 + 16 / d bytes per parameter with the distributed optimizer).
+[26] Legacy Megatron-LM ``megatron/p2p_communication.py`` (``_communicate``): with
+    ``args.scatter_gather_tensors_in_pipeline`` (on by default; off with
+    ``--no-scatter-gather-tensors-in-pipeline``) a send is ``1/tp`` of the tensor and
+    the receiver all-gathers it over TP. Megatron-Core's ``pipeline_parallel/
+    schedules.get_tensor_shapes`` divides the sent sequence by TP only under
+    ``sequence_parallel``; every TP rank otherwise sends the whole tensor.
 """
 
 from __future__ import annotations
@@ -225,6 +232,7 @@ KNOBS = {k.name: k for k in (
     _K("overlap_param_gather", "bool", True),
     _K("flash_attention", "bool", True),
     _K("grad_reduce_in_bf16", "bool", False),
+    _K("scatter_gather_tensors_in_pipeline", "bool", False),
 )}
 #: The rules of ``realizable`` beyond whole microbatches, in words (messages name them).
 REALIZABLE_RULES = (
@@ -402,7 +410,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           cp_size=1, ep_size=1, dp_size=None, v_stages=1, micro_batch_size=1,
           sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
-          flash_attention=True, grad_reduce_in_bf16=False, engine="auto", **constants):
+          flash_attention=True, grad_reduce_in_bf16=False,
+          scatter_gather_tensors_in_pipeline=False, engine="auto", **constants):
     """Megatron-Core training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Every knob may be an array; all broadcast together (pass a grid as an
@@ -447,6 +456,10 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         on the wire instead of FP32's 4, and the optimizer's FP32 copy of its shard.
         False (default): FP32, Megatron-LM's default for BF16 and FP8 training. FP16
         training reduces FP16 gradients either way.
+    scatter_gather_tensors_in_pipeline : bool
+        Legacy Megatron-LM's pipeline sends of ``1/tp`` of the activations, all-gathered
+        over NVLink on arrival (its default; [1] Sec. 4.1) [26]. False (default):
+        Megatron-Core, whose sends are split by TP only under sequence parallelism.
     engine : {"auto", "numpy", "fused"}
         ``"numpy"``: the broadcast numpy path (any shapes). ``"fused"``: the
         numba kernel of :mod:`solver.fused.megatron_kernel` (bitwise the same
@@ -477,7 +490,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   recompute=recompute, zero_stage=zero_stage, precision=precision,
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
-                  grad_reduce_in_bf16=grad_reduce_in_bf16)
+                  grad_reduce_in_bf16=grad_reduce_in_bf16,
+                  scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline)
     if dp_size is not None:
         values["dp_size"] = dp_size
     unchecked = []  # range checks left to the fused kernel, or made before the numpy path
@@ -642,7 +656,8 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
                         a["v_stages"], a["micro_batch_size"], a["sequence_parallel"],
                         a["recompute"], a["zero_stage"], a["precision"], a["tp_comm_overlap"],
                         a["overlap_grad_reduce"], a["overlap_param_gather"],
-                        a["flash_attention"], a["grad_reduce_in_bf16"], _KERNEL_BOUNDS,
+                        a["flash_attention"], a["grad_reduce_in_bf16"],
+                        a["scatter_gather_tensors_in_pipeline"], _KERNEL_BOUNDS,
                         (_CHOICES["recompute"], _CHOICES["precision"]))
     if not ok:
         names = [name for name in memo.get("unchecked", ()) if KNOBS[name].kind == "choice"]

@@ -152,7 +152,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # Megatron DDP's buckets are views into the gradient buffer [23]: a bucket of its own
     # (size [7]) only where the gradients are sharded and one is gathered to reduce it.
     bucket = np.where(zero >= 2, hw.grad_bytes * np.maximum(4e7, 1e6 * group), 0.0)
-    buffers = (bucket + 2.0 * ly.act_bytes / tp * (pp > 1)
+    buffers = (bucket + 2.0 * ly.act_bytes / sp.p2p_split * (pp > 1)
                + (zero == 3) * 2.0 * mem.WEIGHT_BYTES * (dpr.params_bytes / mem.WEIGHT_BYTES / layers_stage))
     # the optimizer's FP32 copy of 16-bit gradients (in optim) and the activations and
     # buffers are never held at once (megatron_memory [5]): the larger of them counts

@@ -114,6 +114,7 @@ class Split:
     m_exact: object
     m: object
     realizable: object
+    p2p_split: object
 
 
 def split(w, fleet, k) -> Split:
@@ -158,7 +159,20 @@ def split(w, fleet, k) -> Split:
                   & np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec])
     return Split(tp=tp, pp=pp, cp=cp, ep=ep, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
                  rc=k["recompute"], zero=k["zero_stage"], prec=prec, dp=dp, group=group,
-                 valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable)
+                 valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable,
+                 p2p_split=p2p_split(tp, sp, k["scatter_gather_tensors_in_pipeline"]))
+
+
+def p2p_split(tp, sp, scatter_gather):
+    """The factor a pipeline send (activations or their gradients) is split by over TP.
+
+    Each TP rank sends to its peer in the next stage. Under sequence parallelism its
+    activations are already its ``1/tp`` slice of the sequence (Megatron-Core
+    ``schedules.get_tensor_shapes`` [26]); without it every rank holds, and sends, the
+    whole tensor, unless legacy Megatron-LM's ``--scatter-gather-tensors-in-pipeline``
+    sends ``1/tp`` of it and all-gathers it over NVLink on arrival [1] (Sec. 4.1) [26].
+    """
+    return np.where(sp | scatter_gather, tp, 1)
 
 
 # --------------------------------------------------------------- 2. hardware
@@ -402,15 +416,11 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     stage_mean = t_layers + t_head / pp
     bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
     t_pipe = m * stage_max + bubble
-    # p2p: microbatch activations, split by TP (scatter/gather, Sec. 4.1 of [1]); the first
-    # and last send cross all p v - 1 chunk boundaries; 1F1B also waits on each steady send.
-    # A simplification, kept for the published runs of legacy Megatron-LM: Megatron-Core's
-    # P2P communicator splits the send by TP only under sequence parallelism
-    # (schedules.get_tensor_shapes), so without SP at tp > 1 this term is low by a factor
-    # tp (a step priced up to ~10 % fast for such layouts; +0.45 % median on the
-    # megatron_llama70b spec's, in an audit on 2026-12-02).
+    # p2p: microbatch activations, split by TP under SP or scatter/gather (p2p_split); the
+    # first and last send cross all p v - 1 chunk boundaries; 1F1B also waits on each
+    # steady send.
     pp_bw, pp_lat = hw.link(tp * sp.cp * sp.dp * 2 <= hw.domain)
-    t_p2p = net.p2p_time(ly.act_bytes / tp, bandwidth=pp_bw, latency=pp_lat) + hw.call_lat
+    t_p2p = net.p2p_time(ly.act_bytes / sp.p2p_split, bandwidth=pp_bw, latency=pp_lat) + hw.call_lat
     t_pp = np.where(pp > 1, 2.0 * t_p2p * ((pp * v - 1) + np.where(v == 1, m, 0.0)), 0.0)
     return Pipeline(layers_stage=layers_stage, t_head=t_head, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
                     window_f=window_f, window_b=window_b)

@@ -35,7 +35,7 @@ sequences), ``seq_len``, ``sequence_parallel``, ``recompute`` (none, selective,
 full), ``zero_stage`` (0 DDP, 1 distributed optimizer, 2, 3 FSDP),
 ``precision`` (bf16, fp16, fp8, fp4), ``tp_comm_overlap``,
 ``overlap_grad_reduce``, ``overlap_param_gather``, ``flash_attention``,
-``grad_reduce_in_bf16``); an
+``grad_reduce_in_bf16``, ``scatter_gather_tensors_in_pipeline``); an
 empty cell or a missing column takes the knob's default
 (:data:`solver.physics.megatron.DEFAULTS`). Booleans are true/false, yes/no or 1/0.
 
