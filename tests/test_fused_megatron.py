@@ -56,6 +56,7 @@ def _draw(rng, n, *, dp_given):
         flash_attention=rng.random(n) < 0.7,
         grad_reduce_in_bf16=rng.random(n) < 0.5,
         scatter_gather_tensors_in_pipeline=rng.random(n) < 0.5,
+        overlap_p2p_comm=rng.random(n) < 0.5,
     )
     if dp_given:
         knobs["dp_size"] = pick([1, 2, 4, 8, 16, 64])

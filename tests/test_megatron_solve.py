@@ -97,6 +97,38 @@ def test_pipeline_sends_split_by_tp_under_sp_or_scatter_gather(engine):
     assert np.all(plain["step_latency_total"][split] > sg["step_latency_total"][split])
 
 
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_interleaved_sends_wait_per_chunk_without_overlap_p2p_comm(engine):
+    """p2p_steady_sends [27]: the interleaved schedule (v > 1) waits on no steady-state
+    exchange with overlap_p2p_comm, on one per microbatch and chunk without it, so its
+    exposed p2p grows from (p v - 1) exchanges to (p v - 1) + m v, and the step by just
+    that; 1F1B (v = 1) and one stage are unchanged. Random layouts (seeded), both engines."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    rng = np.random.default_rng(27)
+    n = 2048
+    pick = lambda xs: rng.choice(xs, n)  # noqa: E731
+    kw = dict(batch_size=pick([64, 128, 256]), seq_len=4096, tp_size=pick([1, 2, 4, 8]),
+              pp_size=pick([1, 2, 4, 8]), dp_size=pick([1, 2, 4]), v_stages=pick([1, 2, 5]),
+              micro_batch_size=pick([1, 2]), sequence_parallel=rng.random(n) < 0.5,
+              scatter_gather_tensors_in_pipeline=rng.random(n) < 0.5,
+              zero_stage=pick([0, 1, 2, 3]), engine=engine)
+    on, off = (M.solve(WL, FL, overlap_p2p_comm=True, **kw),
+               M.solve(WL, FL, overlap_p2p_comm=False, **kw))
+    pp, v = kw["pp_size"], kw["v_stages"]
+    same = (v == 1) | (pp == 1)
+    hit = ~same & on["valid"]
+    assert same.sum() > 100 and hit.sum() > 100
+    for name in M.OUTPUTS:
+        np.testing.assert_array_equal(on[name][same], off[name][same], err_msg=name)
+    m = on["microbatch_count"][hit]
+    x_on, x_off = on["pp_communication_latency"][hit], off["pp_communication_latency"][hit]
+    np.testing.assert_allclose(x_off - x_on, x_on * m * v[hit] / (pp[hit] * v[hit] - 1),
+                               rtol=1e-9)
+    np.testing.assert_allclose(off["step_latency_total"][hit] - on["step_latency_total"][hit],
+                               x_off - x_on, rtol=1e-9)
+
+
 def test_bubble_is_narayanan_eq1():
     for v in (1, 5):
         out = M.solve(WL, FL, **{**BASE, "v_stages": v})

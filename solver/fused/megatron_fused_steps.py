@@ -211,6 +211,12 @@ def _p2p_split(tp, sp, scatter_gather):
 
 
 @njit(**_INLINE)
+def _p2p_steady_sends(v, m, overlap):
+    """megatron_steps.p2p_steady_sends."""
+    return m if v == 1.0 else (0.0 if overlap else m * v)
+
+
+@njit(**_INLINE)
 def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
     """megatron_steps.pipeline's LM head time (forward and backward GEMMs, cross entropy)."""
     h, vocab = w[1], w[13]
@@ -224,9 +230,10 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
 
 @njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
-              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, p2p_split):
+              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, p2p_split,
+              p2p_steady):
     """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``p2p_split``: the TP split
-    of a p2p send, :func:`_p2p_split`)."""
+    of a p2p send, :func:`_p2p_split`; ``p2p_steady``: :func:`_p2p_steady_sends`)."""
     layers = w[0]
     domain, up_lat, out_lat = f[6], f[9], f[10]
     layer_overhead, call_lat = c[6], c[11]
@@ -243,7 +250,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     inside = tp * cp * dp * 2.0 <= domain
     pp_bw, pp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
     t_p2p = act_bytes / p2p_split / pp_bw + pp_lat + call_lat
-    t_pp = 2.0 * t_p2p * ((pp * v - 1.0) + (m if v == 1.0 else 0.0)) if pp > 1.0 else 0.0
+    t_pp = 2.0 * t_p2p * ((pp * v - 1.0) + p2p_steady) if pp > 1.0 else 0.0
     return layers_stage, bubble, t_pipe, t_pp, window_f, window_b
 
 

@@ -63,7 +63,8 @@ from .megatron_primitives import COMPILED_CONSTANTS, _ideal
 from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_MOE1, G_MOE2, G_PROJ, G_QKV,
                                    G_ROUTER, G_SH1, G_SH2, N_GEMMS, _communication,
                                    _data_parallel, _gemm_flops, _hardware, _head, _layer_times,
-                                   _memory, _model_flops, _pipeline, _split, _p2p_split)
+                                   _memory, _model_flops, _p2p_split, _p2p_steady_sends, _pipeline,
+                                   _split)
 
 __all__ = ["run", "workload_scalars", "fleet_scalars", "constant_scalars", "FLOAT_OUTPUTS",
            "BOOL_OUTPUTS"]
@@ -87,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "2bc21f69ed573d9a"
+SOURCES_DIGEST = "a2043de9ca8a8439"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -190,7 +191,7 @@ def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec):
 
 @njit(**_INLINE_STEP)
 def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo,
                  values, rows, b0, b1):
     """Steps 1, 2 and 5-8 of configurations ``b0:b1``, steps 3-4 read from ``values[rows]``
     (the loop of :func:`_price_block` and :func:`_price_block_dense`, inlined into each).
@@ -229,9 +230,10 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
             r[7], r[8], r[9], r[10], r[11], r[12], r[13]
         # 5. pipeline
         split = _p2p_split(tp, sp, sgp_a[i])  # scatter_gather_tensors_in_pipeline [26]
+        steady = _p2p_steady_sends(v, m, opc_a[i])  # overlap_p2p_comm [27]
         layers_stage, bubble, t_pipe, t_pp, window_f, window_b = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
-            cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split)
+            cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady)
         # 6. data parallel
         (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes,
@@ -280,17 +282,17 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
 
 @kernel(cache=_CACHE)
 def _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo,
                  values, rows, b0, b1):
     """:func:`_price_steps` of any workload."""
     _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo,
                  values, rows, b0, b1)
 
 
 @kernel(cache=_CACHE)
 def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
-                       v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a,
+                       v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a,
                        fo, bo, values, rows, b0, b1):
     """:func:`_price_steps` of a workload without experts (``w[6]``, the MoE flag, is 0.0).
 
@@ -302,21 +304,21 @@ def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp
     """
     _price_steps(w[:6] + (0.0,) + w[7:], f, c, has_dp, batch_a, s_a, tp_a, pp_a,
                  cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
-                 flash_a, gbf_a, sgp_a, fo, bo, values, rows, b0, b1)
+                 flash_a, gbf_a, sgp_a, opc_a, fo, bo, values, rows, b0, b1)
 
 
 @njit(**_INLINE_STEP)
 def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, fo, bo,
+                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo,
                   values, rows, b0, b1):
     """:func:`_price_block_dense` for a workload without experts, else :func:`_price_block`."""
     if w[6] == 0.0:
         _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a,
                            dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
-                           flash_a, gbf_a, sgp_a, fo, bo, values, rows, b0, b1)
+                           flash_a, gbf_a, sgp_a, opc_a, fo, bo, values, rows, b0, b1)
     else:
         _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
-                     v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a,
+                     v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a,
                      fo, bo, values, rows, b0, b1)
 
 
@@ -349,7 +351,7 @@ def _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs
 
 @kernel(cache=_CACHE)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
-            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, fo, bo, lo, hi, ext, plan, mode, bounds,
+            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo, lo, hi, ext, plan, mode, bounds,
             slot_k1, slot_k2, slot_row, values, rows, rc_b, prec_b, rc_keys, prec_keys):
     """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
 
@@ -470,7 +472,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                               values[row])
                 rows[i - b0] = row
             _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
-                          v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a,
+                          v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a,
                          fo, bo, values, rows, np.uint64(b0), np.uint64(b1))
         return 1
     # mode 0. The step memo: open addressing (linear probing) on the two key words -> a row
@@ -509,7 +511,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
                                           mbs_a, zero_a) | (rc < 0) | (prec < 0)
         _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                      mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, fo, bo,
+                      mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo,
                       values, rows, np.uint64(b0), np.uint64(b1))
     return 0 if out_of_bounds else 1
 
@@ -581,7 +583,7 @@ def constant_scalars(c):
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-        opg, flash, gbf, sgp, bounds, choices):
+        opg, flash, gbf, sgp, opc, bounds, choices):
     """Price ``n`` configurations: the knobs as 1-D arrays of length ``n`` (int64 / bool).
 
     ``rc`` and ``prec`` are each int64 codes or the characters of their names
@@ -605,7 +607,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     fo = tuple(buffers.empty(n, np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)
     args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-            opg, flash, gbf, sgp, fo, bo)
+            opg, flash, gbf, sgp, opc, fo, bo)
     _compile(args, keys)
     if libm_is_numpy_log():
         ok = in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), _NO_PLAN, 0,

@@ -24,7 +24,8 @@ named steps, like pvlib's ModelChain:
 3. **pipeline**: heaviest stage (LM head on the last: its GEMMs in 16 bits and
    the FP32 cross-entropy at HBM bandwidth [11]), 1F1B / interleaved bubble
    ``(p-1)/v`` stage-microbatches [1], p2p activation sends (divided by TP under
-   sequence parallelism, or legacy Megatron-LM's scatter/gather [26]).
+   sequence parallelism, or legacy Megatron-LM's scatter/gather [26]; the steady
+   state's exposed unless the interleaved schedule overlaps them [27]).
 4. **data parallel**: gradient all-reduce or reduce-scatter (distributed
    optimizer) in buckets overlapped with the last microbatch's backward,
    parameter all-gather overlapped with the first forward, FSDP per-microbatch
@@ -233,6 +234,7 @@ KNOBS = {k.name: k for k in (
     _K("flash_attention", "bool", True),
     _K("grad_reduce_in_bf16", "bool", False),
     _K("scatter_gather_tensors_in_pipeline", "bool", False),
+    _K("overlap_p2p_comm", "bool", True),
 )}
 #: The rules of ``realizable`` beyond whole microbatches, in words (messages name them).
 REALIZABLE_RULES = (
@@ -411,7 +413,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, grad_reduce_in_bf16=False,
-          scatter_gather_tensors_in_pipeline=False, engine="auto", **constants):
+          scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True, engine="auto",
+          **constants):
     """Megatron-Core training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Every knob may be an array; all broadcast together (pass a grid as an
@@ -460,6 +463,11 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         Legacy Megatron-LM's pipeline sends of ``1/tp`` of the activations, all-gathered
         over NVLink on arrival (its default; [1] Sec. 4.1) [26]. False (default):
         Megatron-Core, whose sends are split by TP only under sequence parallelism.
+    overlap_p2p_comm : bool
+        The interleaved schedule's pipeline sends overlapped with the next chunk's
+        compute (Megatron-LM's default; ``--no-overlap-p2p-communication`` turns it off,
+        and Megatron-LM before 2023 had no overlap) [27]. False: each microbatch and
+        chunk waits on its exchange. 1F1B (``v_stages=1``) waits either way.
     engine : {"auto", "numpy", "fused"}
         ``"numpy"``: the broadcast numpy path (any shapes). ``"fused"``: the
         numba kernel of :mod:`solver.fused.megatron_kernel` (bitwise the same
@@ -491,7 +499,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
                   grad_reduce_in_bf16=grad_reduce_in_bf16,
-                  scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline)
+                  scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
+                  overlap_p2p_comm=overlap_p2p_comm)
     if dp_size is not None:
         values["dp_size"] = dp_size
     unchecked = []  # range checks left to the fused kernel, or made before the numpy path
@@ -657,7 +666,8 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
                         a["recompute"], a["zero_stage"], a["precision"], a["tp_comm_overlap"],
                         a["overlap_grad_reduce"], a["overlap_param_gather"],
                         a["flash_attention"], a["grad_reduce_in_bf16"],
-                        a["scatter_gather_tensors_in_pipeline"], _KERNEL_BOUNDS,
+                        a["scatter_gather_tensors_in_pipeline"], a["overlap_p2p_comm"],
+                        _KERNEL_BOUNDS,
                         (_CHOICES["recompute"], _CHOICES["precision"]))
     if not ok:
         names = [name for name in memo.get("unchecked", ()) if KNOBS[name].kind == "choice"]

@@ -115,6 +115,7 @@ class Split:
     m: object
     realizable: object
     p2p_split: object
+    p2p_steady: object
 
 
 def split(w, fleet, k) -> Split:
@@ -160,7 +161,8 @@ def split(w, fleet, k) -> Split:
     return Split(tp=tp, pp=pp, cp=cp, ep=ep, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
                  rc=k["recompute"], zero=k["zero_stage"], prec=prec, dp=dp, group=group,
                  valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable,
-                 p2p_split=p2p_split(tp, sp, k["scatter_gather_tensors_in_pipeline"]))
+                 p2p_split=p2p_split(tp, sp, k["scatter_gather_tensors_in_pipeline"]),
+                 p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]))
 
 
 def p2p_split(tp, sp, scatter_gather):
@@ -173,6 +175,18 @@ def p2p_split(tp, sp, scatter_gather):
     sends ``1/tp`` of it and all-gathers it over NVLink on arrival [1] (Sec. 4.1) [26].
     """
     return np.where(sp | scatter_gather, tp, 1)
+
+
+def p2p_steady_sends(v, m, overlap):
+    """Pipeline exchanges a rank waits on in the steady state, each a send forward and one
+    backward: one per microbatch in 1F1B (``send_forward_recv_backward`` and
+    ``send_backward_recv_forward`` block, Megatron-Core ``schedules`` [27]); one per
+    microbatch and model chunk in the interleaved schedule without ``overlap_p2p_comm``
+    (its ``send_forward_backward_recv_forward_backward`` blocks; the interleaved
+    schedule's communication grows by ``v``, [1] Sec. 2.2.2), none with it (sent
+    asynchronously while the next chunk computes [27]).
+    """
+    return np.where(v == 1, m, np.where(overlap, 0.0, m * v))
 
 
 # --------------------------------------------------------------- 2. hardware
@@ -417,10 +431,10 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
     t_pipe = m * stage_max + bubble
     # p2p: microbatch activations, split by TP under SP or scatter/gather (p2p_split); the
-    # first and last send cross all p v - 1 chunk boundaries; 1F1B also waits on each
-    # steady send.
+    # first and last send cross all p v - 1 chunk boundaries, and the steady state waits
+    # on p2p_steady more.
     pp_bw, pp_lat = hw.link(tp * sp.cp * sp.dp * 2 <= hw.domain)
     t_p2p = net.p2p_time(ly.act_bytes / sp.p2p_split, bandwidth=pp_bw, latency=pp_lat) + hw.call_lat
-    t_pp = np.where(pp > 1, 2.0 * t_p2p * ((pp * v - 1) + np.where(v == 1, m, 0.0)), 0.0)
+    t_pp = np.where(pp > 1, 2.0 * t_p2p * ((pp * v - 1) + sp.p2p_steady), 0.0)
     return Pipeline(layers_stage=layers_stage, t_head=t_head, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
                     window_f=window_f, window_b=window_b)
