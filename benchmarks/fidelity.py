@@ -231,7 +231,9 @@ def load_runs():
                          r["model"], {}).get("grad_reduce_in_bf16", False),
                      # legacy Megatron-LM (NAR21, KOR22) split its p2p sends by TP by
                      # default ([26] of the model; NAR21 Sec. 4.1)
-                     scatter_gather_tensors_in_pipeline=not modern)
+                     scatter_gather_tensors_in_pipeline=not modern,
+                     # nor did it overlap the interleaved schedule's sends ([27] of the model)
+                     overlap_p2p_comm=modern)
         if knobs["grad_reduce_in_bf16"]:
             notes.append("gradients reduced in bf16 (the model's NeMo launcher config)")
         # measured step time, from what the source printed

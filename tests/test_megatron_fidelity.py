@@ -4,7 +4,10 @@ The bars are the in-sample errors measured with the all-data fit on 2026-12-01
 (benchmarks/results/fidelity.md) plus a small margin, NEMO2407's and NEMOLS's re-set on
 2026-12-02 (04:13) when NeMo's GPT-3 and Nemotron-4 340B runs took the bf16 gradient
 reduction their configs state (NEMO2407 3.8 -> 3.1 % mean, NEMOLS 4.7 -> 5.6 % max; at
-05:18, with the configs' recompute too, 2.7 % and 5.1 %); a
+05:18, with the configs' recompute too, 2.7 % and 5.1 %); MLM24's max re-set on
+2026-12-02 (23:25) when the interleaved schedule hid its steady-state p2p exchanges
+(overlap_p2p_comm): MLM24 8.8 -> 9.3 % max in sample while the published LOSO max fell
+15.8 -> 14.9 %; a
 change to the physics or the constants that makes the fit worse fails here.
 """
 
@@ -19,7 +22,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import fidelity as F  # noqa: E402
 
 #: source -> (mean APE bar [%], max APE bar [%]) of the shipped constants, in sample.
-BARS = {"NAR21": (5.7, 11.3), "KOR22": (4.9, 9.5), "MLM24": (4.5, 9.3), "NEMO2407": (3.6, 9.3),
+BARS = {"NAR21": (5.7, 11.3), "KOR22": (4.9, 9.5), "MLM24": (4.5, 9.6), "NEMO2407": (3.6, 9.3),
         "NEMOLS": (3.0, 6.0), "VTRAIN": (8.9, 32.1), "published_overall": (4.8, 11.3)}
 #: Minimum Kendall tau over the 8 vTrain groups.
 TAU_BAR = 0.86
