@@ -1,6 +1,7 @@
 """Grids before and after a change: the in-memory grid throughput of two revisions, interleaved.
 
     python benchmarks/bench_grid_compare.py --base REV [--rounds 3] [--repeat 3]
+    python benchmarks/bench_grid_compare.py --base REV --case megatron_flat
 
 Checks out ``REV`` into a temporary git worktree and times ``bench_sweep``'s
 grid throughput (the Calculon GPT-3 space, 10.3M points, 2 float32 outputs,
@@ -9,6 +10,11 @@ blocks) in a fresh process per revision, alternating the two revisions
 ``--rounds`` times, so both see the same machine state; the best of each is
 kept. On a VM whose speed drifts, a figure from this morning is no baseline.
 Writes benchmarks/results/grid_compare.json.
+
+``--case megatron_flat`` times instead the megatron fused kernel on ``bench_fused``'s
+million random flat layouts of Llama3_70B_MC (``megatron.solve(engine="fused")``, best of
+``--repeat`` calls after a warm-up that compiles it) and writes
+benchmarks/results/grid_compare_megatron_flat.json.
 """
 
 from __future__ import annotations
@@ -32,9 +38,28 @@ r = bench_sweep.bench_throughput([1], {repeat}, False)
 print(json.dumps({{"run": r["run"]["1"]["configs_per_s"], "solve": r["solver_only_configs_per_s"]}}))
 """
 
+_CHILD_MEGATRON = """
+import json, sys, time
+sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/benchmarks")
+from bench_fused import megatron_draw
+from solver import catalog
+from solver.physics import megatron
+wl, fl, n = catalog.workload("Llama3_70B_MC"), catalog.fleet("HGX_H100_1K_MC"), 1_000_000
+knobs = megatron_draw(n)
+call = lambda: megatron.solve(wl, fl, seq_len=8192, engine="fused", **knobs)
+call()
+best = float("inf")
+for _ in range({repeat}):
+    t = time.perf_counter(); call(); best = min(best, time.perf_counter() - t)
+print(json.dumps({{"solve": n / best}}))
+"""
 
-def _time(root: Path, repeat: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD.format(root=str(root), repeat=repeat)],
+CASES = {"grid": (_CHILD, ("run", "solve"), "grid_compare.json"),
+         "megatron_flat": (_CHILD_MEGATRON, ("solve",), "grid_compare_megatron_flat.json")}
+
+
+def _time(root: Path, repeat: int, child: str = _CHILD) -> dict:
+    out = subprocess.run([sys.executable, "-c", child.format(root=str(root), repeat=repeat)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -44,7 +69,9 @@ def main(argv=None):
     ap.add_argument("--base", required=True, help="the git revision to compare against")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--case", choices=sorted(CASES), default="grid")
     args = ap.parse_args(argv)
+    child, keys, out_name = CASES[args.case]
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True, check=True).stdout.strip()
     base = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base],
@@ -56,25 +83,25 @@ def main(argv=None):
         try:
             rows = {head: [], base: []}
             for _ in range(args.rounds):
-                rows[base].append(_time(tree, args.repeat))
-                rows[head].append(_time(ROOT, args.repeat))
+                rows[base].append(_time(tree, args.repeat, child))
+                rows[head].append(_time(ROOT, args.repeat, child))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                            capture_output=True)
-    best = {rev: {k: max(r[k] for r in runs) for k in ("run", "solve")} for rev, runs in rows.items()}
-    res = {"base": base, "head": head, "rounds": rows, "best_configs_per_s": best,
-           "head_over_base": {k: best[head][k] / best[base][k] for k in ("run", "solve")},
+    best = {rev: {k: max(r[k] for r in runs) for k in keys} for rev, runs in rows.items()}
+    res = {"case": args.case, "base": base, "head": head, "rounds": rows,
+           "best_configs_per_s": best,
+           "head_over_base": {k: best[head][k] / best[base][k] for k in keys},
            "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "machine": {"uname": " ".join(platform.uname()),
                                 "python": platform.python_version()},
                     "command": " ".join([Path(sys.executable).name] + sys.argv)}}
-    out = ROOT / "benchmarks" / "results" / "grid_compare.json"
+    out = ROOT / "benchmarks" / "results" / out_name
     out.write_text(json.dumps(res, indent=1) + "\n")
     for rev in (base, head):
-        print(f"{rev}: sweep.run {best[rev]['run'] / 1e6:.2f} M/s, solve alone "
-              f"{best[rev]['solve'] / 1e6:.2f} M/s")
-    print(f"head / base: sweep.run {res['head_over_base']['run']:.3f}, solve "
-          f"{res['head_over_base']['solve']:.3f}; wrote {out}")
+        print(f"{rev}: " + ", ".join(f"{k} {best[rev][k] / 1e6:.2f} M/s" for k in keys))
+    print("head / base: " + ", ".join(f"{k} {res['head_over_base'][k]:.3f}" for k in keys)
+          + f"; wrote {out}")
     return res
 
 

@@ -191,7 +191,7 @@ def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec):
 
 @njit(**_INLINE_STEP)
 def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                  values, rows, b0, b1):
     """Steps 1, 2 and 5-8 of configurations ``b0:b1``, steps 3-4 read from ``values[rows]``
     (the loop of :func:`_price_block` and :func:`_price_block_dense`, inlined into each).
@@ -229,8 +229,9 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head = \
             r[7], r[8], r[9], r[10], r[11], r[12], r[13]
         # 5. pipeline
-        split = _p2p_split(tp, sp, sgp_a[i])  # scatter_gather_tensors_in_pipeline [26]
-        steady = _p2p_steady_sends(v, m, opc_a[i])  # overlap_p2p_comm [27]
+        p2p = p2p_a[i]  # the two pipeline bools in one byte (run): one array, not two
+        split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
+        steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
         layers_stage, bubble, t_pipe, t_pp, window_f, window_b = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady)
@@ -282,17 +283,17 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
 
 @kernel(cache=_CACHE)
 def _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                  values, rows, b0, b1):
     """:func:`_price_steps` of any workload."""
     _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                  values, rows, b0, b1)
 
 
 @kernel(cache=_CACHE)
 def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
-                       v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a,
+                       v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
                        fo, bo, values, rows, b0, b1):
     """:func:`_price_steps` of a workload without experts (``w[6]``, the MoE flag, is 0.0).
 
@@ -304,21 +305,21 @@ def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp
     """
     _price_steps(w[:6] + (0.0,) + w[7:], f, c, has_dp, batch_a, s_a, tp_a, pp_a,
                  cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
-                 flash_a, gbf_a, sgp_a, opc_a, fo, bo, values, rows, b0, b1)
+                 flash_a, gbf_a, p2p_a, fo, bo, values, rows, b0, b1)
 
 
 @njit(**_INLINE_STEP)
 def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo,
+                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                   values, rows, b0, b1):
     """:func:`_price_block_dense` for a workload without experts, else :func:`_price_block`."""
     if w[6] == 0.0:
         _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a,
                            dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
-                           flash_a, gbf_a, sgp_a, opc_a, fo, bo, values, rows, b0, b1)
+                           flash_a, gbf_a, p2p_a, fo, bo, values, rows, b0, b1)
     else:
         _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
-                     v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a,
+                     v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
                      fo, bo, values, rows, b0, b1)
 
 
@@ -351,7 +352,7 @@ def _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs
 
 @kernel(cache=_CACHE)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
-            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo, lo, hi, ext, plan, mode, bounds,
+            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, lo, hi, ext, plan, mode, bounds,
             slot_k1, slot_k2, slot_row, values, rows, rc_b, prec_b, rc_keys, prec_keys):
     """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
 
@@ -472,7 +473,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                               values[row])
                 rows[i - b0] = row
             _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
-                          v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a,
+                          v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
                          fo, bo, values, rows, np.uint64(b0), np.uint64(b1))
         return 1
     # mode 0. The step memo: open addressing (linear probing) on the two key words -> a row
@@ -511,7 +512,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
                                           mbs_a, zero_a) | (rc < 0) | (prec < 0)
         _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
-                      mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, sgp_a, opc_a, fo, bo,
+                      mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                       values, rows, np.uint64(b0), np.uint64(b1))
     return 0 if out_of_bounds else 1
 
@@ -582,13 +583,29 @@ def constant_scalars(c):
     return tuple(out)
 
 
+def pipeline_flags(scatter_gather, overlap_p2p, n):
+    """The ``p2p`` argument of :func:`run`: the two pipeline bools (scalars or length-``n``
+    arrays) packed into one contiguous uint8 array of length ``n``."""
+    flags = (np.asarray(scatter_gather, dtype=np.uint8)
+             | (np.asarray(overlap_p2p, dtype=np.uint8) << np.uint8(1)))
+    if flags.ndim == 1 and flags.shape[0] == n:
+        return np.ascontiguousarray(flags)
+    out = buffers.empty(n, np.uint8)
+    out.fill(flags.reshape(()) if flags.ndim else flags)
+    return out
+
+
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-        opg, flash, gbf, sgp, opc, bounds, choices):
+        opg, flash, gbf, p2p, bounds, choices):
     """Price ``n`` configurations: the knobs as 1-D arrays of length ``n`` (int64 / bool).
 
     ``rc`` and ``prec`` are each int64 codes or the characters of their names
     (:func:`name_characters`), matched exactly against ``choices`` (the recompute and the
     precision names, in code order) in the kernel's first pass.
+
+    ``p2p``: uint8, bit 0 ``scatter_gather_tensors_in_pipeline``, bit 1 ``overlap_p2p_comm``
+    (:func:`pipeline_flags`): a separate array for each cost the vector pass 15 % on a
+    million layouts (benchmarks/results/grid_compare_megatron_flat.json).
 
     ``bounds``: 20 ints, the least and the largest value each of ``batch`` ... ``zero`` may
     take (see :func:`_kernel`).
@@ -607,7 +624,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     fo = tuple(buffers.empty(n, np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)
     args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-            opg, flash, gbf, sgp, opc, fo, bo)
+            opg, flash, gbf, p2p, fo, bo)
     _compile(args, keys)
     if libm_is_numpy_log():
         ok = in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), _NO_PLAN, 0,

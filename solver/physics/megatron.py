@@ -655,8 +655,10 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
     from ..fused import megatron_kernel as fk
     n = shape[0] if shape else 1
     if memo.get("n") != n:
-        memo.update(n=n, a={name: _flat(name, k[name], n) for name in KNOBS if name in k},
-                    w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
+        pipe = ("scatter_gather_tensors_in_pipeline", "overlap_p2p_comm")
+        a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in pipe}
+        a["p2p_flags"] = fk.pipeline_flags(k[pipe[0]], k[pipe[1]], n)
+        memo.update(n=n, a=a, w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
     a = memo["a"]
     has_dp = "dp_size" in a
     fo, bo, ok = fk.run(memo["w"], memo["f"], fk.constant_scalars(c), n,
@@ -666,7 +668,7 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
                         a["recompute"], a["zero_stage"], a["precision"], a["tp_comm_overlap"],
                         a["overlap_grad_reduce"], a["overlap_param_gather"],
                         a["flash_attention"], a["grad_reduce_in_bf16"],
-                        a["scatter_gather_tensors_in_pipeline"], a["overlap_p2p_comm"],
+                        a["p2p_flags"],
                         _KERNEL_BOUNDS,
                         (_CHOICES["recompute"], _CHOICES["precision"]))
     if not ok:
