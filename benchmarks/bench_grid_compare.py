@@ -39,19 +39,16 @@ print(json.dumps({{"run": r["run"]["1"]["configs_per_s"], "solve": r["solver_onl
 """
 
 _CHILD_MEGATRON = """
-import json, sys, time
+import json, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/benchmarks")
-from bench_fused import megatron_draw
+from bench_fused import best, megatron_draw
 from solver import catalog
 from solver.physics import megatron
 wl, fl, n = catalog.workload("Llama3_70B_MC"), catalog.fleet("HGX_H100_1K_MC"), 1_000_000
 knobs = megatron_draw(n)
 call = lambda: megatron.solve(wl, fl, seq_len=8192, engine="fused", **knobs)
 call()
-best = float("inf")
-for _ in range({repeat}):
-    t = time.perf_counter(); call(); best = min(best, time.perf_counter() - t)
-print(json.dumps({{"solve": n / best}}))
+print(json.dumps({{"solve": n / best(call, {repeat})[0]}}))
 """
 
 CASES = {"grid": (_CHILD, ("run", "solve"), "grid_compare.json"),
@@ -76,6 +73,13 @@ def main(argv=None):
                           capture_output=True, text=True, check=True).stdout.strip()
     base = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base],
                           capture_output=True, text=True, check=True).stdout.strip()
+    # The head side runs the working tree: name uncommitted changes, so that a comparison
+    # of them against HEAD keeps two rows instead of pooling both into one.
+    if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                      capture_output=True, text=True, check=True).stdout.strip():
+        head += "+dirty"
+    if head == base:
+        ap.error(f"--base {args.base} is the working tree itself ({head})")
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "base"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), base],

@@ -583,16 +583,11 @@ def constant_scalars(c):
     return tuple(out)
 
 
-def pipeline_flags(scatter_gather, overlap_p2p, n):
-    """The ``p2p`` argument of :func:`run`: the two pipeline bools (scalars or length-``n``
-    arrays) packed into one contiguous uint8 array of length ``n``."""
-    flags = (np.asarray(scatter_gather, dtype=np.uint8)
-             | (np.asarray(overlap_p2p, dtype=np.uint8) << np.uint8(1)))
-    if flags.ndim == 1 and flags.shape[0] == n:
-        return np.ascontiguousarray(flags)
-    out = buffers.empty(n, np.uint8)
-    out.fill(flags.reshape(()) if flags.ndim else flags)
-    return out
+def pipeline_flags(scatter_gather, overlap_p2p):
+    """The ``p2p`` argument of :func:`run` (before it is spread to ``n`` values): the two
+    pipeline bools, scalars or arrays, packed into uint8."""
+    return (np.asarray(scatter_gather, dtype=np.uint8)
+            | (np.asarray(overlap_p2p, dtype=np.uint8) << np.uint8(1)))
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,

@@ -636,11 +636,15 @@ def _flat(name, value, n):
     A scalar is spread into an array of :func:`solver.fused.buffers.empty` (one an
     earlier call dropped, its pages already faulted in): a fresh ``np.full`` of a
     million int64 costs the page faults of 8 MB on every call."""
-    dtype = _FUSED_DTYPES[KNOBS[name].kind]
     array = np.asarray(value)
     if array.dtype.kind == "U":  # names the kernel matches (see _normalize)
         from ..fused import megatron_kernel as fk
         return fk.name_characters(array)
+    return _spread(array, n, _FUSED_DTYPES[KNOBS[name].kind])
+
+
+def _spread(array, n, dtype):
+    """``array`` (a scalar or ``n`` values) as a contiguous 1-D array of ``n`` ``dtype``."""
     if array.ndim == 1 and array.shape[0] == n:
         return np.ascontiguousarray(array, dtype=dtype)
     out = buffers.empty(n, dtype)
@@ -657,7 +661,7 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
     if memo.get("n") != n:
         pipe = ("scatter_gather_tensors_in_pipeline", "overlap_p2p_comm")
         a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in pipe}
-        a["p2p_flags"] = fk.pipeline_flags(k[pipe[0]], k[pipe[1]], n)
+        a["p2p_flags"] = _spread(fk.pipeline_flags(k[pipe[0]], k[pipe[1]]), n, np.uint8)
         memo.update(n=n, a=a, w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
     a = memo["a"]
     has_dp = "dp_size" in a
