@@ -599,8 +599,9 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     precision names, in code order) in the kernel's first pass.
 
     ``p2p``: uint8, bit 0 ``scatter_gather_tensors_in_pipeline``, bit 1 ``overlap_p2p_comm``
-    (:func:`pipeline_flags`): a separate array for each cost the vector pass 15 % on a
-    million layouts (benchmarks/results/grid_compare_megatron_flat.json).
+    (:func:`pipeline_flags`): a separate array for each slowed the vector pass on a
+    million layouts in an interleaved A/B of the two revisions (commit c242baa;
+    ``benchmarks/bench_grid_compare.py --case megatron_flat``).
 
     ``bounds``: 20 ints, the least and the largest value each of ``batch`` ... ``zero`` may
     take (see :func:`_kernel`).
