@@ -139,6 +139,28 @@ def test_explain_runner_up_names_the_changes_and_terms():
     assert "pipeline bubble" in line and "\n" not in line
 
 
+def test_explain_runner_up_calls_a_tie_a_tie():
+    # Two splits that give each rank the same tokens (cp 2 x 1 sequence, cp 4 x 2) price the
+    # same in the megatron physics (the CP ring traffic hides under attention in both): the
+    # main job printed "Why #1 wins: #2 ... has 0.0% lower MFU ... no step-time term differs".
+    spec = sweep.load_spec({
+        "workload": "Llama3_70B_MC", "fleet": "HGX_H100_1K_MC", "physics": "megatron",
+        "axes": {"cp_size": [2, 4], "micro_batch_size": [1, 2]},
+        "fixed": {"batch_size": 1024, "seq_len": 8192, "tp_size": 4, "pp_size": 4,
+                  "v_stages": 4, "sequence_parallel": True, "recompute": "none",
+                  "zero_stage": 1, "tp_comm_overlap": True, "precision": "bf16"}})
+    a, b = {"cp_size": 2, "micro_batch_size": 1}, {"cp_size": 4, "micro_batch_size": 2}
+    pa, pb = (solver.solve(*grid.point(spec, p)[:2], **grid.point(spec, p)[2]) for p in (a, b))
+    assert float(pa["mfu"]) == float(pb["mfu"]) and float(pa["step_latency_total"]) == float(
+        pb["step_latency_total"])
+    line = cli.explain_runner_up(spec, a, b)
+    assert line.startswith("#1 and #2 (cp_size 2->4, micro_batch_size 1->2) tie: ")
+    assert "wins:" not in line and "neither wins" in line
+    # one sequence more per microbatch at cp 2 is not a tie
+    line = cli.explain_runner_up(spec, a, {"cp_size": 2, "micro_batch_size": 2})
+    assert line.startswith("Why #1 wins: #2 (micro_batch_size 1->2) has ")
+
+
 TINY_DICT = {"workload": "Llama3_70B", "fleet": "Training_1K",
              "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 8],
                       "microbatch_count": [8, 16], "zero_stage": [1, 3]},

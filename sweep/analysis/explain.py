@@ -18,6 +18,9 @@ from .. import grid
 
 __all__ = ["step_components", "explain_runner_up"]
 
+#: Gaps in MFU and step time below this [%] are float noise: the two layouts tie.
+TIE_PERCENT = 1e-9
+
 
 def _plain(value):
     """A numpy scalar (or 0-d array) as a plain Python value."""
@@ -124,6 +127,10 @@ def explain_runner_up(spec, winner: Mapping, runner_up: Mapping) -> str:
     what = "longer" if step >= 0 else "shorter"
     count = (f" on {second['n_accelerators']} accelerators instead of {first['n_accelerators']}"
              if second["n_accelerators"] != first["n_accelerators"] else "")
+    if abs(loss) < TIE_PERCENT and abs(relative) < TIE_PERCENT:
+        # A tie is not a win (two splits that give each rank the same tokens, say).
+        return (f"#1 and #2 ({', '.join(changed) or 'same layout'}) tie: the same MFU and step "
+                f"time{count}; neither wins, they are listed in the cube's order.")
     return (f"Why #1 wins: #2 ({', '.join(changed) or 'same layout'}) has {_percent(loss)} lower "
             f"MFU{count}; its step is {_percent(abs(relative))} {what} ({_seconds(step)}): {terms}.")
 
