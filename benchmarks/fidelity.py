@@ -475,6 +475,33 @@ def vtrain_floor(runs, loso_constants, all_constants):
     return out
 
 
+def vtrain_by_tp(runs, constants):
+    """vTrain's in-sample error by tensor-parallel degree, and what its TP=8 layouts measured.
+
+    Its worst layouts are all TP=8 (the whole node in one TP group) at microbatch 1: there
+    vTrain measured a microbatch of one sequence slower than one of two (per microbatch,
+    per layer, no pipeline and no data parallelism), which no model where more work takes
+    longer can fit. Reported so the in-sample max is read for what it is."""
+    by_tp, slower = {}, []
+    for r in runs:
+        if r.source != "VTRAIN":
+            continue
+        err = np.ravel(megatron_predict(r, constants)) / r.measured - 1
+        k = {n: np.broadcast_to(np.asarray(r.knobs[n]), r.measured.shape)
+             for n in ("tp_size", "pp_size", "dp_size", "micro_batch_size", "batch_size")}
+        for tp in np.unique(k["tp_size"]):
+            sel = k["tp_size"] == tp
+            by_tp.setdefault(int(tp), []).append(err[sel])
+        per_layer = r.measured / (k["batch_size"] / k["micro_batch_size"]) / r.workload.layers
+        plain = (k["tp_size"] == 8) & (k["pp_size"] == 1) & (k["dp_size"] == 1)
+        t1, t2 = (float(np.mean(per_layer[plain & (k["micro_batch_size"] == m)])) for m in (1, 2))
+        slower.append({"group": r.group, "mbs1_ms": t1 * 1e3, "mbs2_ms": t2 * 1e3})
+    table = {tp: {"n": int(np.concatenate(e).size), "mean_signed": float(np.mean(np.concatenate(e)) * 100),
+                  "mean_ape": float(np.mean(np.abs(np.concatenate(e))) * 100),
+                  "max_ape": float(np.max(np.abs(np.concatenate(e))) * 100)} for tp, e in sorted(by_tp.items())}
+    return {"by_tp": table, "tp8_per_layer_per_microbatch": slower}
+
+
 def memory_check(runs, constants):
     """Memory against the runs that ran: the model's footprint of each measured layout
     (a published run's chosen candidate) over its accelerator's capacity. A layout the
@@ -591,6 +618,8 @@ def main(argv=None):
             trend.append(row)
     results["size_trend"] = trend
     results["memory"] = memory_check(runs, const_all)
+    if any(r.source == "VTRAIN" for r in runs):
+        results["vtrain_by_tp"] = vtrain_by_tp(runs, const_all)
     results["per_run"] = [
         {"run_id": r.run_id, "source": r.source, "measured_s": float(r.measured),
          "megatron_s": float(megatron_predict(r, const_all)),
@@ -657,6 +686,21 @@ def markdown(res):
                 f"{b['vtrain']['mean_ape']:.1f} / {b['vtrain']['max_ape']:.1f} % (tau {min(tb):.2f}-{max(tb):.2f}). "
                 "The all-data value is vTrain's own fit, so the second figure is a sensitivity, not an "
                 "out-of-sample error."]
+    bt = res.get("vtrain_by_tp")
+    if bt:
+        out += ["", "vTrain in sample by tensor-parallel degree (signed mean, +: predicted slower; "
+                "mean / max absolute, %):", "", "| TP | layouts | signed mean | mean / max |", "|---|---|---|---|"]
+        for tp, d in bt["by_tp"].items():
+            out.append(f"| {tp} | {d['n']} | {d['mean_signed']:+.1f} | {d['mean_ape']:.1f} / {d['max_ape']:.1f} |")
+        sl = bt["tp8_per_layer_per_microbatch"]
+        n_slower = sum(g["mbs1_ms"] > g["mbs2_ms"] for g in sl)
+        out += ["", f"At TP 8 (no pipeline, no data parallelism) vTrain measured a microbatch of one "
+                f"sequence slower than one of two, per microbatch and layer, in {n_slower} of {len(sl)} "
+                "groups (" + ", ".join(f"{g['group']} {g['mbs1_ms']:.2f} vs {g['mbs2_ms']:.2f} ms" for g in sl)
+                + "): more work in less time, which no model where work costs time fits. "
+                + (f"The in-sample max ({bt['by_tp'][8]['max_ape']:.1f} %) is a TP 8 layout."
+                   if 8 in bt["by_tp"] and bt["by_tp"][8]["max_ape"] >= max(
+                       d["max_ape"] for d in bt["by_tp"].values()) else "")]
     out += ["", "Model-size trend (NAR21 Table 1, MLM24 weak scaling): step [s] and MFU (Megatron-LM's "
             "model FLOPs over the dense 16-bit peak, the same count for measured and predicted)", "",
             "| run | params [B] | measured s | megatron s | MFU measured | MFU megatron | MFU megatron LOSO |",
