@@ -57,7 +57,7 @@ HELD = {"attention_efficiency": 1.0, "elementwise_bytes": M.ELEMENTWISE_BYTES}
 FIT_NAMES = tuple(n for n in M.CONSTANT_BOUNDS if n not in HELD)
 #: Where every fit starts: physical values fixed before looking at the data (not the
 #: stored all-data fit, which would leak the left-out source into its LOSO fit).
-PRIOR = {"gemm_scale": 0.8, "fp8_gemm_scale": 1.0, "gemm_size_shift": 1.0, "gemm_k_overhead": 128.0,
+PRIOR = {"gemm_scale": 0.8, "fp8_gemm_scale": 1.0, "hopper_gemm_scale": 1.0, "gemm_size_shift": 1.0, "gemm_k_overhead": 128.0,
          "layer_overhead": 1e-4, "scale_up_efficiency": 0.9,
          "scale_out_efficiency": 0.8, "overlap_efficiency": 0.8, "step_overhead": 0.01,
          "collective_latency": 1e-5}

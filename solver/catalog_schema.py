@@ -156,6 +156,7 @@ _SCHEMA = {
         "dispatch_tax": _field("time"),
         "source": _field("string"),
         "gemm_efficiency": _field("number_table"),
+        "architecture": _field("string"),
     },
     "nodes": {
         "name": _field("string"),

@@ -67,6 +67,9 @@ class Accelerator:
     gemm_efficiency : mapping str -> float, optional [1]
         Megatron physics only: achieved share of the dense peak on large GEMMs,
         by precision key (``bf16``, ``fp8``, ...), as published GEMM benchmarks state it.
+    architecture : str, optional
+        Megatron physics only: the GPU architecture (``"ampere"``, ``"hopper"``,
+        ``"blackwell"``); Hopper's GEMMs get the fitted ``hopper_gemm_scale``.
     """
 
     name: str
@@ -83,6 +86,7 @@ class Accelerator:
     dispatch_tax: float = 1e-5
     source: str = ""
     gemm_efficiency: Mapping[str, float] = field(default_factory=dict)
+    architecture: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "precision_flops", MappingProxyType(dict(self.precision_flops)))

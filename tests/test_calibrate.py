@@ -180,6 +180,23 @@ def test_profile_round_trips_through_toml(synthetic_fit, tmp_path):
     assert data["calibration"]["physics"] == "megatron"
 
 
+def test_a_profile_that_predates_a_constant_prices_as_it_was_fitted(synthetic_fit, tmp_path):
+    # A profile written before hopper_gemm_scale existed fitted gemm_scale with no Hopper
+    # factor: it must not take the shipped fit's 0.87 on top (H100 GEMMs 13 % slower).
+    path = synthetic_fit.save(tmp_path / "old.toml")
+    text = "\n".join(line for line in path.read_text().splitlines()
+                     if not line.startswith("hopper_gemm_scale ="))
+    path.write_text(text + "\n")
+    old = load_profile(path)
+    assert old.constants["hopper_gemm_scale"] == M.PREDATED_CONSTANTS["hopper_gemm_scale"] == 1.0
+    assert old.constants["gemm_scale"] == synthetic_fit.profile.constants["gemm_scale"]
+    assert any("predates it" in w for w in old.warnings)
+    # a hand-written profile of a few constants keeps the shipped values for the others
+    path.write_text('[calibration]\nphysics = "megatron"\n[constants]\ngemm_scale = 0.5\n')
+    few = load_profile(path)
+    assert few.constants == {"gemm_scale": 0.5} and not few.warnings
+
+
 def test_a_bad_profile_is_refused(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[calibration]\nphysics = "megatron"\n[constants]\ngemm_scale = 7.0\n')

@@ -101,3 +101,35 @@ def test_prepare_refuses_what_solve_refuses():
         price(tp_size=2)
     with pytest.raises(ValueError, match="must broadcast together"):
         price(gemm_scale=np.array([0.5, 0.6]))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_hopper_gemm_scale_multiplies_the_plateau_of_hopper_gpus_only(engine):
+    # hopper_gemm_scale is gemm_scale again on a Hopper GPU (the catalog's architecture) and
+    # nothing elsewhere: the A100 cluster prices the same whatever its value.
+    rng = np.random.default_rng(14)
+    knobs = _knobs(rng, 64, dp_given=True)
+    wl = catalog.workload("Llama3_8B_MC")
+    hopper = catalog.fleet("EOS_H100_MC")
+    assert hopper.node.accelerator.architecture == "hopper"
+    price = M.prepare(wl, hopper, engine=engine, **knobs)
+    a = price(gemm_scale=0.8, hopper_gemm_scale=0.75)
+    b = price(gemm_scale=0.8 * 0.75, hopper_gemm_scale=1.0)
+    for name in ("step_latency_total", "compute_latency", "mfu"):
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-12, err_msg=name)
+    slower = price(gemm_scale=0.8, hopper_gemm_scale=0.5)["compute_latency"]
+    ok = np.isfinite(a["compute_latency"])
+    assert ok.any() and (slower[ok] > a["compute_latency"][ok]).all()
+    ampere = catalog.fleet("Selene_MC")
+    assert ampere.node.accelerator.architecture == "ampere"
+    price = M.prepare(wl, ampere, engine=engine, **knobs)
+    _same(price(hopper_gemm_scale=0.5), price(hopper_gemm_scale=1.2))
+
+
+def test_catalog_architectures():
+    arch = {name: catalog.accelerator(name).architecture
+            for name in ("H100", "H100_PCIe", "H200", "H100_SXM_MC", "H200_MC", "A100", "A100_80GB_MC",
+                         "B200", "B200_MC", "GB200_MC")}
+    assert {n for n, a in arch.items() if a == "hopper"} == {"H100", "H100_PCIe", "H200", "H100_SXM_MC",
+                                                             "H200_MC"}
+    assert arch["A100"] == arch["A100_80GB_MC"] == "ampere" and arch["B200_MC"] == "blackwell"

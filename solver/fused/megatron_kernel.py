@@ -574,11 +574,17 @@ CONSTANT_ORDER = ("gemm_scale", "fp8_gemm_scale", "gemm_size_shift", "gemm_k_ove
                   "step_overhead", "collective_latency")
 
 
-def constant_scalars(c):
-    """The kernel's constant tuple from scalar constants (``np.log`` of the size shift, as gemm takes it)."""
+def constant_scalars(c, accelerator=None):
+    """The kernel's constant tuple from scalar constants (``np.log`` of the size shift, as gemm takes it).
+
+    ``gemm_scale`` comes with the accelerator's architecture scale folded in
+    (megatron_steps.architecture_gemm_scale: ``hopper_gemm_scale`` on a Hopper GPU), the one
+    fitted constant that depends on the fleet."""
     out = []
     for name in CONSTANT_ORDER:
         value = np.float64(c[name])
+        if name == "gemm_scale" and accelerator is not None:
+            value = value * np.float64(_steps.architecture_gemm_scale(accelerator, c))
         out.append(float(np.log(value)) if name == "gemm_size_shift" else float(value))
     return tuple(out)
 

@@ -172,6 +172,13 @@ def _from_data(data: Mapping, where: str) -> Profile:
             raise ProfileError(f"{where}: constants.{key}: expected a number in "
                                f"[{low:g}, {high:g}], but got {value!r}")
     uncertainty = data.get("uncertainty", {})
+    constants, notes = dict(constants), []
+    predated = getattr(model, "PREDATED_CONSTANTS", {})
+    if set(known) - set(constants) <= set(predated) and set(known) - set(constants):
+        for key in sorted(set(known) - set(constants)):  # written before `key` existed
+            constants[key] = predated[key]
+            notes.append(f"constants.{key}: not in this profile, which predates it; taken as "
+                         f"{predated[key]:g}, the value the profile was fitted under")
     return Profile(physics=name, constants={k: float(v) for k, v in constants.items()},
                    uncertainty={k: float(v) for k, v in uncertainty.items()},
                    free=tuple(meta.get("free", ())), data_sha256=str(meta.get("data_sha256", "")),
@@ -181,7 +188,7 @@ def _from_data(data: Mapping, where: str) -> Profile:
                    loo_mape=float(meta.get("loo_mape", math.nan)),
                    prior_width={k: float(v) for k, v in data.get("prior_width", {}).items()},
                    noise=float(meta.get("noise", math.nan)),
-                   warnings=tuple(meta.get("warnings", ())), path=where)
+                   warnings=tuple(meta.get("warnings", ())) + tuple(notes), path=where)
 
 
 def with_calibration(spec, calibration):
