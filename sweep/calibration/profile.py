@@ -174,8 +174,9 @@ def _from_data(data: Mapping, where: str) -> Profile:
     uncertainty = data.get("uncertainty", {})
     constants, notes = dict(constants), []
     predated = getattr(model, "PREDATED_CONSTANTS", {})
-    if set(known) - set(constants) <= set(predated) and set(known) - set(constants):
-        for key in sorted(set(known) - set(constants)):  # written before `key` existed
+    missing = set(known) - set(constants)
+    if missing and missing <= set(predated):  # a whole profile, written before `missing` existed
+        for key in sorted(missing):
             constants[key] = predated[key]
             notes.append(f"constants.{key}: not in this profile, which predates it; taken as "
                          f"{predated[key]:g}, the value the profile was fitted under")
