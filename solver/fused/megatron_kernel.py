@@ -574,7 +574,7 @@ CONSTANT_ORDER = ("gemm_scale", "fp8_gemm_scale", "gemm_size_shift", "gemm_k_ove
                   "step_overhead", "collective_latency")
 
 
-def constant_scalars(c, accelerator=None):
+def constant_scalars(c, accelerator):
     """The kernel's constant tuple from scalar constants (``np.log`` of the size shift, as gemm takes it).
 
     ``gemm_scale`` comes with the accelerator's architecture scale folded in
@@ -583,7 +583,7 @@ def constant_scalars(c, accelerator=None):
     out = []
     for name in CONSTANT_ORDER:
         value = np.float64(c[name])
-        if name == "gemm_scale" and accelerator is not None:
+        if name == "gemm_scale":
             value = value * np.float64(_steps.architecture_gemm_scale(accelerator, c))
         out.append(float(np.log(value)) if name == "gemm_size_shift" else float(value))
     return tuple(out)

@@ -89,7 +89,7 @@ def architecture_gemm_scale(acc, c):
     ``hopper_gemm_scale`` applies to the catalog's ``architecture = "hopper"`` (H100,
     H200); every other architecture gets 1 (no measured Blackwell run: its plateau is the
     catalog's times ``gemm_scale``)."""
-    return c["hopper_gemm_scale"] if getattr(acc, "architecture", "") == "hopper" else 1.0
+    return c["hopper_gemm_scale"] if acc.architecture == "hopper" else 1.0
 
 
 def _plateau(acc, key):

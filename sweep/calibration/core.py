@@ -92,8 +92,9 @@ SEPARABLE_CORRELATION = 0.99
 DIFF_STEP = 1e-3
 #: Standard deviation of the prior on log(constant) around the start value, per
 #: constant (others: :data:`OTHER_PRIOR_WIDTH`).
-PRIOR_WIDTHS = {"gemm_scale": 0.3, "fp8_gemm_scale": 0.3, "hopper_gemm_scale": 0.3, "scale_up_efficiency": 0.5,
-                "scale_out_efficiency": 0.5, "overlap_efficiency": 0.5, "step_overhead": 2.0,
+PRIOR_WIDTHS = {"gemm_scale": 0.3, "fp8_gemm_scale": 0.3, "hopper_gemm_scale": 0.3,
+                "scale_up_efficiency": 0.5, "scale_out_efficiency": 0.5, "overlap_efficiency": 0.5,
+                "step_overhead": 2.0,
                 "layer_overhead": 2.0, "collective_latency": 2.0}
 OTHER_PRIOR_WIDTH = 1.0
 #: Assumed standard deviation of log(measured step time) about the model, per run.
