@@ -10,8 +10,11 @@ reduction their configs state (NEMO2407 3.8 -> 3.1 % mean, NEMOLS 4.7 -> 5.6 % m
 15.8 -> 14.9 %; every bar re-set on 2026-12-03 (12:55) when Hopper's GEMMs got their own
 fitted plateau scale (hopper_gemm_scale): in sample, published 4.0 / 10.9 -> 3.5 / 11.9 %
 (NAR21's max 10.9 -> 11.9, vTrain 8.4 / 32.0 -> 8.7 / 32.4; MLM24 4.4 / 9.3 -> 2.5 / 5.8,
-NEMO2407 2.8 / 8.7 -> 1.9 / 5.2), the bars tightened to the new values plus the margin; a
-change to the physics or the constants that makes the fit worse fails here.
+NEMO2407 2.8 / 8.7 -> 1.9 / 5.2), the bars tightened to the new values plus the margin;
+every bar re-set on 2026-12-03 (15:05) when vTrain's layouts took the full recompute their
+artifact's configs state ("use_checkpoint": true): published 3.5 / 11.9 -> 3.7 / 12.6 %
+(NAR21 5.0 / 11.9 -> 5.6 / 12.6, KOR22 3.6 / 7.2 -> 2.7 / 4.9, vTrain 8.7 / 32.4 -> 9.0 /
+31.5). A change to the physics or the constants that makes the fit worse fails here.
 """
 
 import sys
@@ -25,8 +28,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import fidelity as F  # noqa: E402
 
 #: source -> (mean APE bar [%], max APE bar [%]) of the shipped constants, in sample.
-BARS = {"NAR21": (5.4, 12.3), "KOR22": (4.0, 7.7), "MLM24": (2.9, 6.2), "NEMO2407": (2.3, 5.6),
-        "NEMOLS": (3.3, 4.4), "VTRAIN": (9.1, 32.8), "published_overall": (3.9, 12.3)}
+BARS = {"NAR21": (6.0, 13.0), "KOR22": (3.1, 5.3), "MLM24": (3.4, 6.1), "NEMO2407": (2.6, 4.5),
+        "NEMOLS": (3.3, 4.5), "VTRAIN": (9.4, 31.9), "published_overall": (4.1, 13.0)}
 #: Minimum Kendall tau over the 8 vTrain groups.
 TAU_BAR = 0.86
 
@@ -59,7 +62,33 @@ def test_vtrain_by_tp_splits_every_layout_and_names_the_tp8_anomaly():
     by_tp = got["by_tp"]
     assert sorted(by_tp) == [1, 2, 4, 8]
     assert sum(d["n"] for d in by_tp.values()) == 1440
-    assert by_tp[8]["mean_signed"] < -15 and all(abs(by_tp[t]["mean_signed"]) < 3 for t in (1, 2, 4))
+    assert by_tp[8]["mean_signed"] < -15 and all(abs(by_tp[t]["mean_signed"]) < 7 for t in (1, 2, 4))
     assert by_tp[8]["max_ape"] == max(d["max_ape"] for d in by_tp.values())
     groups = got["tp8_per_layer_per_microbatch"]
     assert len(groups) == 8 and all(g["mbs1_ms"] > 1.1 * g["mbs2_ms"] for g in groups)
+
+
+def test_every_vtrain_layout_fits_the_memory_it_ran_in():
+    # vTrain's 1,440 layouts all ran on A100 40GB GPUs with full recompute: the model's
+    # footprint of each stays under the device's 40,339 MiB. Without the recompute the
+    # artifact's configs state, 6 of them (h2048, 20-24 layers, 8 sequences a microbatch,
+    # no pipeline) came out over it, by up to 24 %.
+    runs, _ = F.load_runs()
+    mem = F.memory_check([r for r in runs if r.source == "VTRAIN"], F.M.CONSTANTS)["vtrain"]
+    assert sum(g["n"] for g in mem) == 1440
+    assert all(g["over"] == 0 for g in mem), mem
+    assert 0.5 < max(g["max_ratio"] for g in mem) < 1.0
+
+
+def test_vtrain_pipelined_layouts_recompute_like_the_rest():
+    # Priced with every stage recomputing, as Megatron-DeepSpeed's checkpointing does: a
+    # pipeline 2 layout against its data parallel 2 twin costs what vTrain measured, and
+    # vTrain's simulator's rule (no recompute on the last stage, so none without a
+    # pipeline) would price it a third dearer than measured.
+    runs, _ = F.load_runs()
+    got = F.vtrain_pipeline_pairs(runs, F.M.CONSTANTS)
+    m, every, rule = got["measured"], got["every_stage"], got["simulator_rule"]
+    assert m["n"] == every["n"] == rule["n"] == 288
+    assert 1.1 < m["median"] < 1.35
+    assert abs(every["median"] / m["median"] - 1) < 0.06
+    assert rule["median"] > 1.15 * m["median"]
