@@ -101,6 +101,12 @@ def _fleets(gpu):
         "DGX H100 x NDR", catalog.node("DGX_H100"), 1, catalog.fabric("InfiniBand_NDR"))
 
 
+def megatron_fleet(run):
+    """The fleet a run is priced on by the megatron model (vTrain's node: its A100 40GB)."""
+    fleet = _fleets(run.gpu)[0]
+    return dataclasses.replace(fleet, node=_vtrain_node()) if run.source == "VTRAIN" else fleet
+
+
 @dataclasses.dataclass
 class Run:
     run_id: str
@@ -307,10 +313,7 @@ _ENGINE = "fused" if solver.fused.NUMBA else "numpy"
 def _prepared(run):
     kept = _PREPARED.get(id(run))
     if kept is None or kept[0] is not run:
-        fleet, _ = _fleets(run.gpu)
-        if run.source == "VTRAIN":
-            fleet = dataclasses.replace(fleet, node=_vtrain_node())
-        kept = _PREPARED[id(run)] = (run, M.prepare(run.workload, fleet, engine=_ENGINE,
+        kept = _PREPARED[id(run)] = (run, M.prepare(run.workload, megatron_fleet(run), engine=_ENGINE,
                                                     **_candidates(run)))
     return kept[1]
 
@@ -521,9 +524,8 @@ def vtrain_pipeline_pairs(runs, constants):
     for r in runs:
         if r.source != "VTRAIN":
             continue
-        fleet = dataclasses.replace(_fleets(r.gpu)[0], node=_vtrain_node())
         pp = np.asarray(r.knobs["pp_size"])
-        pred = {rule: np.asarray(M.prepare(r.workload, fleet, engine=_ENGINE, **{
+        pred = {rule: np.asarray(M.prepare(r.workload, megatron_fleet(r), engine=_ENGINE, **{
             **r.knobs, "recompute": rc})(**constants)["step_latency_total"], dtype=np.float64)
             for rule, rc in (("every_stage", r.knobs["recompute"]),
                              ("simulator_rule", np.where(pp > 1, r.knobs["recompute"], "none")))}
@@ -548,8 +550,7 @@ def memory_check(runs, constants):
     for r in runs:
         out, i = megatron_solve(r, constants)
         mem = np.atleast_1d(np.asarray(out["memory_footprint"], dtype=np.float64))
-        node = _vtrain_node() if r.source == "VTRAIN" else _fleets(r.gpu)[0].node
-        cap = node.accelerator.memory_capacity
+        cap = megatron_fleet(r).node.accelerator.memory_capacity
         if r.source == "VTRAIN":
             ratio = mem / cap
             over.append({"group": r.group, "n": int(ratio.size), "over": int((ratio > 1).sum()),
