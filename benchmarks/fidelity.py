@@ -92,6 +92,18 @@ def _params(l, h, f, V, a, kv, gated):
     return l * (h * d * (a + 2 * kv) + a * d * h + (3 if gated else 2) * h * f) + 2 * V * h
 
 
+#: GPT-2's BPE vocabulary, which vTrain's GPT model takes (its ``vocab_size=50257``).
+VTRAIN_VOCAB = 50257
+
+
+def vtrain_vocab(tp):
+    """The vocabulary Megatron(-DeepSpeed) builds for GPT-2's at tensor parallelism ``tp``:
+    padded to a multiple of ``make_vocab_size_divisible_by`` (128, the default) x TP
+    (``_vocab_size_with_padding``): 50,304 at TP 1, 51,200 at TP 8."""
+    multiple = 128 * tp
+    return -(-VTRAIN_VOCAB // multiple) * multiple
+
+
 def _fleets(gpu):
     """(megatron fleet, mlsysim fleet) for a GPU name of the data."""
     if gpu.startswith("A100"):
@@ -261,15 +273,15 @@ def load_runs():
                             gated_mlp=gated, tied_embeddings=tied, inference_flops=2 * params)
         runs.append(Run(r["run_id"], src, wl, r["gpu"], knobs, np.float64(t), "; ".join(notes),
                         choices=choices))
-    # vTrain: one group per model shape, flat arrays of layouts.
+    # vTrain: one group per model shape (its layouts' tau is taken over the group), one run
+    # per shape and TP degree, flat arrays of layouts: Megatron pads GPT-2's vocabulary to a
+    # multiple of 128 x TP (VTRAIN_VOCAB), so the LM head differs by TP.
     with open(DATA / "vtrain_single_node.csv") as fh:
         vt = np.array([[float(x) for x in row] for row in list(csv.reader(fh))[1:]])
-    keys = vt[:, [3, 5]]
-    for h, l in sorted({tuple(k) for k in keys}):
-        sel = (vt[:, 3] == h) & (vt[:, 5] == l)
-        g = vt[sel]
-        h, l, a, s = int(h), int(l), int(g[0, 4]), int(g[0, 6])
-        V = 51200
+    for h, l, tp in sorted({tuple(k) for k in vt[:, [3, 5, 7]].astype(int)}):
+        g = vt[(vt[:, 3] == h) & (vt[:, 5] == l) & (vt[:, 7] == tp)]
+        a, s = int(g[0, 4]), int(g[0, 6])
+        V = vtrain_vocab(tp)
         params = _params(l, h, 4 * h, V, a, a, False)
         wl = specs.Workload(name=f"GPT h{h} l{l}", kind="transformer", parameters=params, layers=l,
                             hidden_dim=h, heads=a, vocab_size=V, inference_flops=2 * params)
@@ -284,8 +296,9 @@ def load_runs():
                      recompute="full", zero_stage=0, precision="fp16", tp_comm_overlap=False,
                      overlap_grad_reduce=False, overlap_param_gather=False, flash_attention=False,
                      scatter_gather_tensors_in_pipeline=True)  # legacy Megatron-LM's default
-        runs.append(Run(f"VTRAIN-h{h}-l{l}", "VTRAIN", wl, "A100-40GB", knobs, g[:, 10] / 1e3,
-                        "vocab 51200, fp16, full recompute, unfused attention, DDP assumed; A100 40GB", f"h{h}-l{l}"))
+        runs.append(Run(f"VTRAIN-h{h}-l{l}-tp{tp}", "VTRAIN", wl, "A100-40GB", knobs, g[:, 10] / 1e3,
+                        f"vocab {V}, fp16, full recompute, unfused attention, DDP assumed; A100 40GB",
+                        f"h{h}-l{l}"))
     return runs, skipped
 
 
@@ -442,14 +455,16 @@ def score(runs, predict):
         rs = [r for r in runs if r.source == src]
         if not rs:
             continue
-        errs, taus, nan = [], [], 0
+        errs, groups, nan = [], {}, 0
         for r in rs:
             p = predict(r)
             e = ape(p, r.measured)
             nan += int(np.sum(~np.isfinite(e)))
             errs.append(np.ravel(e))
-            if src == "VTRAIN":
-                taus.append(kendall(p, r.measured))
+            if src == "VTRAIN":  # one tau per model shape, over all its runs' layouts
+                groups.setdefault(r.group, []).append((np.ravel(p), np.ravel(r.measured)))
+        taus = [kendall(np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts]))
+                for parts in groups.values()]
         e = np.concatenate(errs)
         e = e[np.isfinite(e)]
         table[src] = {"n": int(e.size), "unpriced": nan, "mean_ape": float(np.mean(e)),
@@ -502,8 +517,9 @@ def vtrain_by_tp(runs, constants):
             by_tp.setdefault(int(tp), []).append(err[sel])
         per_layer = r.measured / (k["batch_size"] / k["micro_batch_size"]) / r.workload.layers
         plain = (k["tp_size"] == 8) & (k["pp_size"] == 1) & (k["dp_size"] == 1)
-        t1, t2 = (float(np.mean(per_layer[plain & (k["micro_batch_size"] == m)])) for m in (1, 2))
-        slower.append({"group": r.group, "mbs1_ms": t1 * 1e3, "mbs2_ms": t2 * 1e3})
+        if plain.any():
+            t1, t2 = (float(np.mean(per_layer[plain & (k["micro_batch_size"] == m)])) for m in (1, 2))
+            slower.append({"group": r.group, "mbs1_ms": t1 * 1e3, "mbs2_ms": t2 * 1e3})
     table = {}
     for tp, parts in sorted(by_tp.items()):
         e = np.concatenate(parts) * 100
@@ -553,7 +569,7 @@ def memory_check(runs, constants):
         cap = megatron_fleet(r).node.accelerator.memory_capacity
         if r.source == "VTRAIN":
             ratio = mem / cap
-            over.append({"group": r.group, "n": int(ratio.size), "over": int((ratio > 1).sum()),
+            over.append({"run_id": r.run_id, "group": r.group, "n": int(ratio.size), "over": int((ratio > 1).sum()),
                          "max_ratio": float(ratio.max())})
         else:
             ratio = float(mem[0 if i is None else i] / cap)

@@ -11,7 +11,7 @@ reduction their configs state (NEMO2407 3.8 -> 3.1 % mean, NEMOLS 4.7 -> 5.6 % m
 fitted plateau scale (hopper_gemm_scale): in sample, published 4.0 / 10.9 -> 3.5 / 11.9 %
 (NAR21's max 10.9 -> 11.9, vTrain 8.4 / 32.0 -> 8.7 / 32.4; MLM24 4.4 / 9.3 -> 2.5 / 5.8,
 NEMO2407 2.8 / 8.7 -> 1.9 / 5.2), the bars tightened to the new values plus the margin;
-every bar re-set on 2026-12-03 (15:05) when vTrain's layouts took the full recompute their
+every bar re-set on 2026-12-03 (14:26) when vTrain's layouts took the full recompute their
 artifact's configs state ("use_checkpoint": true): published 3.5 / 11.9 -> 3.7 / 12.6 %
 (NAR21 5.0 / 11.9 -> 5.6 / 12.6, KOR22 3.6 / 7.2 -> 2.7 / 4.9, vTrain 8.7 / 32.4 -> 9.0 /
 31.5). A change to the physics or the constants that makes the fit worse fails here.
@@ -92,3 +92,14 @@ def test_vtrain_pipelined_layouts_recompute_like_the_rest():
     assert 1.1 < m["median"] < 1.35
     assert abs(every["median"] / m["median"] - 1) < 0.06
     assert rule["median"] > 1.15 * m["median"]
+
+
+def test_vtrain_vocabulary_is_padded_per_tp_as_megatron_pads_it():
+    # GPT-2's 50,257 tokens to a multiple of 128 x TP (Megatron's _vocab_size_with_padding)
+    assert [F.vtrain_vocab(tp) for tp in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]
+    runs, _ = F.load_runs()
+    vt = [r for r in runs if r.source == "VTRAIN"]
+    assert sum(r.measured.size for r in vt) == 1440 and len({r.group for r in vt}) == 8
+    for r in vt:
+        tp = set(map(int, r.knobs["tp_size"]))
+        assert len(tp) == 1 and r.workload.vocab_size == F.vtrain_vocab(tp.pop())
