@@ -275,7 +275,7 @@ def load_runs():
                         choices=choices))
     # vTrain: one group per model shape (its layouts' tau is taken over the group), one run
     # per shape and TP degree, flat arrays of layouts: Megatron pads GPT-2's vocabulary to a
-    # multiple of 128 x TP (VTRAIN_VOCAB), so the LM head differs by TP.
+    # multiple of 128 x TP (vtrain_vocab), so the LM head differs by TP.
     with open(DATA / "vtrain_single_node.csv") as fh:
         vt = np.array([[float(x) for x in row] for row in list(csv.reader(fh))[1:]])
     for h, l, tp in sorted({tuple(k) for k in vt[:, [3, 5, 7]].astype(int)}):
