@@ -505,7 +505,7 @@ def vtrain_by_tp(runs, constants):
     at microbatch 1: there vTrain measured a microbatch of one sequence slower than one of two (per microbatch,
     per layer, no pipeline and no data parallelism), which no model where more work takes
     longer can fit. Reported so the in-sample max is read for what it is."""
-    by_tp, slower = {}, []
+    by_tp, by_tp_mbs, slower = {}, {}, []
     for r in runs:
         if r.source != "VTRAIN":
             continue
@@ -515,6 +515,9 @@ def vtrain_by_tp(runs, constants):
         for tp in np.unique(k["tp_size"]):
             sel = k["tp_size"] == tp
             by_tp.setdefault(int(tp), []).append(err[sel])
+            for mbs in np.unique(k["micro_batch_size"][sel]):
+                by_tp_mbs.setdefault((int(tp), int(mbs)), []).append(
+                    err[sel & (k["micro_batch_size"] == mbs)])
         per_layer = r.measured / (k["batch_size"] / k["micro_batch_size"]) / r.workload.layers
         plain = (k["tp_size"] == 8) & (k["pp_size"] == 1) & (k["dp_size"] == 1)
         if plain.any():
@@ -525,7 +528,12 @@ def vtrain_by_tp(runs, constants):
         e = np.concatenate(parts) * 100
         table[tp] = {"n": int(e.size), "mean_signed": float(np.mean(e)),
                      "mean_ape": float(np.mean(np.abs(e))), "max_ape": float(np.max(np.abs(e)))}
-    return {"by_tp": table, "tp8_per_layer_per_microbatch": slower}
+    # The signed mean by TP and microbatch size: the model does not follow the measured
+    # dependence on the microbatch (reported, not fitted).
+    signed = {f"{tp}x{mbs}": {"tp": tp, "micro_batch_size": mbs, "n": int(np.concatenate(p).size),
+                              "mean_signed": float(np.mean(np.concatenate(p)) * 100)}
+              for (tp, mbs), p in sorted(by_tp_mbs.items())}
+    return {"by_tp": table, "by_tp_and_microbatch": signed, "tp8_per_layer_per_microbatch": slower}
 
 
 def vtrain_pipeline_pairs(runs, constants):
@@ -748,6 +756,17 @@ def markdown(res):
                 "mean / max absolute, %):", "", "| TP | layouts | signed mean | mean / max |", "|---|---|---|---|"]
         for tp, d in bt["by_tp"].items():
             out.append(f"| {tp} | {d['n']} | {d['mean_signed']:+.1f} | {d['mean_ape']:.1f} / {d['max_ape']:.1f} |")
+        cells = bt.get("by_tp_and_microbatch", {})
+        if cells:
+            mbs_all = sorted({c["micro_batch_size"] for c in cells.values()})
+            out += ["", "Signed mean by TP degree (rows) and microbatch size in sequences (columns), % "
+                    "(layouts in brackets):", "",
+                    "| TP | " + " | ".join(f"mbs {m}" for m in mbs_all) + " |",
+                    "|---|" + "---|" * len(mbs_all)]
+            for tp in bt["by_tp"]:
+                row = [cells.get(f"{tp}x{m}") for m in mbs_all]
+                out.append(f"| {tp} | " + " | ".join(
+                    f"{c['mean_signed']:+.1f} ({c['n']})" if c else "-" for c in row) + " |")
         sl = bt["tp8_per_layer_per_microbatch"]
         n_slower = sum(g["mbs1_ms"] > g["mbs2_ms"] for g in sl)
         out += ["", f"At TP 8 (no pipeline, no data parallelism) vTrain measured a microbatch of one "

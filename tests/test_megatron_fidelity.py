@@ -103,3 +103,14 @@ def test_vtrain_vocabulary_is_padded_per_tp_as_megatron_pads_it():
     for r in vt:
         tp = set(map(int, r.knobs["tp_size"]))
         assert len(tp) == 1 and r.workload.vocab_size == F.vtrain_vocab(tp.pop())
+
+
+def test_vtrain_error_by_tp_and_microbatch_covers_every_layout():
+    runs, _ = F.load_runs()
+    cells = F.vtrain_by_tp(runs, F.M.CONSTANTS)["by_tp_and_microbatch"]
+    assert sum(c["n"] for c in cells.values()) == 1440
+    assert {(c["tp"], c["micro_batch_size"]) for c in cells.values()} == {
+        (tp, m) for tp in (1, 2, 4, 8) for m in (1, 2, 4, 8)}
+    # the README's reading: at TP 1 the model is slowest against the measurement at 8 sequences
+    tp1 = [cells[f"1x{m}"]["mean_signed"] for m in (1, 2, 4, 8)]
+    assert tp1 == sorted(tp1) and tp1[-1] > 10
