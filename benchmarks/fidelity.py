@@ -498,6 +498,12 @@ def vtrain_floor(runs, loso_constants, all_constants):
     return out
 
 
+def _layout_knobs(run):
+    """A vTrain run's split knobs, one integer per layout (in this order)."""
+    return {n: np.broadcast_to(np.asarray(run.knobs[n]), run.measured.shape).astype(int)
+            for n in ("tp_size", "pp_size", "dp_size", "micro_batch_size", "batch_size")}
+
+
 def vtrain_by_tp(runs, constants):
     """vTrain's in-sample error by tensor-parallel degree, and what its TP=8 layouts measured.
 
@@ -510,8 +516,7 @@ def vtrain_by_tp(runs, constants):
         if r.source != "VTRAIN":
             continue
         err = np.ravel(megatron_predict(r, constants)) / r.measured - 1
-        k = {n: np.broadcast_to(np.asarray(r.knobs[n]), r.measured.shape)
-             for n in ("tp_size", "pp_size", "dp_size", "micro_batch_size", "batch_size")}
+        k = _layout_knobs(r)
         for tp in np.unique(k["tp_size"]):
             sel = k["tp_size"] == tp
             by_tp.setdefault(int(tp), []).append(err[sel])
@@ -553,8 +558,7 @@ def vtrain_pipeline_pairs(runs, constants):
             **r.knobs, "recompute": rc})(**constants)["step_latency_total"], dtype=np.float64)
             for rule, rc in (("every_stage", r.knobs["recompute"]),
                              ("simulator_rule", np.where(pp > 1, r.knobs["recompute"], "none")))}
-        k = [np.broadcast_to(np.asarray(r.knobs[n]), r.measured.shape).astype(int)
-             for n in ("tp_size", "pp_size", "dp_size", "micro_batch_size", "batch_size")]
+        k = list(_layout_knobs(r).values())
         index = {tuple(int(x[j]) for x in k): j for j in range(r.measured.size)}
         for (tp, pp_, dp, mb, gb), j in index.items():
             twin = index.get((tp, 1, 2 * dp, mb, gb)) if pp_ == 2 else None
