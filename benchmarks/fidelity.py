@@ -68,8 +68,8 @@ PRIOR = {"gemm_scale": 0.8, "fp8_gemm_scale": 1.0, "hopper_gemm_scale": 1.0, "ge
 #: floor, seen only by vTrain's small models, when vTrain is left out) stays near its
 #: sourced value instead of running to a bound.
 NOISE = DEFAULT_NOISE
-#: Overrides of PRIOR for each start of a fit (see fit_megatron).
-STARTS = ({}, {"layer_overhead": 1e-3, "step_overhead": 1e-3})
+#: Overrides of PRIOR for each start of a fit besides PRIOR itself (see fit_megatron).
+OTHER_STARTS = ({"layer_overhead": 1e-3, "step_overhead": 1e-3},)
 
 
 # ------------------------------------------------------------------ data
@@ -403,26 +403,20 @@ def _weights(runs):
     return [1.0 / np.sqrt(count[r.source]) for r in runs]
 
 
-def fit_megatron(runs, start=None):
+def fit_megatron(runs):
     weights = _weights(runs)
 
     def residuals(c):
         return np.concatenate([wgt * np.ravel(np.log(megatron_predict(r, c)) - np.log(r.measured))
                                for r, wgt in zip(runs, weights)])
 
-    best = None
-    # Two fixed, data-independent starts (the host launch floor off and on): the
-    # launch floor and the per-step overhead trade off on vTrain's short steps, and a
+    # Two fixed, data-independent starts (the host launch floor off and on, OTHER_STARTS):
+    # the launch floor and the per-step overhead trade off on vTrain's short steps, and a
     # single start can settle in the worse basin. The lower cost wins.
-    for alt in STARTS:
-        fit = fit_log(residuals, {**PRIOR, **alt, **(start or {})}, FIT_NAMES,
-                      M.CONSTANT_BOUNDS, held=HELD, prior_center=PRIOR,
-                      prior_weight=[NOISE / PRIOR_WIDTHS.get(n, OTHER_PRIOR_WIDTH)
-                                    for n in FIT_NAMES])
-        cost = 0.5 * float(np.sum(fit.residuals ** 2))
-        if best is None or cost < best[0]:
-            best = (cost, fit)
-    return dict(best[1].constants)
+    fit = fit_log(residuals, PRIOR, FIT_NAMES, M.CONSTANT_BOUNDS, held=HELD, prior_center=PRIOR,
+                  prior_weight=[NOISE / PRIOR_WIDTHS.get(n, OTHER_PRIOR_WIDTH) for n in FIT_NAMES],
+                  other_starts=OTHER_STARTS)
+    return dict(fit.constants)
 
 
 def fit_mlsysim(runs):

@@ -161,6 +161,23 @@ def test_fp8_runs_free_the_fp8_gemm_scale():
     assert cal.profile.free == FREE[:1] + ("fp8_gemm_scale",) + FREE[1:]
 
 
+def test_fit_log_takes_the_least_cost_of_its_starts():
+    from sweep.calibration.fit import fit_log
+
+    # a floor at c over a fixed time of 1: flat below 1, so a start below cannot rise to 3
+    def residuals(c):
+        return np.array([np.log(max(1.0, c["floor"])) - np.log(3.0)])
+
+    bounds = {"floor": (1e-3, 100.0, "a floor")}
+    stuck = fit_log(residuals, {"floor": 0.5}, ("floor",), bounds)
+    assert stuck.constants["floor"] == pytest.approx(0.5)
+    found = fit_log(residuals, {"floor": 0.5}, ("floor",), bounds, other_starts=({"floor": 10.0},))
+    assert found.constants["floor"] == pytest.approx(3.0, rel=1e-6)
+    # the first start wins a tie
+    assert fit_log(residuals, {"floor": 0.5}, ("floor",), bounds,
+                   other_starts=({"floor": 0.25},)).constants["floor"] == pytest.approx(0.5)
+
+
 # ---------------------------------------------------------------- profiles
 
 def test_profile_round_trips_through_toml(synthetic_fit, tmp_path):

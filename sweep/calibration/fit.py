@@ -83,7 +83,8 @@ def _residual_fn(residuals: Callable, names, held, prior_x=None, prior_weight=0.
 def fit_log(residuals: Callable[[dict], np.ndarray], start: Mapping[str, float],
             names: Sequence[str], bounds: Mapping, *, held: Optional[Mapping] = None,
             diff_step: float = 1e-3, max_nfev: int = 300,
-            prior_center: Optional[Mapping[str, float]] = None, prior_weight=0.0) -> LogFit:
+            prior_center: Optional[Mapping[str, float]] = None, prior_weight=0.0,
+            other_starts: Sequence[Mapping[str, float]] = ()) -> LogFit:
     """Fit ``names`` so that ``residuals(constants)`` is least in the 2-norm.
 
     Parameters
@@ -103,11 +104,34 @@ def fit_log(residuals: Callable[[dict], np.ndarray], start: Mapping[str, float],
     diff_step, max_nfev
         Of :func:`scipy.optimize.least_squares` (relative step of the
         finite-difference Jacobian in x; most residual evaluations).
+    other_starts : sequence of mapping, optional
+        More starting points, each as overrides of ``start`` (the prior stays
+        centered where it is): the fit is run from each, and the solution of least
+        cost (half the sum of squared residuals, prior rows included) is returned;
+        the first of equal cost. A constant behind a ``max`` (a floor the runs are
+        above at ``start``) has no slope there, so no fit started below it can
+        find it.
 
     Returns
     -------
     LogFit
     """
+    best = None
+    for overrides in ({},) + tuple(other_starts):
+        fit = _fit_log(residuals, {**start, **overrides}, names, bounds, held, diff_step,
+                       max_nfev, prior_center, prior_weight)
+        if best is None or _cost(fit) < _cost(best):
+            best = fit
+    return best
+
+
+def _cost(fit: LogFit) -> float:
+    return 0.5 * float(np.sum(fit.residuals ** 2))
+
+
+def _fit_log(residuals, start, names, bounds, held, diff_step, max_nfev, prior_center,
+             prior_weight) -> LogFit:
+    """:func:`fit_log` from one start."""
     from scipy.optimize import least_squares
 
     names = tuple(names)
