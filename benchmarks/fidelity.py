@@ -148,9 +148,8 @@ MICROBATCH_CANDIDATES = (1, 2, 4, 8)
 
 
 def _vtrain_node():
-    base = catalog.node("DGX_A100_MC")
-    return dataclasses.replace(base, accelerator=catalog.accelerator("A100_40GB_MC"),
-                               name="8x A100 40GB (vTrain)")
+    """vTrain's node: a DGX A100 of 40 GB A100s (benchmarks/data/README.md)."""
+    return catalog.node("DGX_A100_40GB_MC")
 
 
 #: What the NeMo launcher config of a NEMO2407 model states, where it states it
