@@ -158,7 +158,65 @@ def test_free_constants_are_checked():
 def test_fp8_runs_free_the_fp8_gemm_scale():
     rows = [dict(r, precision="fp8") for r in _rows(dps=(1, 16), pps=(1, 4))]
     cal = sweep.calibrate(_synthetic(rows, TRUE, 0.0), loo=False)
-    assert cal.profile.free == FREE[:1] + ("fp8_gemm_scale",) + FREE[1:]
+    # (in FP8, some of these Llama 3 8B layouts are launch-bound at the shipped floor: the
+    # floor joins the free constants)
+    assert cal.profile.free == FREE[:1] + ("fp8_gemm_scale",) + FREE[1:] + ("layer_overhead",)
+
+
+def _small_rows():
+    """vTrain-like layouts: a 350M GPT on one 8x A100 40GB node, microbatches of 1-8,
+    many launch-bound (full recompute, fp16, unfused attention, as vTrain's stack ran)."""
+    return [dict(run_id=f"tp{tp}-dp{dp}-mbs{mbs}", layers=24, hidden_dim=1024, heads=16,
+                 node="DGX_A100_40GB_MC", fabric="InfiniBand_HDR", batch_size=32, seq_len=1024,
+                 tp_size=tp, dp_size=dp, micro_batch_size=mbs, recompute="full", zero_stage=0,
+                 precision="fp16", flash_attention=False, overlap_grad_reduce=False,
+                 overlap_param_gather=False, step_time_s=1.0)
+            for tp in (1, 2, 4, 8) for dp in (1, 2) if tp * dp <= 8 for mbs in (1, 8)]
+
+
+def test_a_launch_floor_above_the_start_is_found_and_joins_the_free_constants():
+    # Runs launch-bound at 0.9 ms, from a start of 0.1 ms (a fit on large models, where no
+    # run is launch-bound): at the start the floor has no slope, so only the fit from
+    # FLOOR_START (1 ms, above it) can find it.
+    start = dict(M.CONSTANTS, layer_overhead=1e-4)
+    truth = dict(M.CONSTANTS, layer_overhead=9e-4)
+    rows = _synthetic(_small_rows(), truth, noise=0.01, seed=2)
+    data = read_measurements(rows)
+    slope_free = predict(data, dict(start, layer_overhead=1.01e-4)) - predict(data, start)
+    assert np.all(slope_free == 0.0)  # no run is launch-bound at the start
+    assert np.any(predict(data, truth) > 1.2 * predict(data, start))  # many are at the truth
+    with pytest.warns(CalibrationWarning) as caught:  # one node: no scale-out traffic
+        cal = sweep.calibrate(rows, start=start, loo=False)
+    assert not any("layer_overhead" in str(w.message) for w in caught)
+    assert cal.profile.free == FREE + ("layer_overhead",)
+    assert cal.constants["layer_overhead"] == pytest.approx(9e-4, rel=0.05)
+    assert cal.in_sample_error < 2.0
+    # held at the start (the default free constants before the floor joined them), the
+    # other constants cannot make up for it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)  # (unidentified, prior-bound ones)
+        without = sweep.calibrate(rows, start=start, free=FREE, loo=False)
+    assert without.constants["layer_overhead"] == 1e-4
+    assert without.in_sample_error > 5 * cal.in_sample_error
+
+
+def test_a_floor_the_runs_bound_only_from_above_is_not_a_default_free_constant():
+    # Llama 3 8B on H100 (the synthetic fit's runs): a floor well above the shipped one would
+    # slow some, so the identifiability check sees it, but at the fit no run is launch-bound
+    # and the runs say nothing of it: the default fit is the fit without it.
+    rows = _synthetic(_rows(dps=(1, 16), pps=(1, 4)), TRUE, noise=0.02)
+    data = read_measurements(rows)
+    floor = M.CONSTANTS["layer_overhead"]
+    assert np.all(predict(data, dict(TRUE, layer_overhead=1.01 * floor)) == predict(data, TRUE))
+    assert np.any(predict(data, dict(TRUE, layer_overhead=np.e * floor)) > predict(data, TRUE))
+    for width in (None, math.inf):  # with the prior, and plain least squares
+        with warnings.catch_warnings():  # (plain: scale_up_efficiency ends at its bound)
+            warnings.simplefilter("ignore", CalibrationWarning)
+            cal = sweep.calibrate(rows, loo=False, prior_width=width)
+            without = sweep.calibrate(rows, free=FREE, loo=False, prior_width=width)
+        assert cal.profile.free == FREE
+        assert cal.constants == without.constants
+        assert not any("layer_overhead" in w for w in cal.warnings)
 
 
 def test_fit_log_takes_the_least_cost_of_its_starts():

@@ -10,6 +10,9 @@ The free constants (``free=None``) and what each stands for:
 ``scale_out_efficiency``  share of the NIC rate achieved across nodes
 ``overlap_efficiency``    share of compute time that hides overlapped communication
 ``step_overhead``         fixed time per step (data loading, logging, synchronization) [s]
+``layer_overhead``        the host's time to launch a layer's kernels, a floor under each
+                          layer's forward and backward [s] (free only when the runs see it:
+                          launch-bound layouts, small models on few accelerators)
 ========================  ==================================================================
 
 Any constant of :data:`solver.physics.megatron.CONSTANT_BOUNDS` may be named in
@@ -73,13 +76,27 @@ from . import fit as fit_
 from .measurements import Measurements, read_measurements
 from .profile import Profile, load_profile, now
 
-__all__ = ["calibrate", "Calibration", "CalibrationWarning", "DEFAULT_FREE", "predict",
+__all__ = ["calibrate", "Calibration", "CalibrationWarning", "DEFAULT_FREE", "LAUNCH_FLOOR",
+           "FLOOR_START", "predict",
            "IDENTIFIED_SENSITIVITY", "SEPARABLE_CORRELATION", "PRIOR_WIDTHS",
            "DEFAULT_NOISE", "PRIOR_DOMINATED", "LOO_WORSE_MARGIN", "AUTO", "select_free"]
 
-#: Free constants unless told otherwise (``fp8_gemm_scale`` joins when a run uses FP8/FP4).
+#: Free constants unless told otherwise (``fp8_gemm_scale`` joins when a run uses FP8/FP4,
+#: :data:`LAUNCH_FLOOR` when the runs identify it).
 DEFAULT_FREE = ("gemm_scale", "scale_up_efficiency", "scale_out_efficiency", "overlap_efficiency",
                 "step_overhead")
+#: The host's time to launch a layer's kernels, a floor (a ``max``) under each layer's forward
+#: and backward: only launch-bound runs (small models on few accelerators) see it. It joins
+#: the default free constants when the runs identify it, at the start or at
+#: :data:`FLOOR_START`, is then fitted from both (``fit.fit_log``'s ``other_starts``), and
+#: stays only if some run is launch-bound at the fit.
+LAUNCH_FLOOR = "layer_overhead"
+#: The launch floor's second start [s]: above the 0.87 ms that vTrain's 2022 software stack
+#: needs (the shipped fit), so a fit from it comes down to the runs' floor. A floor has no
+#: slope where the runs are above it, so a fit started below their floor (a start fitted on
+#: large models, 0.1 ms) cannot rise to it: vTrain's layouts calibrated from there kept
+#: 0.1 ms and a Kendall tau of 0.49-0.74 (README, Calibration).
+FLOOR_START = 1e-3
 #: Below this RMS ``d log(step) / d log(constant)`` (a secant over the prior's width, at
 #: most a factor of e) the data cannot identify a constant (a 1 % change moves the step
 #: times by less than 0.001 %).
@@ -236,9 +253,12 @@ class Calibration:
 
 
 def _free_names(free, measurements) -> tuple:
+    """The constants ``free`` names (None: the defaults, :data:`LAUNCH_FLOOR` last; see
+    :func:`calibrate` for when it stays)."""
     if free is None:
         low_bits = any(r.knobs["precision"] in ("fp8", "fp4") for r in measurements.runs)
-        return DEFAULT_FREE[:1] + (("fp8_gemm_scale",) if low_bits else ()) + DEFAULT_FREE[1:]
+        return (DEFAULT_FREE[:1] + (("fp8_gemm_scale",) if low_bits else ()) + DEFAULT_FREE[1:]
+                + (LAUNCH_FLOOR,))
     names = (free,) if isinstance(free, str) else tuple(free)
     for n in names:
         if n not in megatron.CONSTANT_BOUNDS:
@@ -330,7 +350,10 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
         The physics model calibrated (only ``"megatron"`` has free constants).
     free : sequence of str or "auto", optional
         Constants fitted (default: :data:`DEFAULT_FREE`, with ``fp8_gemm_scale``
-        when a run uses FP8/FP4). ``"auto"``: those of the default ones that
+        when a run uses FP8/FP4, and the launch floor :data:`LAUNCH_FLOOR` when some
+        run is launch-bound, at the start or at :data:`FLOOR_START`, and still at the
+        fit; a launch floor, named or default, is fitted from both starts). ``"auto"``:
+        those of the default ones that
         :func:`select_free` chooses by leave-one-out error (possibly none: then
         the start constants, unchanged).
     start : mapping, Profile or path, optional
@@ -359,6 +382,14 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
         For each constant the runs cannot identify, or whose uncertainty is not
         stated (at a bound; too few runs; inseparable from another).
     """
+    cal = _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, noise)
+    for note in cal.warnings:
+        warnings_.warn(note, CalibrationWarning, stacklevel=2)
+    return cal
+
+
+def _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, noise):
+    """:func:`calibrate`'s work; its notes are the result's ``warnings``, not yet warned."""
     if physics != "megatron":
         raise ValueError(f"physics must be 'megatron' (the physics with fitted constants), "
                          f"but got {physics!r}")
@@ -375,8 +406,19 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
     widths = _prior_widths(prior_width, names)
     residuals = _log_residuals(data)
     notes = []
-    sens0 = fit_.sensitivity(_jacobian(residuals, base, names,
-                                       {n: min(widths[n], IDENTIFY_STEP) for n in names}))
+    steps = {n: min(widths[n], IDENTIFY_STEP) for n in names}
+    sens0 = fit_.sensitivity(_jacobian(residuals, base, names, steps))
+    floor_start = ({LAUNCH_FLOOR: FLOOR_START}
+                   if LAUNCH_FLOOR in names and base[LAUNCH_FLOOR] < FLOOR_START else None)
+    if floor_start:  # seen from above the floor too: from below, it may have no slope at all
+        i = names.index(LAUNCH_FLOOR)
+        sens0[i] = max(sens0[i], fit_.sensitivity(_jacobian(
+            residuals, {**base, **floor_start}, (LAUNCH_FLOOR,), steps))[0])
+    if free is None:  # the launch floor is a default free constant only where the runs see it
+        # (here: identified; after the fit: some run still launch-bound, below)
+        keep = [n != LAUNCH_FLOOR or s >= IDENTIFIED_SENSITIVITY for n, s in zip(names, sens0)]
+        names = tuple(n for n, k in zip(names, keep) if k)
+        sens0 = sens0[np.array(keep)]
     seen = tuple(n for n, s in zip(names, sens0) if s >= IDENTIFIED_SENSITIVITY)
     for n, s in zip(names, sens0):
         if s < IDENTIFIED_SENSITIVITY:
@@ -387,13 +429,21 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
         prior = {"prior_center": base,
                  "prior_weight": [float(noise) / widths[n] for n in seen]}
         solution = fit_.fit_log(residuals, base, seen, megatron.CONSTANT_BOUNDS, held=held,
-                                diff_step=DIFF_STEP, max_nfev=max_nfev, **prior)
+                                diff_step=DIFF_STEP, max_nfev=max_nfev, **prior,
+                                other_starts=(floor_start,) if floor_start and LAUNCH_FLOOR in seen
+                                else ())
         constants = dict(solution.constants)
     else:
         solution, constants, prior = None, dict(base), {}
     constants = {k: constants[k] for k in megatron.CONSTANT_BOUNDS}
     uncertainty, sens, corr = _uncertainty(solution, names, constants, len(data), notes,
                                            widths, noise)
+    if free is None and LAUNCH_FLOOR in seen and not sens[LAUNCH_FLOOR] >= IDENTIFIED_SENSITIVITY:
+        # The runs bound the floor from above only (none is launch-bound at the fit, where
+        # it has no slope): it is no default free constant of theirs; the fit is made
+        # without it.
+        return _calibrate(data, physics, tuple(n for n in names if n != LAUNCH_FLOOR), start,
+                          loo, max_nfev, prior_width, noise)
     for n, s in zip(names, sens0):
         sens.setdefault(n, float(s))
     predicted = predict(data, constants)
@@ -409,8 +459,6 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
                          f"on average, against {start_mape:.2f} % with the start constants: these "
                          f"runs do not show that the fit predicts untried layouts better than no "
                          f"calibration (fit fewer constants with free=..., or measure more layouts)")
-    for note in notes:
-        warnings_.warn(note, CalibrationWarning, stacklevel=2)
     profile = Profile(physics=physics, constants=constants, uncertainty=uncertainty, free=names,
                       data_sha256=data.sha256, data_source=data.source, date=now(), runs=len(data),
                       in_sample_mape=float(np.mean(_ape(predicted, meas))),

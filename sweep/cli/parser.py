@@ -347,8 +347,9 @@ def _add_calibrate(commands):
     cal.add_argument("-o", "--output", metavar="PROFILE.toml", help="write the profile here")
     cal.add_argument("--free", metavar="A,B,...", help="constants to fit (default: gemm_scale, "
                      "[fp8_gemm_scale,] scale_up_efficiency, scale_out_efficiency, "
-                     "overlap_efficiency, step_overhead; auto: those of them the runs support, "
-                     "chosen by leave-one-out error)")
+                     "overlap_efficiency, step_overhead[, layer_overhead where runs are "
+                     "launch-bound]; auto: those of them the runs support, chosen by "
+                     "leave-one-out error)")
     cal.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
     cal.add_argument("--prior-width", metavar="W", type=float, default=None,
                      help="standard deviation of the prior on each log constant around its "
