@@ -70,13 +70,9 @@ def records(runs):
     return out, np.array(groups)
 
 
-def ape(pred, meas):
-    return np.abs(np.asarray(pred) / np.asarray(meas) - 1.0) * 100.0
-
-
 def scores(pred, meas, groups):
     """Mean and max APE [%] and Kendall tau per model shape."""
-    e = ape(pred, meas)
+    e = fidelity.ape(pred, meas)
     taus = [fidelity.kendall(pred[groups == g], meas[groups == g]) for g in np.unique(groups)]
     return {"mean_ape": float(np.mean(e)), "max_ape": float(np.max(e)), "kendall_tau": taus}
 
