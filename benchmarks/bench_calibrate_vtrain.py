@@ -64,7 +64,7 @@ def records(runs):
         for j, step in enumerate(r.measured):
             out.append({"run_id": f"{r.run_id}-{j}", "layers": w.layers, "hidden_dim": w.hidden_dim,
                         "heads": w.heads, "vocab_size": w.vocab_size, "parameters": w.parameters,
-                        "node": "DGX_A100_40GB_MC", "fabric": "InfiniBand_HDR",
+                        "node": fidelity.VTRAIN_NODE, "fabric": "InfiniBand_HDR",
                         **{n: knobs[n][j].item() for n in _KNOBS}, "step_time_s": float(step)})
             groups.append(r.group)
     return out, np.array(groups)

@@ -147,9 +147,12 @@ CHOICE_RULE = "fastest realizable candidate that fits memory (NAR21 Sec. 3.4, 5.
 MICROBATCH_CANDIDATES = (1, 2, 4, 8)
 
 
+#: vTrain's node in the catalog: a DGX A100 of 40 GB A100s (benchmarks/data/README.md).
+VTRAIN_NODE = "DGX_A100_40GB_MC"
+
+
 def _vtrain_node():
-    """vTrain's node: a DGX A100 of 40 GB A100s (benchmarks/data/README.md)."""
-    return catalog.node("DGX_A100_40GB_MC")
+    return catalog.node(VTRAIN_NODE)
 
 
 #: What the NeMo launcher config of a NEMO2407 model states, where it states it
