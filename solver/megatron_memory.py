@@ -26,6 +26,12 @@ References
     tensor; for FP32 main gradients ``.float()`` is the same one), and ``zero_grad``
     (``set_to_none``), called by ``train_step`` before the next forward, drops it: it
     lives after the backward has freed the activations, never beside them.
+[6] Transformer Engine, ``transformer_engine/pytorch/module/linear.py`` (``_Linear.forward``,
+    TE 1.x as in NeMo 24.07): under FP8 (unless the recipe overrides the weight-gradient
+    GEMM's precision) a linear layer saves for its backward the FP8 cast of its input
+    (``saved_inputmat = inputmat`` after ``cast_to_fp8``, or its FP8 transpose), one byte
+    per element, not the 16-bit input; ``LayerNormLinear`` likewise saves the FP8 norm
+    output. The fused attention kernel still keeps its 16-bit output for its own backward.
 """
 
 from __future__ import annotations
@@ -99,7 +105,7 @@ def gradient_copy(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_B
 
 def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn_hidden, gated,
                            tp_size, sequence_parallel, recompute_code, flash_attention,
-                           moe_top_k=0.0, moe_ffn_hidden=0.0):
+                           moe_top_k=0.0, moe_ffn_hidden=0.0, low_bits=False):
     """Bytes one layer stores for the backward pass of one microbatch, on one rank [B].
 
     Parameters
@@ -119,6 +125,8 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
         A fused attention kernel stores no s x s scores (the 5 a s / h term).
     moe_top_k, moe_ffn_hidden : array_like [1]
         MoE layer: routed experts per token and expert width (0 for a dense layer).
+    low_bits : array_like of bool
+        FP8 (or FP4) GEMMs: each linear layer keeps its input in one byte [6].
 
     Returns
     -------
@@ -142,7 +150,16 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     # Sec. 4.1 of [1]: 5 a s / h for scores, softmax, dropout mask and output.
     scores = np.where(np.asarray(flash_attention) | (np.asarray(recompute_code) >= 1), 0.0,
                       5.0 * heads * s / (h * t))
-    per_layer = sbh * (replicated + attention + mlp + scores)
+    # FP8 [6]: the inputs of QKV and of the first MLP GEMM (the norm outputs; in an MoE
+    # layer the routed copies, the router staying 16-bit) and of the second MLP GEMM are
+    # kept in one byte, not two. The output projection's input is kept in one byte too,
+    # where an unfused attention kept it in two for that GEMM alone; beside a fused
+    # attention, which keeps its 16-bit output itself, the FP8 copy is one byte more.
+    fc1_inputs = np.where(moe_top_k > 0, moe_top_k, 1.0)
+    fp8_saved = ((1.0 + fc1_inputs) / np.where(sp, t, 1.0) + mlp_width / h / t
+                 + np.where(np.asarray(flash_attention), -1.0, 1.0) / t)
+    per_layer = sbh * (replicated + attention + mlp + scores
+                       - np.where(np.asarray(low_bits), fp8_saved, 0.0))
     # Table 2 of [1]: full recomputation keeps the layer input, 2 s b h (/t with SP).
     full = 2.0 * sbh / np.where(sp, t, 1.0)
     return np.where(np.asarray(recompute_code) == 2, full, per_layer)

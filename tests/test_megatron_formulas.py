@@ -76,6 +76,48 @@ def test_korthikanti_activation_table2():
     assert one == pytest.approx(sbh * (34 + 5 * a * s / h))
 
 
+def test_fp8_keeps_linear_inputs_in_one_byte():
+    """Transformer Engine under FP8 saves each linear layer's input as FP8 (megatron_memory
+    [6]). Korthikanti's 34 s b h, tensor by tensor: QKV input 2, Q K 4, V 2, projection
+    input 2, attention dropout mask 1, fc1 input 2, GELU input 8, fc2 input 8, MLP dropout
+    mask 1, norm inputs 4. Under FP8 the QKV, fc1, fc2 and projection inputs take one byte
+    an element: 34 - 1 - 1 - 4 - 1 = 27; beside a fused attention, which keeps its 16-bit
+    output (the projection input) itself, the projection's FP8 copy adds one: 34 - 6 + 1."""
+    s, b, h, a, t = 4096, 1, 8192, 64, 8
+    sbh = s * b * h
+    kw = dict(heads=a, kv_heads=a, ffn_hidden=4 * h, gated=False)
+    for sp, div in ((False, 1), (True, t)):
+        bf16 = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=sp, recompute_code=1,
+                                          flash_attention=False, **kw)
+        fp8 = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=sp, recompute_code=1,
+                                         flash_attention=False, low_bits=True, **kw)
+        # replicated (norm inputs 4, QKV input 2 -> 1, fc1 input 2 -> 1, masks 2) and split
+        # (Q K 4, V 2, projection input 2 -> 1, GELU input 8, fc2 input 8 -> 4)
+        assert bf16 == pytest.approx(sbh * (10 / div + 24 / t))
+        assert fp8 == pytest.approx(sbh * (8 / div + 19 / t))
+        flash = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=sp, recompute_code=0,
+                                           flash_attention=True, low_bits=True, **kw)
+        assert flash == pytest.approx(sbh * (8 / div + 21 / t))
+    one = mem.layer_activation_bytes(b, s, h, tp_size=1, sequence_parallel=False, recompute_code=1,
+                                     flash_attention=False, low_bits=True, **kw)
+    assert one == pytest.approx(27 * sbh)
+    # SwiGLU (fc1 output 2 x f wide, fc2 input f wide) with GQA: fc2's input f/h -> f/(2h)
+    g = dict(heads=a, kv_heads=8, ffn_hidden=28672, gated=True, flash_attention=True)
+    d = [mem.layer_activation_bytes(b, s, h, tp_size=1, sequence_parallel=False, recompute_code=0,
+                                    low_bits=x, **g) for x in (False, True)]
+    assert (d[0] - d[1]) / sbh == pytest.approx(1 + 1 + 28672 / h - 1)
+    # MoE layer, top-2: the routed copies (2 bytes each) take one; the router's input stays
+    moe = dict(heads=a, kv_heads=8, ffn_hidden=14336, gated=True, flash_attention=True,
+               moe_top_k=2, moe_ffn_hidden=14336)
+    d = [mem.layer_activation_bytes(b, s, h, tp_size=1, sequence_parallel=False, recompute_code=0,
+                                    low_bits=x, **moe) for x in (False, True)]
+    assert (d[0] - d[1]) / sbh == pytest.approx(1 + 2 + 2 * 14336 / h - 1)
+    # full recompute keeps the 16-bit layer input alone, whatever the GEMMs' precision
+    full = [mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=True, recompute_code=2,
+                                       flash_attention=True, low_bits=x, **kw) for x in (False, True)]
+    assert full[0] == full[1] == pytest.approx(2 * sbh / t)
+
+
 def test_interleaved_in_flight_layers_and_distributed_optimizer_bytes():
     L, p, v = 96, 8, 3
     got = mem.in_flight_layers(L / p, p, v, 64)

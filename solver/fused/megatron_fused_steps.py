@@ -329,7 +329,8 @@ def _model_state(p, group, zero, grad_bytes):
 
 
 @njit(**_PRIM)
-def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc, flash):
+def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc, flash,
+                      low_bits, mlp_width):
     """megatron_memory.layer_activation_bytes (``attention0`` = 4 + 4 kv / a, ``mlp_scale`` =
     (4 + 2 gated) * mlp_width: the workload-only parts, computed in Python)."""
     sbh = mbs * s * h
@@ -339,7 +340,10 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
     mlp = mlp_scale / h / t
     mlp = mlp + 2.0 * top_k / spt
     scores = 0.0 if (flash or rc >= 1) else 5.0 * heads * s / (h * t)
-    per_layer = sbh * (replicated + attention + mlp + scores)
+    fc1_inputs = top_k if top_k > 0 else 1.0
+    fp8_saved = ((1.0 + fc1_inputs) / spt + mlp_width / h / t
+                 + (-1.0 if flash else 1.0) / t) if low_bits else 0.0
+    per_layer = sbh * (replicated + attention + mlp + scores - fp8_saved)
     full = 2.0 * sbh / spt
     return full if rc == 2 else per_layer
 
@@ -347,7 +351,7 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
 @njit(**_INLINE)
 def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
             layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes,
-            p2p_split):
+            p2p_split, prec):
     """megatron_compose.memory."""
     h, heads, moe, top_k, moe_share, vocab, emb = w[1], w[2], w[6], w[9], w[12], w[13], w[16]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
@@ -356,9 +360,12 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
     if moe != 0.0:
         we, ge, oe, ce = _model_state(expert_stage_params, expert_group, zero, grad_bytes)
         weights, grads, optim, copy = weights + we, grads + ge, optim + oe, copy + ce
-    act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash)
+    low_bits = prec == 2 or prec == 3  # megatron_steps.hardware's low_bits
+    act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash,
+                                  low_bits, w[8])
     if moe != 0.0:
-        act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash)
+        act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
+                                    low_bits, w[23])
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense

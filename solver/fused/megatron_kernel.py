@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "a2043de9ca8a8439"
+SOURCES_DIGEST = "3728eaeb635140b7"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -242,7 +242,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
-            layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes, split)
+            layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes, split,
+            prec)
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
         model_flops = _model_flops(w, batch, s)
@@ -543,7 +544,8 @@ def workload_scalars(w):
         w.layers, float(w.hidden), w.heads, w.kv_heads, w.head_dim, w.experts, moe, gated,
         w.ffn, w.top_k, w.moe_ffn, w.shared, w.moe_layers / w.layers, w.vocab,
         dense_scale, expert_scale, w.embedding_params, attention0, mlp_dense, mlp_moe,
-        1.5 if w.gated else 1.0, w.dense_layers if moe else 0.0, w.single_stage_embedding))
+        1.5 if w.gated else 1.0, w.dense_layers if moe else 0.0, w.single_stage_embedding,
+        mlp_moe_width))
 
 
 def fleet_scalars(fleet, total_accelerators=None):

@@ -138,12 +138,14 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
                                         zero_stage=zero, grad_bytes=hw.grad_bytes)
     act_dense = mem.layer_activation_bytes(
         mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
-        tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash)
+        tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
+        low_bits=hw.low_bits)
     if w.moe:
         act_moe = mem.layer_activation_bytes(
             mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
             tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
-            moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1))
+            moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
+            low_bits=hw.low_bits)
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense

@@ -222,6 +222,7 @@ class Hardware:
     out_lat: float
     call_lat: object
     memory_capacity: float
+    low_bits: object = False
 
     def gemm(self, flops, calls=1.0, peak=None, plat=None, k=None):
         """Time of ``calls`` GEMMs of ``flops`` in all, at ``peak`` (default: the GEMM precision's)."""
@@ -264,7 +265,7 @@ def hardware(fleet, c, prec, grad_bf16=False) -> Hardware:
         out_bw=(node.nic_bandwidth or fabric.bandwidth / fabric.oversubscription) * c["scale_out_efficiency"],
         up_lat=SCALE_UP_STEP_LATENCY,
         out_lat=fabric.latency if fabric.latency is not None else SCALE_OUT_STEP_LATENCY,
-        call_lat=c["collective_latency"], memory_capacity=acc.memory_capacity)
+        call_lat=c["collective_latency"], memory_capacity=acc.memory_capacity, low_bits=low_bits)
 
 
 # ------------------------------------------------------------ 3. layer times
