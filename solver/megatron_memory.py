@@ -136,30 +136,30 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     t = np.asarray(tp_size, dtype=np.float64)
     sp = np.asarray(sequence_parallel)
     sbh = b * s * h
-    # Table 2 of [1]: s b h (10 + 24/t + 5 a s/(h t)); the 10 (norm inputs, dropout
-    # masks, residuals) is replicated on every TP rank unless SP splits it too.
-    replicated = 10.0 / np.where(sp, t, 1.0)
-    # The 24/t of [1] is 8/t attention (Q, K, V, context) + 16/t MLP (fc1 out, GELU out),
-    # at kv = a and f = 4h; generalized: Q and context 2 + 2, K and V 2 kv/a each,
-    # MLP 2 bytes per element of its (2 or 3 matrix) intermediates.
-    attention = (4.0 + 4.0 * kv_heads / heads) / t
-    mlp_width = np.where(moe_top_k > 0, moe_top_k * moe_ffn_hidden, ffn_hidden)
-    mlp = (4.0 + 2.0 * np.asarray(gated, dtype=np.float64)) * mlp_width / h / t
-    # Routed tokens are permuted copies of the MLP input (2 bytes per element per expert).
-    mlp = mlp + 2.0 * np.asarray(moe_top_k) / np.where(sp, t, 1.0)
-    # Sec. 4.1 of [1]: 5 a s / h for scores, softmax, dropout mask and output.
-    scores = np.where(np.asarray(flash_attention) | (np.asarray(recompute_code) >= 1), 0.0,
-                      5.0 * heads * s / (h * t))
     # FP8 [6]: the inputs of QKV and of the first MLP GEMM (the norm outputs; in an MoE
     # layer the routed copies, the router staying 16-bit) and of the second MLP GEMM are
     # kept in one byte, not two. The output projection's input is kept in one byte too,
     # where an unfused attention kept it in two for that GEMM alone; beside a fused
     # attention, which keeps its 16-bit output itself, the FP8 copy is one byte more.
-    fc1_inputs = np.where(moe_top_k > 0, moe_top_k, 1.0)
-    fp8_saved = ((1.0 + fc1_inputs) / np.where(sp, t, 1.0) + mlp_width / h / t
-                 + np.where(np.asarray(flash_attention), -1.0, 1.0) / t)
-    per_layer = sbh * (replicated + attention + mlp + scores
-                       - np.where(np.asarray(low_bits), fp8_saved, 0.0))
+    # (Taken off the numerators below: no division of its own, the same bits without FP8.)
+    low = np.asarray(low_bits)
+    fp8_replicated = np.where(low, 1.0 + np.where(moe_top_k > 0, moe_top_k, 1.0), 0.0)
+    mlp_width = np.where(moe_top_k > 0, moe_top_k * moe_ffn_hidden, ffn_hidden)
+    fp8_split = np.where(low, mlp_width / h + np.where(np.asarray(flash_attention), -1.0, 1.0), 0.0)
+    # Table 2 of [1]: s b h (10 + 24/t + 5 a s/(h t)); the 10 (norm inputs, dropout
+    # masks, residuals) is replicated on every TP rank unless SP splits it too.
+    replicated = (10.0 - fp8_replicated) / np.where(sp, t, 1.0)
+    # The 24/t of [1] is 8/t attention (Q, K, V, context) + 16/t MLP (fc1 out, GELU out),
+    # at kv = a and f = 4h; generalized: Q and context 2 + 2, K and V 2 kv/a each,
+    # MLP 2 bytes per element of its (2 or 3 matrix) intermediates.
+    attention = (4.0 + 4.0 * kv_heads / heads) / t
+    mlp = ((4.0 + 2.0 * np.asarray(gated, dtype=np.float64)) * mlp_width / h - fp8_split) / t
+    # Routed tokens are permuted copies of the MLP input (2 bytes per element per expert).
+    mlp = mlp + 2.0 * np.asarray(moe_top_k) / np.where(sp, t, 1.0)
+    # Sec. 4.1 of [1]: 5 a s / h for scores, softmax, dropout mask and output.
+    scores = np.where(np.asarray(flash_attention) | (np.asarray(recompute_code) >= 1), 0.0,
+                      5.0 * heads * s / (h * t))
+    per_layer = sbh * (replicated + attention + mlp + scores)
     # Table 2 of [1]: full recomputation keeps the layer input, 2 s b h (/t with SP).
     full = 2.0 * sbh / np.where(sp, t, 1.0)
     return np.where(np.asarray(recompute_code) == 2, full, per_layer)

@@ -330,20 +330,19 @@ def _model_state(p, group, zero, grad_bytes):
 
 @njit(**_PRIM)
 def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc, flash,
-                      low_bits, mlp_width):
+                      low_bits, width_over_h):
     """megatron_memory.layer_activation_bytes (``attention0`` = 4 + 4 kv / a, ``mlp_scale`` =
     (4 + 2 gated) * mlp_width: the workload-only parts, computed in Python)."""
     sbh = mbs * s * h
     spt = t if sp else 1.0
-    replicated = 10.0 / spt
+    fp8_replicated = (1.0 + (top_k if top_k > 0 else 1.0)) if low_bits else 0.0
+    fp8_split = (width_over_h + (-1.0 if flash else 1.0)) if low_bits else 0.0
+    replicated = (10.0 - fp8_replicated) / spt
     attention = attention0 / t
-    mlp = mlp_scale / h / t
+    mlp = (mlp_scale / h - fp8_split) / t
     mlp = mlp + 2.0 * top_k / spt
     scores = 0.0 if (flash or rc >= 1) else 5.0 * heads * s / (h * t)
-    fc1_inputs = top_k if top_k > 0 else 1.0
-    fp8_saved = ((1.0 + fc1_inputs) / spt + mlp_width / h / t
-                 + (-1.0 if flash else 1.0) / t) if low_bits else 0.0
-    per_layer = sbh * (replicated + attention + mlp + scores - fp8_saved)
+    per_layer = sbh * (replicated + attention + mlp + scores)
     full = 2.0 * sbh / spt
     return full if rc == 2 else per_layer
 
@@ -362,10 +361,10 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
         weights, grads, optim, copy = weights + we, grads + ge, optim + oe, copy + ce
     low_bits = prec == 2 or prec == 3  # megatron_steps.hardware's low_bits
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash,
-                                  low_bits, w[8])
+                                  low_bits, w[23])
     if moe != 0.0:
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
-                                    low_bits, w[23])
+                                    low_bits, w[24])
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense

@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "3728eaeb635140b7"
+SOURCES_DIGEST = "f608530fa514989d"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -545,7 +545,9 @@ def workload_scalars(w):
         w.ffn, w.top_k, w.moe_ffn, w.shared, w.moe_layers / w.layers, w.vocab,
         dense_scale, expert_scale, w.embedding_params, attention0, mlp_dense, mlp_moe,
         1.5 if w.gated else 1.0, w.dense_layers if moe else 0.0, w.single_stage_embedding,
-        mlp_moe_width))
+        # megatron_memory.layer_activation_bytes's FP8 term: the second MLP GEMM's input
+        # width over h, dense and MoE (the same division it makes)
+        float(w.ffn) / float(w.hidden), float(mlp_moe_width) / float(w.hidden)))
 
 
 def fleet_scalars(fleet, total_accelerators=None):
