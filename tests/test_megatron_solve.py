@@ -39,6 +39,25 @@ def test_cp1_no_sp_is_plain_tp():
     assert float(c["tp_communication_latency"]) == 0.0
 
 
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_fp8_sequence_parallel_gathers_move_one_byte(engine):
+    # Transformer Engine casts to FP8 before sequence parallelism's all-gathers ([28] of
+    # the model): per TP exchange a reduce-scatter of the 16-bit bytes and an all-gather of
+    # half of them, against an all-reduce (one RS + one AG of the 16-bit bytes) in BF16.
+    # Large messages (8 x 4 x 8192 tokens) make the bandwidth term dominate: 1.5 / 2.
+    kw = dict(batch_size=64, seq_len=8192, tp_size=8, pp_size=8, dp_size=1, micro_batch_size=4,
+              recompute="selective", tp_comm_overlap=False, engine=engine)
+    precision = np.array(["bf16", "fp8"])
+    sp = M.solve(WL, FL, sequence_parallel=True, precision=precision, **kw)
+    t = np.asarray(sp["tp_communication_latency"], dtype=np.float64)
+    assert t[1] / t[0] == pytest.approx(0.75, abs=0.005)
+    assert t[1] / t[0] > 0.75  # the per-step latencies are not halved
+    # without SP the layers all-reduce their 16-bit outputs, whatever the GEMMs' precision
+    plain = M.solve(WL, FL, sequence_parallel=False, precision=precision, **kw)
+    t = np.asarray(plain["tp_communication_latency"])
+    assert t[0] == t[1] > 0
+
+
 def test_one_stage_has_no_bubble_no_p2p_and_zero0_no_gather():
     out = M.solve(WL, FL, **{**BASE, "pp_size": 1, "v_stages": 1, "zero_stage": 0, "dp_size": 32,
                              "overlap_param_gather": False, "overlap_grad_reduce": False})

@@ -166,7 +166,7 @@ def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, 
 
 @njit(**_INLINE)
 def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
-                   t_core_f, t_core_b):
+                   t_core_f, t_core_b, low_bits):
     """megatron_steps.communication."""
     d, moe, top_k, moe_share = w[4], w[6], w[9], w[12]
     domain, up_bw0, out_bw0, up_lat, out_lat = f[6], f[7], f[8], f[9], f[10]
@@ -174,7 +174,9 @@ def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, a
     call_lat, overlap_eff = c[11], c[9]
     inside = tp <= domain
     tp_bw, tp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
-    t_ar = _coll_ar(act_bytes, tp, tp_bw, tp_lat) + (call_lat if tp > 1.0 else 0.0)
+    t_ar = (_coll_1(act_bytes, tp, tp_bw, tp_lat) + _coll_1(act_bytes / 2.0, tp, tp_bw, tp_lat)
+            if (low_bits and sp) else _coll_ar(act_bytes, tp, tp_bw, tp_lat)) \
+        + (call_lat if tp > 1.0 else 0.0)
     full = rc == 2
     tp_calls = 4.0 + (2.0 if full else 0.0)
     tp_total = tp_calls * t_ar

@@ -132,6 +132,16 @@ References
     the receiver all-gathers it over TP. Megatron-Core's ``pipeline_parallel/
     schedules.get_tensor_shapes`` divides the sent sequence by TP only under
     ``sequence_parallel``; every TP rank otherwise sends the whole tensor.
+[27] Megatron-Core ``model_parallel_config.py`` (``ModelParallelConfig.overlap_p2p_comm``,
+    2023: some of the pipeline's peer-to-peer communication overlaps with computation,
+    in the interleaved schedule) and ``pipeline_parallel/schedules.py`` (1F1B's
+    ``send_forward_recv_backward`` and ``send_backward_recv_forward`` block).
+[28] Transformer Engine (TE 1.x as in NeMo 24.07): under FP8 with sequence parallelism
+    the all-gathers move FP8 tensors. ``module/linear.py`` (``_Linear.forward``) casts
+    a column-parallel layer's input to FP8 before ``gather_along_first_dim``;
+    ``module/base.py`` (``grad_output_preprocess``, "FP8 case with gather: ... cast,
+    transpose for efficient gather") casts a row-parallel layer's output gradient to
+    FP8, then gathers it. The reduce-scatters move the 16-bit GEMM outputs.
 """
 
 from __future__ import annotations

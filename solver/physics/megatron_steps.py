@@ -369,7 +369,12 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     # TP: 2 all-reduces forward, 2 backward per layer [3] (RS + AG under SP [2], same bus
     # bytes), 2 more when the forward is recomputed in full; over NVLink in the domain.
     tp_bw, tp_lat = hw.link(tp <= hw.domain)
-    t_ar = net.allreduce_time(ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat) + call_lat * (tp > 1)
+    t_ar = net.allreduce_time(ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat)
+    # Under FP8 with SP the all-gathers move FP8, one byte an element [28]: a reduce-scatter
+    # of the 16-bit bytes and an all-gather of half of them.
+    t_rs_ag8 = (net.reduce_scatter_time(ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat)
+                + net.all_gather_time(ly.act_bytes / 2.0, tp, bus_bandwidth=tp_bw, latency=tp_lat))
+    t_ar = np.where(np.asarray(hw.low_bits) & sp.sp, t_rs_ag8, t_ar) + call_lat * (tp > 1)
     tp_calls = 4.0 + 2.0 * (rc == 2)
     tp_total = tp_calls * t_ar
     tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp, c["overlap_efficiency"], 0.0)
