@@ -60,12 +60,17 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco, 
 # --------------------------------------------------------------- 2. hardware
 
 @njit(**_INLINE)
+def _low_bits(prec):
+    """megatron_steps.hardware's ``low_bits``: FP8 or FP4 GEMMs (precision codes 2 and 3)."""
+    return prec == 2 or prec == 3
+
+
+@njit(**_INLINE)
 def _hardware(f, c, prec):
     """megatron_steps.hardware: the precision code's peaks and plateaus, fitted constants applied."""
     peak_gemm = _pick(f[0], prec)
     peak16 = _pick(f[1], prec)
-    low_bits = prec == 2 or prec == 3
-    plateau = _pick(f[2], prec) * c[0] * (c[1] if low_bits else 1.0)
+    plateau = _pick(f[2], prec) * c[0] * (c[1] if _low_bits(prec) else 1.0)
     plateau16 = _pick(f[3], prec) * c[0]
     grad_bytes = 2.0 if prec == 1 else 4.0
     return peak_gemm, peak16, plateau, plateau16, grad_bytes
@@ -361,7 +366,7 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
     if moe != 0.0:
         we, ge, oe, ce = _model_state(expert_stage_params, expert_group, zero, grad_bytes)
         weights, grads, optim, copy = weights + we, grads + ge, optim + oe, copy + ce
-    low_bits = prec == 2 or prec == 3  # megatron_steps.hardware's low_bits
+    low_bits = _low_bits(prec)
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash,
                                   low_bits, w[23])
     if moe != 0.0:

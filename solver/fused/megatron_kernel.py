@@ -63,8 +63,8 @@ from .megatron_primitives import COMPILED_CONSTANTS, _ideal
 from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_MOE1, G_MOE2, G_PROJ, G_QKV,
                                    G_ROUTER, G_SH1, G_SH2, N_GEMMS, _communication,
                                    _data_parallel, _gemm_flops, _hardware, _head, _layer_times,
-                                   _memory, _model_flops, _p2p_split, _p2p_steady_sends, _pipeline,
-                                   _split)
+                                   _low_bits, _memory, _model_flops, _p2p_split, _p2p_steady_sends,
+                                   _pipeline, _split)
 
 __all__ = ["run", "workload_scalars", "fleet_scalars", "constant_scalars", "FLOAT_OUTPUTS",
            "BOOL_OUTPUTS"]
@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "3c26fe7576eb1f7b"
+SOURCES_DIGEST = "d3fbdc43c85e8148"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -334,7 +334,7 @@ def _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, lgs, r):
     (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
      ep_layer_f, ep_layer_b) = _communication(
         w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b,
-        prec == 2 or prec == 3)
+        _low_bits(prec))
     t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
     r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total

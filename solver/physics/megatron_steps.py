@@ -222,7 +222,7 @@ class Hardware:
     out_lat: float
     call_lat: object
     memory_capacity: float
-    low_bits: object = False
+    low_bits: object
 
     def gemm(self, flops, calls=1.0, peak=None, plat=None, k=None):
         """Time of ``calls`` GEMMs of ``flops`` in all, at ``peak`` (default: the GEMM precision's)."""
