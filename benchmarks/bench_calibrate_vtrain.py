@@ -46,11 +46,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 #: Layouts measured per calibration, and seeds per count.
 SIZES = (5, 10, 20)
 SEEDS = 5
-#: The knobs of a vTrain layout in a measurement record (fidelity.load_runs's).
-_KNOBS = ("batch_size", "seq_len", "tp_size", "pp_size", "cp_size", "dp_size", "v_stages",
-          "micro_batch_size", "sequence_parallel", "recompute", "zero_stage", "precision",
-          "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "flash_attention",
-          "scatter_gather_tensors_in_pipeline")
 
 
 def records(runs):
@@ -60,12 +55,13 @@ def records(runs):
         if r.source != "VTRAIN":
             continue
         w = r.workload
-        knobs = {n: np.broadcast_to(np.asarray(r.knobs[n]), r.measured.shape) for n in _KNOBS}
+        # every knob fidelity.load_runs gives the layouts, one value per layout
+        knobs = {n: np.broadcast_to(np.asarray(v), r.measured.shape) for n, v in r.knobs.items()}
         for j, step in enumerate(r.measured):
             out.append({"run_id": f"{r.run_id}-{j}", "layers": w.layers, "hidden_dim": w.hidden_dim,
                         "heads": w.heads, "vocab_size": w.vocab_size, "parameters": w.parameters,
                         "node": fidelity.VTRAIN_NODE, "fabric": "InfiniBand_HDR",
-                        **{n: knobs[n][j].item() for n in _KNOBS}, "step_time_s": float(step)})
+                        **{n: v[j].item() for n, v in knobs.items()}, "step_time_s": float(step)})
             groups.append(r.group)
     return out, np.array(groups)
 
