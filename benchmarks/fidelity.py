@@ -245,7 +245,11 @@ def load_runs():
         knobs = dict(batch_size=gb, seq_len=s, tp_size=tp, pp_size=pp, cp_size=cp, dp_size=dp,
                      v_stages=v, micro_batch_size=mbs, sequence_parallel=sp, recompute=recompute,
                      zero_stage=zero, precision=precision, tp_comm_overlap=modern and sp,
-                     overlap_grad_reduce=modern or zero == 3, overlap_param_gather=modern or zero == 3,
+                     # DeepSpeed's ZeRO-3 of NAR21's time (Table 2): its stage-3 default
+                     # overlap_comm hides the gradient reduce-scatter behind the backward,
+                     # but each parameter all-gather synchronized the device before the
+                     # layer ran (DeepSpeed PR #1188, [29] of the model): not overlapped.
+                     overlap_grad_reduce=modern or zero == 3, overlap_param_gather=modern,
                      flash_attention=modern,
                      grad_reduce_in_bf16=src == "NEMO2407" and NEMO_CONFIGS.get(
                          r["model"], {}).get("grad_reduce_in_bf16", False),

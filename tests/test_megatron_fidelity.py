@@ -14,7 +14,11 @@ NEMO2407 2.8 / 8.7 -> 1.9 / 5.2), the bars tightened to the new values plus the 
 every bar re-set on 2026-12-03 (14:26) when vTrain's layouts took the full recompute their
 artifact's configs state ("use_checkpoint": true): published 3.5 / 11.9 -> 3.7 / 12.6 %
 (NAR21 5.0 / 11.9 -> 5.6 / 12.6, KOR22 3.6 / 7.2 -> 2.7 / 4.9, vTrain 8.7 / 32.4 -> 9.0 /
-31.5). A change to the physics or the constants that makes the fit worse fails here.
+31.5); every bar re-set on 2026-12-04 (17:08) when ZeRO-3 without overlap_param_gather
+blocked on its gathers ([29] of the model: NAR21's DeepSpeed runs): published 3.7 / 12.5 ->
+3.6 / 10.0 % (NAR21 5.5 / 12.5 -> 5.5 / 10.0, MLM24 3.0 / 5.8 -> 2.5 / 5.9, vTrain 9.0 / 31.5
+-> 8.8 / 31.5). A change to the physics or the constants that makes the fit worse fails
+here. The leave-one-source-out error of the published runs is held to the issue's targets.
 """
 
 import sys
@@ -28,8 +32,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import fidelity as F  # noqa: E402
 
 #: source -> (mean APE bar [%], max APE bar [%]) of the shipped constants, in sample.
-BARS = {"NAR21": (6.0, 13.0), "KOR22": (3.1, 5.3), "MLM24": (3.4, 6.1), "NEMO2407": (2.6, 4.5),
-        "NEMOLS": (3.3, 4.5), "VTRAIN": (9.4, 31.9), "published_overall": (4.1, 13.0)}
+BARS = {"NAR21": (6.0, 10.5), "KOR22": (3.1, 5.6), "MLM24": (3.0, 6.3), "NEMO2407": (2.6, 4.5),
+        "NEMOLS": (3.6, 4.6), "VTRAIN": (9.3, 31.9), "published_overall": (4.0, 10.5)}
 #: Minimum Kendall tau over the 8 vTrain groups.
 TAU_BAR = 0.86
 
@@ -127,3 +131,24 @@ def test_vtrain_error_by_tp_and_microbatch_covers_every_layout():
     # the README's reading: at TP 1 the model is slowest against the measurement at 8 sequences
     tp1 = [cells[f"1x{m}"]["mean_signed"] for m in (1, 2, 4, 8)]
     assert tp1 == sorted(tp1) and tp1[-1] > 10
+
+
+def test_published_sources_left_out_meet_the_targets_and_the_saved_table():
+    # Issue #14's targets for the leave-one-source-out error of the published runs: mean
+    # <= 5 %, max <= 12 %; refitted here, equal to what benchmarks/results/fidelity.json
+    # (which the README quotes) saved.
+    import json
+
+    import numpy as np
+
+    runs, _ = F.load_runs()
+    errs = []
+    for src in (s for s in F.SOURCES if s != "VTRAIN"):
+        c = F.fit_megatron([r for r in runs if r.source != src])
+        errs += [float(F.ape(F.megatron_predict(r, c), r.measured)) for r in runs if r.source == src]
+    assert len(errs) == 54
+    assert np.mean(errs) <= 5.0 and max(errs) <= 12.0, (np.mean(errs), max(errs))
+    saved = json.loads((ROOT / "benchmarks" / "results" / "fidelity.json").read_text())
+    saved = saved["loso"]["megatron"]["published_overall"]
+    assert np.mean(errs) == pytest.approx(saved["mean_ape"], rel=1e-3)
+    assert max(errs) == pytest.approx(saved["max_ape"], rel=1e-3)

@@ -481,6 +481,28 @@ def test_fsdp_gathers_layer_by_layer_pay_one_call_per_layer_and_pass():
         float(M.solve(WL, FL, **z1, collective_latency=0.0)["communication_latency"]) < 1e-5 * 4
 
 
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_fsdp_blocking_gathers_leave_only_the_reduce_scatter_to_hide(engine):
+    # [29]: without overlap_param_gather the two gathers of each layer block; with
+    # overlap_grad_reduce the reduce-scatter hides behind the backward. Under FP16 a
+    # gradient is as wide as a weight, so the reduce-scatter is a third of the FSDP
+    # traffic (and of the per-layer calls). TP = PP = CP = 1: no other collective, and
+    # the backward of 2 microbatches of 4 x 8192 tokens hides the reduce-scatters.
+    if engine == "fused":
+        pytest.importorskip("numba")
+    knobs = dict(batch_size=128, seq_len=8192, dp_size=16, micro_batch_size=4, zero_stage=3,
+                 precision="fp16", engine=engine)
+    out = {(ogr, opg): M.solve(WL, FL, **knobs, overlap_grad_reduce=ogr, overlap_param_gather=opg)
+           for ogr, opg in ((False, False), (True, False), (True, True))}
+    total = float(out[True, False]["communication_latency"])
+    for o in out.values():  # the traffic is the same; only what is exposed differs
+        assert float(o["communication_latency"]) == pytest.approx(total, rel=1e-12)
+    assert float(out[False, False]["dp_communication_latency"]) == pytest.approx(total, rel=1e-12)
+    assert float(out[True, False]["dp_communication_latency"]) == pytest.approx(2 / 3 * total, rel=1e-9)
+    assert float(out[True, True]["dp_communication_latency"]) == 0.0  # prefetched behind it all
+    assert float(out[True, False]["compute_latency"]) > 2 * total
+
+
 def test_partial_last_microbatch_is_priced_as_a_whole_one():
     """7 sequences over dp 4 x micro_batch 1: 1.75 microbatches, not realizable, priced as
     2 (the last one partly filled) so the step takes batch 8's time and MFU is batch 8's

@@ -290,11 +290,18 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
         inside = group <= domain
         fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
         # layer by layer: each layer after the first pays (n-1) ring steps and the call cost
-        fsdp_calls = 3.0 * (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11])
-        t_fsdp = m * (2.0 * _coll_1(params_bytes, group, fsdp_bw, fsdp_lat)
-                      + _coll_1((heavy + expert_stage_params) * grad_bytes, group, fsdp_bw, fsdp_lat)
-                      + fsdp_calls)
-        exp_fsdp = _exposed(t_fsdp, t_pipe, eta) if opg else t_fsdp
+        fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11])
+        t_fsdp_gather = m * (2.0 * _coll_1(params_bytes, group, fsdp_bw, fsdp_lat) + 2.0 * fsdp_call)
+        t_fsdp_rs = m * (_coll_1((heavy + expert_stage_params) * grad_bytes, group, fsdp_bw, fsdp_lat)
+                         + fsdp_call)
+        t_fsdp = t_fsdp_gather + t_fsdp_rs
+        # blocking gathers; only the reduce-scatter hides behind the backward [29]
+        if opg:
+            exp_fsdp = _exposed(t_fsdp, t_pipe, eta)
+        elif ogr:
+            exp_fsdp = t_fsdp_gather + _exposed(t_fsdp_rs, m * layers_stage * window_b, eta)
+        else:
+            exp_fsdp = t_fsdp_gather + t_fsdp_rs
     else:
         is_ar = not sharded  # zero 0: all-reduce; else reduce-scatter + all-gather
         t_grad = _two_level(is_ar, grads_dense, group, rpd_g, up_bw, up_lat, out_bw, out_lat)

@@ -142,6 +142,14 @@ References
     ``module/base.py`` (``grad_output_preprocess``, "FP8 case with gather: ... cast,
     transpose for efficient gather") casts a row-parallel layer's output gradient to
     FP8, then gathers it. The reduce-scatters move the 16-bit GEMM outputs.
+[29] ZeRO-3 / FSDP without ``overlap_param_gather``: each layer's parameter all-gather
+    blocks before the layer runs, while the gradient reduce-scatter, issued as the
+    backward produces the gradients, overlaps it (``overlap_grad_reduce``; DeepSpeed's
+    ``overlap_comm``, on by default at stage 3: ``runtime/zero/constants.py``,
+    ``ZERO3_OPTIMIZATION_OVERLAP_COMM_DEFAULT = True``). DeepSpeed's ZeRO-3 of 2021 did
+    not overlap its gathers: PR #1188 (June 2021) found that its "async" all-gather
+    "is not async at all, because each all_gather calls torch.cuda.synchronize()", and
+    PR #1170 fixed an off-by-one in the module trace that skipped prefetches (issue #1069).
 """
 
 from __future__ import annotations

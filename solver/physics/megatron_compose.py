@@ -91,12 +91,19 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # layer [9]), so each of the stage's layers pays the ring's (n-1) latency steps [8]
     # and the per-call cost; the bytes are the stage's.
     fsdp_bw, fsdp_lat = hw.link(group <= hw.domain)
-    fsdp_calls = 3.0 * (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"])
-    t_fsdp = m * (2.0 * net.all_gather_time(params_bytes, group, bus_bandwidth=fsdp_bw, latency=fsdp_lat)
-                  + net.reduce_scatter_time((heavy_params + expert_stage_params) * grad_bytes, group,
-                                            bus_bandwidth=fsdp_bw, latency=fsdp_lat)
-                  + fsdp_calls)
-    exp_fsdp = np.where(k["overlap_param_gather"], _exposed(t_fsdp, pl.t_pipe, eta), t_fsdp)
+    fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"])
+    t_fsdp_gather = m * (2.0 * net.all_gather_time(params_bytes, group, bus_bandwidth=fsdp_bw,
+                                                   latency=fsdp_lat) + 2.0 * fsdp_call)
+    t_fsdp_rs = m * (net.reduce_scatter_time((heavy_params + expert_stage_params) * grad_bytes, group,
+                                             bus_bandwidth=fsdp_bw, latency=fsdp_lat) + fsdp_call)
+    t_fsdp = t_fsdp_gather + t_fsdp_rs
+    # Gathers not overlapped (overlap_param_gather off) are blocking: they wait in line
+    # before the layer that needs them, and only the reduce-scatter, issued as the
+    # backward produces the gradients, hides behind the backward [29].
+    exp_fsdp = np.where(k["overlap_param_gather"], _exposed(t_fsdp, pl.t_pipe, eta),
+                        t_fsdp_gather + np.where(
+                            k["overlap_grad_reduce"],
+                            _exposed(t_fsdp_rs, m * layers_stage * pl.window_b, eta), t_fsdp_rs))
     fsdp = zero == 3
     # Optimizer: Adam over the local (sharded) parameters at HBM bandwidth.
     local_params = heavy_params + expert_stage_params
