@@ -474,6 +474,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     precision : {"bf16", "fp16", "fp8", "fp4"}
         Of the GEMMs; FP8/FP4 apply to GEMMs only.
     tp_comm_overlap, overlap_grad_reduce, overlap_param_gather : bool
+        Under ZeRO-3, ``overlap_param_gather`` prefetches the gathers behind the whole
+        compute; without it they block and ``overlap_grad_reduce`` hides only the
+        gradient reduce-scatter, behind the backward [29].
     flash_attention : bool
         Fused causal attention kernel (False: unfused softmax, as Megatron-LM
         ran before 2023).
