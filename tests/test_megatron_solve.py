@@ -501,6 +501,12 @@ def test_fsdp_blocking_gathers_leave_only_the_reduce_scatter_to_hide(engine):
     assert float(out[True, False]["dp_communication_latency"]) == pytest.approx(2 / 3 * total, rel=1e-9)
     assert float(out[True, True]["dp_communication_latency"]) == 0.0  # prefetched behind it all
     assert float(out[True, False]["compute_latency"]) > 2 * total
+    # one data-parallel rank: nothing to gather or reduce, no call at all (as ZeRO 0-2)
+    for zero in (0, 1, 2, 3):
+        solo = M.solve(WL, FL, **{**knobs, "batch_size": 8, "dp_size": 1, "zero_stage": zero},
+                       overlap_param_gather=False)
+        assert float(solo["dp_communication_latency"]) == 0.0
+        assert float(solo["communication_latency"]) == 0.0  # TP = PP = CP = 1
 
 
 def test_partial_last_microbatch_is_priced_as_a_whole_one():

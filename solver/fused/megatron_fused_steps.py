@@ -290,7 +290,7 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
         inside = group <= domain
         fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
         # layer by layer: each layer after the first pays (n-1) ring steps and the call cost
-        fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11])
+        fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11]) if group > 1.0 else 0.0
         t_fsdp_gather = m * (2.0 * _coll_1(params_bytes, group, fsdp_bw, fsdp_lat) + 2.0 * fsdp_call)
         t_fsdp_rs = m * (_coll_1((heavy + expert_stage_params) * grad_bytes, group, fsdp_bw, fsdp_lat)
                          + fsdp_call)

@@ -84,14 +84,15 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     t_grad = per_microbatch * t_grad
     exp_gather = np.where(k["overlap_param_gather"], _exposed(t_gather, stage_f, eta), t_gather)
     # FSDP [9]: gather forward and backward, reduce-scatter gradients, every microbatch,
-    # prefetched behind the whole compute.
+    # prefetched behind the whole compute under overlap_param_gather (else [29], below).
     # The gathers run as one flat ring per rank over its own NIC (DeepSpeed ZeRO-3 and
     # FSDP shard over all DP ranks, not per node), the bound NAR21 Table 2 measured.
     # They run layer by layer (one gather forward, one backward, one reduce-scatter per
     # layer [9]), so each of the stage's layers pays the ring's (n-1) latency steps [8]
     # and the per-call cost; the bytes are the stage's.
     fsdp_bw, fsdp_lat = hw.link(group <= hw.domain)
-    fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"])
+    # (one rank gathers nothing: no call at all, as for the other stages' collectives)
+    fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"]) * (group > 1)
     t_fsdp_gather = m * (2.0 * net.all_gather_time(params_bytes, group, bus_bandwidth=fsdp_bw,
                                                    latency=fsdp_lat) + 2.0 * fsdp_call)
     t_fsdp_rs = m * (net.reduce_scatter_time((heavy_params + expert_stage_params) * grad_bytes, group,
