@@ -76,9 +76,11 @@ def test_one_stage_has_no_bubble_no_p2p_and_zero0_no_gather():
 def test_pipeline_sends_split_by_tp_under_sp_or_scatter_gather(engine):
     """p2p_split [26]: a pipeline send is 1/tp of the activations under sequence parallelism
     or legacy Megatron-LM's scatter/gather, the whole tensor otherwise (Megatron-Core
-    without SP), on random layouts (seeded), both engines. The send time is affine in the
-    bytes over bandwidth, so its bandwidth part is read off two scale-up and scale-out
-    efficiencies (e, e/2) and must shrink by exactly tp; its p2p buffers likewise."""
+    without SP), on random layouts (seeded), both engines; scatter/gather then all-gathers
+    the slices over TP on arrival. The send time is affine in the bytes over bandwidth, so
+    where the stages talk across nodes its bandwidth part is read off two scale-out
+    efficiencies (e, e/2) and must shrink by exactly tp, while the gather is the only
+    NVLink term; its p2p buffers shrink by tp too."""
     if engine == "fused":
         pytest.importorskip("numba")
     rng = np.random.default_rng(26)
@@ -101,19 +103,29 @@ def test_pipeline_sends_split_by_tp_under_sp_or_scatter_gather(engine):
     # the p2p buffers (two sends; zero 0-1: no bucket, no FSDP gather buffer)
     np.testing.assert_allclose(plain["memory_communication_buffers"][split],
                                t * sg["memory_communication_buffers"][split], rtol=1e-12)
-    slow = dict(scale_up_efficiency=M.CONSTANTS["scale_up_efficiency"] / 2,
-                scale_out_efficiency=M.CONSTANTS["scale_out_efficiency"] / 2)
+    # the stages' sends cross nodes (TP x DP x 2 ranks beyond the node of 8), TP stays in it
+    cross = (tp * kw["dp_size"] * 2 > 8)[split]
+    assert cross.sum() > 100 and (~cross).sum() > 50
     x = {}
     for g in (True, False):
-        for label, extra in (("e", {}), ("e/2", slow)):
+        for label, extra in (("e", {}),
+                             ("out/2", dict(scale_out_efficiency=M.CONSTANTS["scale_out_efficiency"] / 2)),
+                             ("up/2", dict(scale_up_efficiency=M.CONSTANTS["scale_up_efficiency"] / 2))):
             x[g, label] = M.solve(WL, FL, scatter_gather_tensors_in_pipeline=g, **kw,
-                                  **extra)["pp_communication_latency"][split]
-    bandwidth_part = {g: x[g, "e/2"] - x[g, "e"] for g in (True, False)}
-    assert np.all(bandwidth_part[False] > 0)
-    np.testing.assert_allclose(bandwidth_part[False], t * bandwidth_part[True], rtol=1e-9)
-    np.testing.assert_allclose(x[False, "e"] - bandwidth_part[False],  # the latencies stay
-                               x[True, "e"] - bandwidth_part[True], rtol=1e-9)
-    assert np.all(plain["step_latency_total"][split] > sg["step_latency_total"][split])
+                                  **extra)["pp_communication_latency"][split][cross]
+    send = {g: x[g, "out/2"] - x[g, "e"] for g in (True, False)}
+    gather = {g: x[g, "up/2"] - x[g, "e"] for g in (True, False)}
+    assert np.all(send[False] > 0)
+    np.testing.assert_allclose(send[False], t[cross] * send[True], rtol=1e-9)
+    # the arrival's all-gather: (tp - 1) / tp of the tensor over NVLink, per send
+    assert np.all(gather[False] == 0) and np.all(gather[True] > 0)
+    np.testing.assert_allclose(gather[True], send[False] * (t[cross] - 1) / t[cross]
+                               * M.CONSTANTS["scale_out_efficiency"] * FL.node.nic_bandwidth
+                               / (M.CONSTANTS["scale_up_efficiency"]
+                                  * (FL.node.scale_up_bus_bandwidth or FL.node.intra_node_bandwidth)),
+                               rtol=1e-9)
+    # over InfiniBand the split send plus the NVLink gather beat the whole send
+    assert np.all(plain["step_latency_total"][split][cross] > sg["step_latency_total"][split][cross])
 
 
 @pytest.mark.parametrize("engine", ["numpy", "fused"])

@@ -454,6 +454,11 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # on p2p_steady more.
     pp_bw, pp_lat = hw.link(tp * sp.cp * sp.dp * 2 <= hw.domain)
     t_p2p = net.p2p_time(ly.act_bytes / sp.p2p_split, bandwidth=pp_bw, latency=pp_lat) + hw.call_lat
+    # Split without SP (legacy scatter/gather), the receiver all-gathers the tp slices over
+    # TP before the stage can use them, on the critical path [26].
+    tp_bw, tp_lat = hw.link(tp <= hw.domain)
+    t_p2p = t_p2p + np.where(~np.asarray(sp.sp) & (sp.p2p_split > 1), net.all_gather_time(
+        ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat) + hw.call_lat, 0.0)
     t_pp = np.where(pp > 1, 2.0 * t_p2p * ((pp * v - 1) + sp.p2p_steady), 0.0)
     return Pipeline(layers_stage=layers_stage, t_head=t_head, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
                     window_f=window_f, window_b=window_b)
