@@ -241,7 +241,8 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
               p2p_steady, p2p_gather):
     """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``p2p_split``: the TP split
     of a p2p send, :func:`_p2p_split`; ``p2p_steady``: :func:`_p2p_steady_sends`;
-    ``p2p_gather``: the split slices are all-gathered over TP on arrival, no SP)."""
+    ``p2p_gather``: 1.0 where the split slices are all-gathered over TP on arrival (no
+    SP), else 0.0)."""
     layers = w[0]
     domain, up_lat, out_lat = f[6], f[9], f[10]
     layer_overhead, call_lat = c[6], c[11]
@@ -258,10 +259,11 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     inside = tp * cp * dp * 2.0 <= domain
     pp_bw, pp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
     t_p2p = act_bytes / p2p_split / pp_bw + pp_lat + call_lat
-    if p2p_gather:  # legacy scatter/gather: all-gathered over TP on arrival [26]
-        tp_in = tp <= domain
-        t_p2p = t_p2p + (_coll_1(act_bytes, tp, up_bw if tp_in else out_bw,
-                                 up_lat if tp_in else out_lat) + call_lat)
+    # legacy scatter/gather: all-gathered over TP on arrival [26]; p2p_gather is 0 or 1,
+    # a factor and not a branch, so that the layout loop stays branch-free here
+    tp_in = tp <= domain
+    t_p2p = t_p2p + p2p_gather * (_coll_1(act_bytes, tp, up_bw if tp_in else out_bw,
+                                          up_lat if tp_in else out_lat) + call_lat)
     t_pp = 2.0 * t_p2p * ((pp * v - 1.0) + p2p_steady) if pp > 1.0 else 0.0
     return layers_stage, bubble, t_pipe, t_pp, window_f, window_b
 
