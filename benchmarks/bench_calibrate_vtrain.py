@@ -1,7 +1,7 @@
 """Calibrate on a few of vTrain's measured layouts, rank the rest: a new software stack.
 
 ``benchmarks/fidelity.py``'s leave-one-source-out fit without vTrain ranks vTrain's 1,440
-single-node layouts with a Kendall tau of only 0.49-0.73: vTrain's software stack (2022
+single-node layouts with a Kendall tau of only 0.50-0.74 (`results/fidelity.md`): vTrain's software stack (2022
 Megatron-DeepSpeed on 8 A100s) spends some 3.5 ms of host time per layer and microbatch
 launching kernels, a floor under its small models' steps (the megatron model's
 ``layer_overhead``), and no published run is small enough to show it. A user who meets a
