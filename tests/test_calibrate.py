@@ -272,12 +272,29 @@ def test_a_profile_that_predates_a_constant_prices_as_it_was_fitted(synthetic_fi
     assert few.constants == {"gemm_scale": 0.5} and not few.warnings
 
 
+def test_a_profile_fitted_before_the_measured_plateaus_keeps_the_plateau_it_was_fitted_on(
+        synthetic_fit, tmp_path):
+    # Until 2026-12-04 every GPU's GEMM plateau was 0.95 (Calculon's); the catalog now states
+    # each GPU's measured one (0.80 on an H100). A profile of then fitted gemm_scale on 0.95:
+    # read back, it takes gemm_plateau = 0.95 and prices as it was fitted, not 16 % slower.
+    path = synthetic_fit.save(tmp_path / "old.toml")
+    text = "\n".join(line for line in path.read_text().splitlines()
+                     if not line.startswith("gemm_plateau ="))
+    path.write_text(text + "\n")
+    old = load_profile(path)
+    assert old.constants["gemm_plateau"] == M.PREDATED_CONSTANTS["gemm_plateau"] == 0.95
+    assert any("constants.gemm_plateau" in w and "predates it" in w for w in old.warnings)
+    assert synthetic_fit.profile.constants["gemm_plateau"] == 0.0  # a profile of now: the catalog's
+    with pytest.raises(ValueError, match="'gemm_plateau' is a setting"):
+        sweep.calibrate(synthetic_fit.measurements, free=["gemm_scale", "gemm_plateau"])
+
+
 def test_a_bad_profile_is_refused(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[calibration]\nphysics = "megatron"\n[constants]\ngemm_scale = 7.0\n')
     with pytest.raises(sweep.calibration.ProfileError,
                        match=r"bad.toml: constants.gemm_scale: expected a number in \[0.001, "
-                             r"1.05263\], but got 7.0"):
+                             r"1.24486\], but got 7.0"):
         load_profile(path)
     path.write_text('[constants]\ngemm_scale = 0.5\n')
     with pytest.raises(sweep.calibration.ProfileError, match=r"expected a \[calibration\] table"):

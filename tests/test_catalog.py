@@ -40,8 +40,9 @@ def registry():
 
 
 #: Fields the registry does not have, which the catalog may add to a registry entry: read by
-#: the megatron physics only (the GPU architecture for hopper_gemm_scale), never by mlsysim's.
-MEGATRON_ONLY_FIELDS = {"architecture"}
+#: the megatron physics only (the GPU architecture for hopper_gemm_scale, the measured GEMM
+#: plateau), never by mlsysim's.
+MEGATRON_ONLY_FIELDS = {"architecture", "gemm_efficiency"}
 
 
 def _assert_same(ours, theirs, path):

@@ -5,6 +5,8 @@ bit for bit, on either engine, call after call (the fused path keeps its inputs 
 calls), and refuse what solve refuses.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -104,15 +106,17 @@ def test_prepare_refuses_what_solve_refuses():
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_hopper_gemm_scale_multiplies_the_plateau_of_hopper_gpus_only(engine):
-    # hopper_gemm_scale is gemm_scale again on a Hopper GPU (the catalog's architecture) and
-    # nothing elsewhere: the A100 cluster prices the same whatever its value.
+@pytest.mark.parametrize("fleet_name", ["EOS_H100_MC", "GB200_NVL72_8_MC"])
+def test_hopper_gemm_scale_multiplies_the_plateau_from_hopper_on(engine, fleet_name):
+    # hopper_gemm_scale is gemm_scale again on a Hopper GPU and on a Blackwell one (the
+    # catalog's architecture; carried over, no Blackwell run being in the fidelity data) and
+    # nothing on an Ampere one: the A100 cluster prices the same whatever its value.
     rng = np.random.default_rng(14)
     knobs = _knobs(rng, 64, dp_given=True)
     wl = catalog.workload("Llama3_8B_MC")
-    hopper = catalog.fleet("EOS_H100_MC")
-    assert hopper.node.accelerator.architecture == "hopper"
-    price = M.prepare(wl, hopper, engine=engine, **knobs)
+    fleet = catalog.fleet(fleet_name)
+    assert fleet.node.accelerator.architecture in ("hopper", "blackwell")
+    price = M.prepare(wl, fleet, engine=engine, **knobs)
     a = price(gemm_scale=0.8, hopper_gemm_scale=0.75)
     b = price(gemm_scale=0.8 * 0.75, hopper_gemm_scale=1.0)
     for name in ("step_latency_total", "compute_latency", "mfu"):
@@ -124,6 +128,54 @@ def test_hopper_gemm_scale_multiplies_the_plateau_of_hopper_gpus_only(engine):
     assert ampere.node.accelerator.architecture == "ampere"
     price = M.prepare(wl, ampere, engine=engine, **knobs)
     _same(price(hopper_gemm_scale=0.5), price(hopper_gemm_scale=1.2))
+
+
+def _with_plateau(fleet, plateau):
+    acc = dataclasses.replace(fleet.node.accelerator, gemm_efficiency={
+        **fleet.node.accelerator.gemm_efficiency, "fp16": plateau, "bf16": plateau})
+    return dataclasses.replace(fleet, node=dataclasses.replace(fleet.node, accelerator=acc))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("fleet_name", ["Selene_MC", "EOS_H100_MC", "DGX_B200_1K_MC"])
+def test_gemm_plateau_replaces_the_catalogs_measured_plateau(engine, fleet_name):
+    # gemm_plateau = 0 (shipped) takes each GPU's measured plateau from the catalog; set, it
+    # is the plateau of every GPU and precision, as if the catalog stated it (profiles
+    # fitted before the catalog's measured plateaus carry 0.95, the one they were fitted on).
+    rng = np.random.default_rng(15)
+    knobs = _knobs(rng, 96, dp_given=True)
+    wl = catalog.workload("Llama3_8B_MC")
+    fleet = catalog.fleet(fleet_name)
+    plateau = fleet.node.accelerator.gemm_efficiency["bf16"]
+    assert 0.7 < plateau < 0.9  # the measured ones (MAMF), not Calculon's 0.95
+    shipped = M.prepare(wl, fleet, engine=engine, **knobs)
+    assert M.CONSTANTS["gemm_plateau"] == 0.0
+    _same(shipped(), shipped(gemm_plateau=0.0))
+    stated = M.prepare(wl, _with_plateau(fleet, 0.95), engine=engine, **knobs)
+    _same(shipped(gemm_plateau=0.95), stated())
+    a, b = shipped(), shipped(gemm_plateau=0.95)
+    ok = np.isfinite(a["compute_latency"])
+    assert ok.any() and (b["compute_latency"][ok] < a["compute_latency"][ok]).all()
+    with pytest.raises(ValueError, match=r"gemm_plateau must be a number in"):
+        shipped(gemm_plateau=1.5)
+
+
+def test_measured_plateaus_are_the_same_chips_in_both_catalog_files():
+    # The registry entries read by the megatron physics take the MC entries' plateaus.
+    pairs = {"A100": "A100_80GB_MC", "A100_40GB": "A100_40GB_MC", "H100": "H100_SXM_MC",
+             "H200": "H200_MC", "B200": "B200_MC", "GB200_NVL72": "GB200_MC"}
+    for registry, mc in pairs.items():
+        a, b = catalog.accelerator(registry), catalog.accelerator(mc)
+        assert a.gemm_efficiency["bf16"] == b.gemm_efficiency["bf16"] == b.gemm_efficiency["fp16"]
+        assert a.architecture == b.architecture
+    # newer GPUs reach less of their rated peak (the MAMF table's order)
+    eff = {n: catalog.accelerator(n).gemm_efficiency["bf16"] for n in ("A100_80GB_MC", "H100_SXM_MC",
+                                                                       "B200_MC", "GB200_MC")}
+    assert eff["A100_80GB_MC"] > eff["H100_SXM_MC"] > eff["B200_MC"] > eff["GB200_MC"]
+    # the predicted GEMM ratio of a Blackwell GPU over a Hopper one is the measured one
+    h100, b200 = catalog.accelerator("H100_SXM_MC"), catalog.accelerator("B200_MC")
+    ratio = (b200.precision_flops["bf16"] * eff["B200_MC"]) / (h100.precision_flops["bf16"] * eff["H100_SXM_MC"])
+    assert ratio == pytest.approx(1745.0 / 794.5, rel=2e-4)
 
 
 def test_catalog_architectures():

@@ -584,7 +584,7 @@ def constant_scalars(c, accelerator):
     """The kernel's constant tuple from scalar constants (``np.log`` of the size shift, as gemm takes it).
 
     ``gemm_scale`` comes with the accelerator's architecture scale folded in
-    (megatron_steps.architecture_gemm_scale: ``hopper_gemm_scale`` on a Hopper GPU), the one
+    (megatron_steps.architecture_gemm_scale: ``hopper_gemm_scale`` from Hopper on), the one
     fitted constant that depends on the fleet."""
     out = []
     for name in CONSTANT_ORDER:

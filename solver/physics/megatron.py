@@ -198,7 +198,8 @@ _CONSTANTS_FILE = resource_dir(CONSTANTS_PACKAGE, _SOURCE_CONSTANTS_DIR) / "mega
 CONSTANT_BOUNDS = {
     "gemm_scale": (1e-3, 1.0 / DEFAULT_GEMM_PLATEAU, "multiplier on the large-GEMM plateau (bf16/fp16)"),
     "fp8_gemm_scale": (1e-3, 1.5, "extra multiplier on the plateau of FP8/FP4 GEMMs"),
-    "hopper_gemm_scale": (1e-3, 1.5, "extra multiplier on the plateau of a Hopper GPU's GEMMs (H100, H200: the catalog's architecture)"),
+    "hopper_gemm_scale": (1e-3, 1.5, "extra multiplier on the GEMM plateau from Hopper on (the catalog's architecture: H100, H200; carried to B200, B300, GB200, GB300)"),
+    "gemm_plateau": (0.0, 1.0, "large-GEMM plateau share of peak for every GPU and precision, in place of the catalog's measured ones; 0: the catalog's (not fitted; profiles fitted before 2026-12-04 take 0.95)"),
     "gemm_size_shift": (1e-3, 1e3, "scale of the GEMM size curve's durations"),
     "gemm_k_overhead": (0.0, 8192.0, "fixed cost per GEMM output tile, in columns of the reduction dimension at 312 TFLOP/s"),
     "attention_efficiency": (1e-3, 2.0, "multiplier on the accelerator's sourced fused-attention efficiency"),
@@ -215,7 +216,9 @@ CONSTANT_BOUNDS = {
 #: prices as the model did before it: a profile that predates one (it has every other
 #: constant, as sweep.calibrate writes them, but not this one) takes this value, not the
 #: shipped fit's (sweep.load_profile), so an old profile prices as it was fitted.
-PREDATED_CONSTANTS = {"hopper_gemm_scale": 1.0}
+PREDATED_CONSTANTS = {"hopper_gemm_scale": 1.0, "gemm_plateau": 0.95}
+#: Constants that are settings, never fitted (sweep.calibrate refuses them as free).
+UNFITTED_CONSTANTS = ("gemm_plateau",)
 
 
 def load_constants(path=None):
@@ -691,9 +694,12 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
         a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in pipe}
         a["p2p_flags"] = _spread(fk.pipeline_flags(k[pipe[0]], k[pipe[1]]), n, np.uint8)
         memo.update(n=n, a=a, w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
-    a = memo["a"]
+    a, f = memo["a"], memo["f"]
+    if c["gemm_plateau"] > 0.0:  # one plateau for every GPU and precision (steps._plateau)
+        uniform = (float(c["gemm_plateau"]),) * len(f[2])
+        f = f[:2] + (uniform, uniform) + f[4:]
     has_dp = "dp_size" in a
-    fo, bo, ok = fk.run(memo["w"], memo["f"], fk.constant_scalars(c, fleet.node.accelerator), n,
+    fo, bo, ok = fk.run(memo["w"], f, fk.constant_scalars(c, fleet.node.accelerator), n,
                         has_dp, a["batch_size"], a["seq_len"], a["tp_size"], a["pp_size"],
                         a["cp_size"], a["ep_size"], a["dp_size"] if has_dp else a["tp_size"],
                         a["v_stages"], a["micro_batch_size"], a["sequence_parallel"],

@@ -41,9 +41,12 @@ SCALE_UP_STEP_LATENCY = 1e-6
 SCALE_OUT_STEP_LATENCY = 2e-6
 #: Dense peak [FLOP/s] the GEMM curves' constants refer to (Calculon's A100, [8] of gemm).
 GEMM_REFERENCE_PEAK = 312e12
-#: Plateau share of peak for a large GEMM when the accelerator states none [1]
-#: (Calculon's 0.95 for >= 128 GFLOP; the fitted ``gemm_scale`` multiplies it).
-DEFAULT_GEMM_PLATEAU = 0.95
+#: Plateau share of peak for a large GEMM when the accelerator states none: the median
+#: of the NVIDIA rows of the measured matmul plateaus the catalog cites (MAMF, the
+#: header of configs/catalog/megatron.toml: A100 SXM 86.9 %, GH200 83.8 %, A100 PCIe
+#: 81.1 %, H100 SXM 80.3 %, B300 78.6 %, B200 77.6 %, GB200 72.9 %); the fitted
+#: ``gemm_scale`` multiplies it. (Calculon's 0.95 until 2026-12-04.)
+DEFAULT_GEMM_PLATEAU = 0.8033
 #: Adam step: FP32 grad read, master/m/v read+write, 16-bit weight write [B per parameter].
 OPTIMIZER_BYTES_TOUCHED = 30.0
 #: Unfused attention: bytes through HBM per score element, forward (scores, mask,
@@ -83,16 +86,28 @@ def supports(acc, key):
 def architecture_gemm_scale(acc, c):
     """The fitted multiplier on the GEMM plateau of ``acc``'s architecture.
 
-    Fitted, the H100 runs of benchmarks/data/ reach a smaller share of the H100's rated
-    dense peak than the A100 runs of the A100's: with one ``gemm_scale`` for both, most
+    Fitted, the H100 runs of benchmarks/data/ reach a smaller share of the H100's measured
+    matmul plateau than the A100 runs of the A100's: with one ``gemm_scale`` for both, most
     runs of each H100 source left out of the fit were predicted fast (README, Fidelity).
-    ``hopper_gemm_scale`` applies to the catalog's ``architecture = "hopper"`` (H100,
-    H200); every other architecture gets 1 (no measured Blackwell run: its plateau is the
-    catalog's times ``gemm_scale``)."""
-    return c["hopper_gemm_scale"] if acc.architecture == "hopper" else 1.0
+    ``hopper_gemm_scale`` applies from Hopper on: to the catalog's ``architecture =
+    "hopper"`` (H100, H200) and ``"blackwell"`` (B200, B300, GB200, GB300), which runs the
+    same software stack as the H100 runs and reaches less of its rated peak still (its own
+    measured plateau, the catalog's, says by how much). No Blackwell run is in the data:
+    carrying Hopper's factor over is an extrapolation, one that keeps a Blackwell GPU's
+    GEMMs faster than a Hopper's by exactly their measured matmul ratio. Ampere and the
+    architectures the catalog does not name get 1."""
+    return c["hopper_gemm_scale"] if acc.architecture in ("hopper", "blackwell") else 1.0
 
 
-def _plateau(acc, key):
+def _plateau(acc, key, c=None):
+    """The large-GEMM plateau of ``acc`` in precision ``key``: the catalog's measured one
+    (its ``bf16`` where it states none for ``key``; :data:`DEFAULT_GEMM_PLATEAU` where it
+    states none at all), or the constant ``gemm_plateau`` of ``c`` for every GPU and
+    precision when that is set (> 0: calibration profiles fitted before the catalog stated
+    measured plateaus carry 0.95, the one they were fitted under)."""
+    uniform = 0.0 if c is None else float(c["gemm_plateau"])
+    if uniform > 0.0:
+        return uniform
     ge = acc.gemm_efficiency
     return ge.get(key, ge.get("bf16", DEFAULT_GEMM_PLATEAU))
 
@@ -250,10 +265,10 @@ def hardware(fleet, c, prec, grad_bf16=False) -> Hardware:
     peak16 = np.array([_peak(acc, "fp16" if p == "fp16" else "bf16") for p in PRECISIONS])[prec]
     low_bits = np.array([p in ("fp8", "fp4") for p in PRECISIONS])[prec]
     scale = c["gemm_scale"] * architecture_gemm_scale(acc, c)
-    plateau = (np.array([_plateau(acc, p) for p in gemm_key])[prec] * scale
+    plateau = (np.array([_plateau(acc, p, c) for p in gemm_key])[prec] * scale
                * np.where(low_bits, c["fp8_gemm_scale"], 1.0))
-    plateau16 = np.array([_plateau(acc, "fp16" if p == "fp16" else "bf16") for p in PRECISIONS])[prec] \
-        * scale
+    plateau16 = np.array([_plateau(acc, "fp16" if p == "fp16" else "bf16", c)
+                          for p in PRECISIONS])[prec] * scale
     return Hardware(
         peak_gemm=peak_gemm, peak16=peak16, plateau=plateau, plateau16=plateau16,
         # FP32 reduce for BF16 and FP8 [7], unless grad_reduce_in_bf16 [25]; FP16's are FP16

@@ -268,6 +268,10 @@ def _free_names(free, measurements) -> tuple:
                              f"({', '.join(megatron.CONSTANT_BOUNDS)}), but got {n!r}{hint}")
     if not names or len(set(names)) != len(names):
         raise ValueError(f"free must name distinct constants, at least one, but got {list(names)}")
+    for n in names:
+        if n in megatron.UNFITTED_CONSTANTS:
+            raise ValueError(f"free: {n!r} is a setting of the megatron physics, not a fitted "
+                             f"constant ({megatron.CONSTANT_BOUNDS[n][2]}); free the others")
     return names
 
 
