@@ -500,8 +500,9 @@ def test_journal_forms_open_the_same_file(tmp_path):
 
 
 def test_nothing_feasible_is_reported_not_raised():
-    with pytest.warns(RuntimeWarning, match="no admissible layout among the 16 evaluated: none "
-                      "is a valid split that fits the memory limit"):
+    # The warning is the counts' reading (what each condition removed, what to relax).
+    with pytest.warns(RuntimeWarning, match=r"no admissible trial among 16 points: valid split "
+                      r"removed \d+, within the memory limit removed [1-9]"):
         result = search(SMALL, n_trials=16, seed=0, memory_limit="1 GB", mode="sampled")
     assert result.best_params is None and result.top == [] and result.n_admissible == 0
     # The summary counts what each condition removed from the 16 trials: here the 1 GB limit.
@@ -519,9 +520,10 @@ def test_an_empty_exhaustive_search_says_which_condition_removed_the_layouts():
     spec = {"workload": "Llama3_8B_MC", "fleet": "GB200_NVL72_8_MC", "physics": "megatron",
             "axes": {"tp_size": [1, 2, 4], "pp_size": [1, 2, 4], "micro_batch_size": [1, 2]},
             "fixed": {"batch_size": 1000, "seq_len": 8192}}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+    with pytest.warns(RuntimeWarning, match=r"realizable removed .*do not split batch_size "
+                      r"\(1,000\) into whole microbatches") as caught:
         result = search(spec, mode="exhaustive")
+    assert str(caught[0].message) == result.why_empty()  # the warning says which to relax
     assert result.n_admissible == 0 and result.empty_counts
     text = result.summary()
     assert "no admissible layout among 18 points: " in text and "memory limit (" not in text

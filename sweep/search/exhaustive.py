@@ -182,13 +182,11 @@ def exact(setup: _Setup, *, k, block_points, n_jobs, progress, started, probe=No
             layout[axis.name] = axis.values[int(c)]
         items.append((layout, tuple(total.scores[i] * setup.signs), None))
     pareto = items[:1] if n_obj == 1 else items
-    result = finish_result(setup, items, pareto, study=None, n_evaluated=total.n_points,
-                           n_new=total.n_points, n_admissible=total.n_admissible, mode="exact",
-                           sampler="exhaustive", space_size=spec.size, k=k, started=started,
-                           reason=reason)
-    result.empty_counts = {"total": total.n_points, "removed": total.removed,
-                           "relaxed": total.relaxed}
+    counts = {"total": total.n_points, "removed": total.removed, "relaxed": total.relaxed}
     why = realizable_text(total.realizable) if not total.n_admissible else None
     if why:
-        result.empty_counts["why"] = {"realizable": why}
-    return result
+        counts["why"] = {"realizable": why}
+    return finish_result(setup, items, pareto, study=None, n_evaluated=total.n_points,
+                         n_new=total.n_points, n_admissible=total.n_admissible, mode="exact",
+                         sampler="exhaustive", space_size=spec.size, k=k, started=started,
+                         reason=reason, empty_counts=counts)

@@ -249,12 +249,10 @@ def study_result(study, space, setup, *, n_new, k, sampler, started, reason="") 
         keep = set(front_indices(scores.reshape(len(items), len(signs)),
                                  np.array([n for _, _, n in items])).tolist())
         pareto = items = [item for i, item in enumerate(items) if i in keep]
-    result = finish_result(setup, items, pareto, study=study, n_evaluated=len(complete),
-                           n_new=n_new, n_admissible=len(good), mode="sample", sampler=sampler,
-                           space_size=space.size, k=k, started=started, reason=reason)
-    if not good:
-        result.empty_counts = _trial_counts(setup, space, complete)
-    return result
+    return finish_result(setup, items, pareto, study=study, n_evaluated=len(complete),
+                         n_new=n_new, n_admissible=len(good), mode="sample", sampler=sampler,
+                         space_size=space.size, k=k, started=started, reason=reason,
+                         empty_counts=None if good else _trial_counts(setup, space, complete))
 
 
 def _trial_counts(setup, space, trials) -> Optional[dict]:
@@ -300,8 +298,10 @@ def _entry(setup, layout, values, described, number):
 
 
 def finish_result(setup, entries_best_first, pareto, *, study, n_evaluated, n_new, n_admissible,
-                  mode, sampler, space_size, k, started, reason="") -> SearchResult:
-    """entries: [(layout, values, number)] best first; pareto: same for the Pareto set."""
+                  mode, sampler, space_size, k, started, reason="", empty_counts=None) -> SearchResult:
+    """entries: [(layout, values, number)] best first; pareto: same for the Pareto set.
+    ``empty_counts``: what each condition removed (:attr:`SearchResult.empty_counts`); with
+    no admissible layout the warning says it (:meth:`SearchResult.why_empty`)."""
     chosen = entries_best_first[:k]
     chosen_ids = {id(item) for item in chosen}
     everyone = chosen + [p for p in pareto if id(p) not in chosen_ids]
@@ -319,11 +319,13 @@ def finish_result(setup, entries_best_first, pareto, *, study, n_evaluated, n_ne
         breakdown.update({f"objective:{n}": v for n, v in zip(setup.names, values)})
     else:
         best_params, best_value, breakdown = None, None, {}
-        limits = {name: f"{v / _GB:.2f} GB" for name, v in setup.limits.items()}
-        warnings.warn(_none_admissible(n_evaluated, limits), RuntimeWarning, stacklevel=3)
-    return SearchResult(best_params=best_params, best_value=best_value,
-                        objectives=setup.objectives, study=study, breakdown=breakdown, top=top,
-                        best_trials=best_trials, n_evaluated=n_evaluated, n_new=n_new,
-                        n_admissible=n_admissible, memory_limits=dict(setup.limits), mode=mode,
-                        sampler=sampler, space_size=space_size,
-                        elapsed=time.perf_counter() - started, reason=reason)
+    result = SearchResult(best_params=best_params, best_value=best_value,
+                          objectives=setup.objectives, study=study, breakdown=breakdown, top=top,
+                          best_trials=best_trials, n_evaluated=n_evaluated, n_new=n_new,
+                          n_admissible=n_admissible, memory_limits=dict(setup.limits), mode=mode,
+                          sampler=sampler, space_size=space_size,
+                          elapsed=time.perf_counter() - started, reason=reason,
+                          empty_counts=empty_counts)
+    if not top:  # the counts' reading where there are counts: which condition to relax
+        warnings.warn(result.why_empty(), RuntimeWarning, stacklevel=3)
+    return result
