@@ -262,6 +262,11 @@ _RULE_CASES = [
     ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(precision="fp4"), False),
     ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(precision="fp8"), True),
     ("Llama3_70B_MC", "DGX_B200_1K_MC", dict(precision="fp4"), True),
+    # [30] no ZeRO-2/3 (FSDP) with a pipeline; the distributed optimizer runs with one
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(zero_stage=3), False),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(zero_stage=2), False),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(zero_stage=1), True),
+    ("Llama3_70B_MC", "HGX_H100_1K_MC", dict(zero_stage=3, pp_size=1, v_stages=1), True),
     # [20] MoE with tp > 1 needs sequence parallelism
     ("Mixtral_8x7B_MC", "HGX_H100_1K_MC", dict(tp_size=2, pp_size=4, v_stages=1, ep_size=8, sequence_parallel=False), False),
     ("Mixtral_8x7B_MC", "HGX_H100_1K_MC", dict(tp_size=2, pp_size=4, v_stages=1, ep_size=8), True),

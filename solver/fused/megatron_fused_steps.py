@@ -53,6 +53,7 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco, 
                   and (tp == 1.0 or sp or moe == 0.0)
                   and not (tco and not sp)
                   and not (opg and not ogr and zero >= 1)
+                  and not (zero >= 2 and pp > 1.0)
                   and _pick(supported, prec) != 0.0)
     return sp, dp, group, valid, n_acc, m_exact, m, realizable
 

@@ -150,6 +150,14 @@ References
     not overlap its gathers: PR #1188 (June 2021) found that its "async" all-gather
     "is not async at all, because each all_gather calls torch.cuda.synchronize()", and
     PR #1170 fixed an off-by-one in the module trace that skipped prefetches (issue #1069).
+[30] ZeRO-2/3 (FSDP) with pipeline parallelism is not runnable. DeepSpeed's
+    ``runtime/pipe/engine.py`` (``PipelineEngine.__init__``) asserts "ZeRO-2 and ZeRO-3
+    are incompatible with pipeline parallelism". Megatron-FSDP (``optim_grads``,
+    ``optim_grads_params``) composes with TP, CP and EP, not PP: Megatron-LM issue #1455
+    (2025), the Megatron Core roadmaps #4003 and #4997 (2026, "Megatron-FSDP + pipeline
+    parallel compatibility", PR #2302, still planned), and PR #6081 (August 2026): "FSDP
+    and PP are mutually exclusive in Megatron's standard path". The distributed
+    optimizer (zero_stage 1) runs with any pipeline.
 """
 
 from __future__ import annotations
@@ -270,8 +278,9 @@ REALIZABLE_RULES = (
     "2 x cp_size (and by tp_size x cp_size under sequence_parallel), experts by ep_size, an "
     "interleaved schedule's microbatches by pp_size; tp_comm_overlap and MoE with tp_size > 1 "
     "need sequence_parallel, cp_size > 1 flash_attention, overlap_param_gather "
-    "overlap_grad_reduce, ep_size > 1 a precision other than fp16, and every layout a "
-    "precision its accelerator has (fp8 and fp4 only where the catalog states their peak)")
+    "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
+    "pp_size 1, and every layout a precision its accelerator has (fp8 and fp4 only where the "
+    "catalog states their peak)")
 #: Knob name -> default.
 DEFAULTS = {name: knob.default for name, knob in KNOBS.items()}
 _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
@@ -279,7 +288,7 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
 #: Output name -> (CF units, long name).
 OUTPUTS = {
     "valid": ("1", "split is possible: TP*PP*CP divides the fleet and EP divides DP*CP"),
-    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers over the stages (unevenly only without interleaving [13]), interleaving with the microbatches in groups of pp_size [17], no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], a precision the accelerator has [21]"),
+    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers over the stages (unevenly only without interleaving [13]), interleaving with the microbatches in groups of pp_size [17], no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], no ZeRO-2/3 with a pipeline [30], a precision the accelerator has [21]"),
     "dp_size": ("1", "data-parallel degree"),
     "microbatch_count": ("1", "microbatches per step per data-parallel rank"),
     "step_latency_total": ("s", "training step time"),

@@ -184,6 +184,8 @@ def split(w, fleet, k) -> Split:
                   & ((tp == 1) | sp | (not w.moe))  # [20]
                   & ~(k["tp_comm_overlap"] & ~sp)  # [15]: needs SP, which tp 1 turns off
                   & ~(k["overlap_param_gather"] & ~k["overlap_grad_reduce"] & (k["zero_stage"] >= 1))
+                  # sharded gradients or parameters (ZeRO-2/3, FSDP) with a pipeline [30]
+                  & ~((k["zero_stage"] >= 2) & (pp > 1))
                   & np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec])
     return Split(tp=tp, pp=pp, cp=cp, ep=ep, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
                  rc=k["recompute"], zero=k["zero_stage"], prec=prec, dp=dp, group=group,
