@@ -255,13 +255,20 @@ def test_profile_round_trips_through_toml(synthetic_fit, tmp_path):
     assert data["calibration"]["physics"] == "megatron"
 
 
+def _saved_without(fit, path, constant):
+    """``fit``'s profile saved at ``path`` without ``constant``'s line: as a profile written
+    before the constant existed reads."""
+    fit.save(path)
+    text = "\n".join(line for line in path.read_text().splitlines()
+                     if not line.startswith(f"{constant} ="))
+    path.write_text(text + "\n")
+    return path
+
+
 def test_a_profile_that_predates_a_constant_prices_as_it_was_fitted(synthetic_fit, tmp_path):
     # A profile written before hopper_gemm_scale existed fitted gemm_scale with no Hopper
     # factor: it must not take the shipped fit's 0.87 on top (H100 GEMMs 13 % slower).
-    path = synthetic_fit.save(tmp_path / "old.toml")
-    text = "\n".join(line for line in path.read_text().splitlines()
-                     if not line.startswith("hopper_gemm_scale ="))
-    path.write_text(text + "\n")
+    path = _saved_without(synthetic_fit, tmp_path / "old.toml", "hopper_gemm_scale")
     old = load_profile(path)
     assert old.constants["hopper_gemm_scale"] == M.PREDATED_CONSTANTS["hopper_gemm_scale"] == 1.0
     assert old.constants["gemm_scale"] == synthetic_fit.profile.constants["gemm_scale"]
@@ -277,11 +284,7 @@ def test_a_profile_fitted_before_the_measured_plateaus_keeps_the_plateau_it_was_
     # Until 2026-12-04 every GPU's GEMM plateau was 0.95 (Calculon's); the catalog now states
     # each GPU's measured one (0.80 on an H100). A profile of then fitted gemm_scale on 0.95:
     # read back, it takes gemm_plateau = 0.95 and prices as it was fitted, not 16 % slower.
-    path = synthetic_fit.save(tmp_path / "old.toml")
-    text = "\n".join(line for line in path.read_text().splitlines()
-                     if not line.startswith("gemm_plateau ="))
-    path.write_text(text + "\n")
-    old = load_profile(path)
+    old = load_profile(_saved_without(synthetic_fit, tmp_path / "old.toml", "gemm_plateau"))
     assert old.constants["gemm_plateau"] == M.PREDATED_CONSTANTS["gemm_plateau"] == 0.95
     assert any("constants.gemm_plateau" in w and "predates it" in w for w in old.warnings)
     assert synthetic_fit.profile.constants["gemm_plateau"] == 0.0  # a profile of now: the catalog's
