@@ -552,15 +552,18 @@ def workload_scalars(w):
         float(w.ffn) / float(w.hidden), float(mlp_moe_width) / float(w.hidden)))
 
 
-def fleet_scalars(fleet, total_accelerators=None):
-    """The kernel's per-fleet tuple: per-precision tables (4-tuples) and rates (megatron_steps.hardware)."""
+def fleet_scalars(fleet, total_accelerators=None, constants=None):
+    """The kernel's per-fleet tuple: per-precision tables (4-tuples) and rates (megatron_steps.hardware).
+    ``constants``: where it sets ``gemm_plateau``, that plateau for every precision
+    (megatron_steps._plateau); the catalog's otherwise."""
     node, fabric = fleet.node, fleet.fabric
     acc = node.accelerator
     P = _steps.PRECISIONS
     peak_gemm = tuple(float(_steps._peak(acc, p)) for p in P)
     peak16 = tuple(float(_steps._peak(acc, "fp16" if p == "fp16" else "bf16")) for p in P)
-    plateau = tuple(float(_steps._plateau(acc, p)) for p in P)
-    plateau16 = tuple(float(_steps._plateau(acc, "fp16" if p == "fp16" else "bf16")) for p in P)
+    plateau = tuple(float(_steps._plateau(acc, p, constants)) for p in P)
+    plateau16 = tuple(float(_steps._plateau(acc, "fp16" if p == "fp16" else "bf16", constants))
+                      for p in P)
     return (peak_gemm, peak16, plateau, plateau16,
             float(acc.memory_bandwidth),
             float(acc.gemm_efficiency.get("flash_attention", _steps.DEFAULT_FLASH_ATTENTION_EFFICIENCY)),

@@ -703,10 +703,9 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
         a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in pipe}
         a["p2p_flags"] = _spread(fk.pipeline_flags(k[pipe[0]], k[pipe[1]]), n, np.uint8)
         memo.update(n=n, a=a, w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
-    a, f = memo["a"], memo["f"]
-    if c["gemm_plateau"] > 0.0:  # one plateau for every GPU and precision (steps._plateau)
-        uniform = (float(c["gemm_plateau"]),) * len(f[2])
-        f = f[:2] + (uniform, uniform) + f[4:]
+    a = memo["a"]
+    # the memo holds the catalog's plateaus; a set gemm_plateau replaces them (steps._plateau)
+    f = fk.fleet_scalars(fleet, constants=c) if c["gemm_plateau"] > 0.0 else memo["f"]
     has_dp = "dp_size" in a
     fo, bo, ok = fk.run(memo["w"], f, fk.constant_scalars(c, fleet.node.accelerator), n,
                         has_dp, a["batch_size"], a["seq_len"], a["tp_size"], a["pp_size"],
