@@ -49,7 +49,15 @@ __all__ = [
     "logits_bytes",
 ]
 
-#: 16-bit weights [B per parameter] (FP8 training keeps them; FP8 copies are transient).
+#: 16-bit weights [B per parameter]. FP8 training keeps them, and the model counts no
+#: persistent FP8 copy beside them. Megatron-Core's TE layers can cache each linear
+#: weight's FP8 cast and its transpose across microbatches (``is_first_microbatch``,
+#: on unless ``disable_parameter_transpose_cache``), 2 B more per linear-layer parameter,
+#: but the published FP8 runs that ran would not fit with it: NEMO2407's Llama 3 8B on 8
+#: H100s (TP 1) is at 92.7 % of the device's memory without it and would be at about
+#: 109 %, its Nemotron-4 340B on 128 (96.3 %) at about 108 %, NEMOLS's Llama 2 7B on 4
+#: (90.6 %) at about 106 % (benchmarks/results/fidelity.json, ``memory``). Which of the
+#: stack's settings made room for them (FP8 parameters, the cache off) is not known.
 WEIGHT_BYTES = 2.0
 #: FP32 main gradients of Megatron-Core's DDP buffer [B per parameter] [2].
 MAIN_GRAD_BYTES = 4.0
