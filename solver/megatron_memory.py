@@ -32,6 +32,12 @@ References
     (``saved_inputmat = inputmat`` after ``cast_to_fp8``, or its FP8 transpose), one byte
     per element, not the 16-bit input; ``LayerNormLinear`` likewise saves the FP8 norm
     output. The fused attention kernel still keeps its 16-bit output for its own backward.
+[7] Megatron-Core ``transformer/moe/token_dispatcher.py`` (``MoEAlltoAllTokenDispatcher``:
+    permute, all-to-all over EP, all-gather over the expert TP group, ..., reduce-scatter
+    over it, all-to-all back) and ``extensions/transformer_engine.py``
+    (``TEGroupedLinear``: built with no TP communication of its own, "explicitly handled
+    by MoE token dispatcher"): the routed experts' first GEMM takes, and saves for its
+    backward, the gathered tokens.
 """
 
 from __future__ import annotations
@@ -145,13 +151,14 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     sp = np.asarray(sequence_parallel)
     sbh = b * s * h
     # FP8 [6]: the inputs of QKV and of the first MLP GEMM (the norm outputs; in an MoE
-    # layer the routed copies, the router staying 16-bit) and of the second MLP GEMM are
-    # kept in one byte, not two. The output projection's input is kept in one byte too,
+    # layer the router's input stays 16-bit and the routed copies are counted below) and
+    # of the second MLP GEMM are kept in one byte, not two. The output projection's input is kept in one byte too,
     # where an unfused attention kept it in two for that GEMM alone; beside a fused
     # attention, which keeps its 16-bit output itself, the FP8 copy is one byte more.
     # (Taken off the numerators below: no division of its own, the same bits without FP8.)
     low = np.asarray(low_bits)
-    fp8_replicated = np.where(low, 1.0 + np.where(moe_top_k > 0, moe_top_k, 1.0), 0.0)
+    moe = np.asarray(moe_top_k) > 0
+    fp8_replicated = np.where(low, np.where(moe, 1.0, 2.0), 0.0)
     mlp_width = np.where(moe_top_k > 0, moe_top_k * moe_ffn_hidden, ffn_hidden)
     fp8_split = np.where(low, mlp_width / h + np.where(np.asarray(flash_attention), -1.0, 1.0), 0.0)
     # Table 2 of [1]: s b h (10 + 24/t + 5 a s/(h t)); the 10 (norm inputs, dropout
@@ -162,8 +169,11 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     # MLP 2 bytes per element of its (2 or 3 matrix) intermediates.
     attention = (4.0 + 4.0 * kv_heads / heads) / t
     mlp = ((4.0 + 2.0 * np.asarray(gated, dtype=np.float64)) * mlp_width / h - fp8_split) / t
-    # Routed tokens are permuted copies of the MLP input (2 bytes per element per expert).
-    mlp = mlp + 2.0 * np.asarray(moe_top_k) / np.where(sp, t, 1.0)
+    # Routed tokens are permuted copies of the MLP input (2 bytes per element per expert;
+    # 1 under FP8). With TP the dispatcher all-gathers them over the (expert) TP group
+    # before the experts' first GEMM, which keeps its input whole on every TP rank [7]:
+    # not divided by TP, with or without SP.
+    mlp = mlp + np.asarray(moe_top_k) * np.where(low, 1.0, 2.0)
     # Sec. 4.1 of [1]: 5 a s / h for scores, softmax, dropout mask and output.
     scores = np.where(np.asarray(flash_attention) | (np.asarray(recompute_code) >= 1), 0.0,
                       5.0 * heads * s / (h * t))

@@ -32,6 +32,7 @@ __all__ = [
     "p2p_time",
     "all_to_all_time",
     "two_level_time",
+    "split_all_to_all_time",
     "FACTORS",
 ]
 
@@ -117,3 +118,27 @@ def two_level_time(kind, message_bytes, n_ranks, ranks_per_domain, *, scale_up_b
     outer = _collective(kind, np.asarray(message_bytes) / g, domains, scale_out_bandwidth,
                         scale_out_latency)
     return inner + outer
+
+
+def split_all_to_all_time(message_bytes, n_ranks, ranks_near, *, scale_up_bandwidth,
+                          scale_up_latency, scale_out_bandwidth, scale_out_latency):
+    """An all-to-all over ``n`` ranks, ``g`` of which (the sender's included) share its domain [s].
+
+    Each rank sends ``M / n`` to every peer [3], to the ``g - 1`` near ones over NVLink
+    and to the ``n - g`` far ones over its NIC, at once: the slower of the two, plus
+    ``n - 1`` steps of the far link's latency (the near one's where all are near). With
+    ``g == n`` it is :func:`all_to_all_time` on the scale-up link, to the bit.
+
+    Parameters
+    ----------
+    message_bytes : array_like [B]
+        The rank's whole send buffer ``M``.
+    n_ranks, ranks_near : array_like [1]
+    scale_up_bandwidth, scale_out_bandwidth : array_like [B/s]
+    scale_up_latency, scale_out_latency : array_like [s]
+    """
+    n = np.asarray(n_ranks, dtype=np.float64)
+    g = np.minimum(np.asarray(ranks_near, dtype=np.float64), n)
+    near = (g - 1) / n * message_bytes / scale_up_bandwidth
+    far = (n - g) / n * message_bytes / scale_out_bandwidth
+    return np.maximum(near, far) + (n - 1) * np.where(g < n, scale_out_latency, scale_up_latency)

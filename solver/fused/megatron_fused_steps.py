@@ -8,12 +8,15 @@ functions of :mod:`solver.physics.megatron_steps` and
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
 from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _MAX_INTEGER, _MGB,
     _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _gemm, _gemm_nok,
-    _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _two_level)
+    _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _two_level, _within,
+    _a2a_split)
 
 
 # ------------------------------------------------------------------ 1. split
@@ -172,24 +175,25 @@ def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, 
 
 @njit(**_INLINE)
 def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
-                   t_core_f, t_core_b, low_bits):
-    """megatron_steps.communication."""
-    d, moe, top_k, moe_share = w[4], w[6], w[9], w[12]
+                   t_core_f, t_core_b, low_bits, whole):
+    """megatron_steps.communication (``whole``: the job fits in one NVLink domain)."""
+    d, moe, top_k, shared, moe_share = w[4], w[6], w[9], w[11], w[12]
     domain, up_bw0, out_bw0, up_lat, out_lat = f[6], f[7], f[8], f[9], f[10]
     up_bw, out_bw = up_bw0 * c[7], out_bw0 * c[8]
     call_lat, overlap_eff = c[11], c[9]
-    inside = tp <= domain
+    inside = _within(tp, domain, whole)
     tp_bw, tp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
     t_ar = (_coll_1(act_bytes, tp, tp_bw, tp_lat) + _coll_1(act_bytes / 2.0, tp, tp_bw, tp_lat)
             if (low_bits and sp) else _coll_ar(act_bytes, tp, tp_bw, tp_lat)) \
         + (call_lat if tp > 1.0 else 0.0)
     full = rc == 2
-    tp_calls = 4.0 + (2.0 if full else 0.0)
+    mlp_pairs = ((1.0 - moe_share) + moe_share * (1.0 if shared != 0.0 else 0.0)) if moe != 0.0 else 1.0
+    tp_calls = (1.0 + mlp_pairs) * (2.0 + (1.0 if full else 0.0))
     tp_total = tp_calls * t_ar
     tp_hidden = overlap_eff if (tco and sp) else 0.0
     tp_layer = tp_total * (1.0 - tp_hidden)
     kv_bytes = 2.0 * 2.0 * tokens * kv_t * d
-    inside = tp * cp <= domain
+    inside = _within(tp * cp, domain, whole)
     cp_bw, cp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
     cp_step = kv_bytes / cp_bw + cp_lat + call_lat
     cp_f = (cp - 1.0) * cp_step
@@ -198,12 +202,18 @@ def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, a
     cp_layer_b = _exposed(2.0 * cp_f, t_core_b, 1.0) + (_exposed(cp_f, t_core_f, 1.0) if full else 0.0)
     cp_layer = cp_layer_f + cp_layer_b
     if moe != 0.0:
-        inside = tp * cp * ep <= domain
-        ep_bw, ep_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
-        a2a = _coll_1(act_bytes * top_k / norm_split, ep, ep_bw, ep_lat) + (call_lat if ep > 1.0 else 0.0)
-        ep_layer = moe_share * (4.0 + (2.0 if full else 0.0)) * a2a
-        ep_layer_f = moe_share * 2.0 * a2a
-        ep_layer_b = moe_share * (2.0 + (2.0 if full else 0.0)) * a2a
+        span = tp * ep
+        near = ep if _within(span, domain, whole) else _min(_max(
+            float(math.gcd(int(domain), int(span)) // int(tp)), 1.0), ep)
+        a2a = _a2a_split(act_bytes * top_k / norm_split, ep, near, up_bw, up_lat, out_bw, out_lat) \
+            + (call_lat if ep > 1.0 else 0.0)
+        routed_bytes = act_bytes * top_k
+        dispatch_tp = (_coll_1(routed_bytes, tp, tp_bw, tp_lat) + _coll_1(routed_bytes, tp, tp_bw, tp_lat)
+                       + (2.0 * call_lat if tp > 1.0 else 0.0))
+        moe_f = 2.0 * a2a + dispatch_tp
+        ep_layer = moe_share * (2.0 + (1.0 if full else 0.0)) * moe_f
+        ep_layer_f = moe_share * moe_f
+        ep_layer_b = moe_share * (1.0 + (1.0 if full else 0.0)) * moe_f
     else:
         ep_layer = ep_layer_f = ep_layer_b = 0.0
     return (up_bw, out_bw, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
@@ -239,7 +249,7 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
 @njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
               cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, p2p_split,
-              p2p_steady, p2p_gather):
+              p2p_steady, p2p_gather, n_acc):
     """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``p2p_split``: the TP split
     of a p2p send, :func:`_p2p_split`; ``p2p_steady``: :func:`_p2p_steady_sends`;
     ``p2p_gather``: 1.0 where the split slices are all-gathered over TP on arrival (no
@@ -257,15 +267,21 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     stage_mean = t_layers + t_head / pp
     bubble = (pp - 1.0) / (v * 1.0) * stage_mean
     t_pipe = m * stage_max + bubble
-    inside = tp * cp * dp * 2.0 <= domain
-    pp_bw, pp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
-    t_p2p = act_bytes / p2p_split / pp_bw + pp_lat + call_lat
+    whole = n_acc <= domain
+    stride = tp * cp * dp
+    cross = 0.0 if whole else (1.0 if stride >= domain else _min(
+        1.0, stride / domain * (1.0 if _divides(domain, stride) else 2.0)))
+    t_in = act_bytes / p2p_split / up_bw + up_lat + call_lat
+    t_out = act_bytes / p2p_split / out_bw + out_lat + call_lat
+    t_ramp = cross * t_out + (1.0 - cross) * t_in
+    t_slow = t_out if cross > 0.0 else t_in
     # legacy scatter/gather: all-gathered over TP on arrival [26]; p2p_gather is 0 or 1,
     # a factor and not a branch, so that the layout loop stays branch-free here
-    tp_in = tp <= domain
-    t_p2p = t_p2p + p2p_gather * (_coll_1(act_bytes, tp, up_bw if tp_in else out_bw,
-                                          up_lat if tp_in else out_lat) + call_lat)
-    t_pp = 2.0 * t_p2p * ((pp * v - 1.0) + p2p_steady) if pp > 1.0 else 0.0
+    tp_in = _within(tp, domain, whole)
+    gather = p2p_gather * (_coll_1(act_bytes, tp, up_bw if tp_in else out_bw,
+                                   up_lat if tp_in else out_lat) + call_lat)
+    t_pp = 2.0 * ((t_ramp + gather) * (pp * v - 1.0) + (t_slow + gather) * p2p_steady) \
+        if pp > 1.0 else 0.0
     return layers_stage, bubble, t_pipe, t_pp, window_f, window_b
 
 
@@ -273,7 +289,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
 
 @njit(**_INLINE)
 def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, layers_stage,
-                   window_f, window_b, t_pipe, up_bw, out_bw):
+                   window_f, window_b, t_pipe, up_bw, out_bw, n_acc):
     """megatron_compose.data_parallel (with _stage_params)."""
     moe, dense_scale, expert_scale, emb = w[6], w[14], w[15], w[16]
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
@@ -284,18 +300,19 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
     heavy = dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0)
     ranks_up = _max(np.floor(domain / tp), 1.0)
     ranks_up = _min(ranks_up, group)
+    ranks_up_expert = _max(np.floor(domain / (tp * ep)), 1.0)
     expert_group = _max(np.floor(group / ep), 1.0)
     grads_dense = heavy * grad_bytes
     grads_expert = expert_stage_params * grad_bytes
     sharded = zero >= 1
     rpd_g = _min(ranks_up, group)
-    rpd_e = _min(ranks_up, expert_group)
+    rpd_e = _min(ranks_up_expert, expert_group)
     params_bytes = _WB * (heavy + expert_stage_params)
     fsdp = zero == 3
     # Only the branch np.where keeps is computed (the same expressions, so the same bits).
     t_fsdp = exp_fsdp = t_grad = t_gather = exp_grad = exp_gather = 0.0
     if fsdp:
-        inside = group <= domain
+        inside = _within(tp * group, domain, n_acc <= domain)
         fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
         # layer by layer: each layer after the first pays (n-1) ring steps and the call cost
         fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11]) if group > 1.0 else 0.0
@@ -331,8 +348,9 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
         exp_grad = per_microbatch * (_exposed(t_grad, stage_b, eta) if ogr else t_grad)
         t_grad = per_microbatch * t_grad
         exp_gather = _exposed(t_gather, stage_f, eta) if opg else t_gather
-    local_params = heavy + expert_stage_params
-    t_opt = _mbt(_OPT_BYTES * local_params / (group if sharded else 1.0), hbm)
+    local_params = (heavy / (group if sharded else 1.0)
+                    + expert_stage_params / (expert_group if sharded else 1.0))
+    t_opt = _mbt(_OPT_BYTES * local_params, hbm)
     t_dp_total = t_fsdp if fsdp else t_grad + t_gather
     t_dp = exp_fsdp if fsdp else exp_grad + exp_gather
     return dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp, t_opt
@@ -357,12 +375,12 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
     (4 + 2 gated) * mlp_width: the workload-only parts, computed in Python)."""
     sbh = mbs * s * h
     spt = t if sp else 1.0
-    fp8_replicated = (1.0 + (top_k if top_k > 0 else 1.0)) if low_bits else 0.0
+    fp8_replicated = (1.0 if top_k > 0 else 2.0) if low_bits else 0.0
     fp8_split = (width_over_h + (-1.0 if flash else 1.0)) if low_bits else 0.0
     replicated = (10.0 - fp8_replicated) / spt
     attention = attention0 / t
     mlp = (mlp_scale / h - fp8_split) / t
-    mlp = mlp + 2.0 * top_k / spt
+    mlp = mlp + top_k * (1.0 if low_bits else 2.0)
     scores = 0.0 if (flash or rc >= 1) else 5.0 * heads * s / (h * t)
     per_layer = sbh * (replicated + attention + mlp + scores)
     full = 2.0 * sbh / spt

@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "dd0b662dfb538487"
+SOURCES_DIGEST = "29b456a465696ca2"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -150,14 +150,24 @@ def choice_keys(choices, names):
 
 
 @njit(**_INLINE_STEP)
-def _memo_key(s, mbs, tp, cp, ep, sp, rc, flash, prec, tco):
+def _whole(f, has_dp, tp, pp, cp, dp):
+    """Whether the job fits in one NVLink domain (megatron_steps.Hardware.within's
+    ``world <= domain``): ``n_acc`` as _split has it (the fleet where dp is derived;
+    a layout that does not fill it is invalid, and masked)."""
+    return (tp * pp * cp * dp <= f[6]) if has_dp else (f[11] <= f[6])
+
+
+@njit(**_INLINE_STEP)
+def _memo_key(s, mbs, tp, cp, ep, sp, rc, flash, prec, tco, whole):
     """Two words that pack the knobs steps 3-4 and the LM head depend on, exactly
-    (each field within its width), and whether they fit (else: no memo for this one)."""
+    (each field within its width), and whether they fit (else: no memo for this one).
+    ``whole``: the job fits in one NVLink domain (:func:`_whole`)."""
     fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 31 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
             and 0 <= ep < 1 << 16 and 0 <= rc < 4 and 0 <= prec < 4)
     k1 = np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) if fits else _NO_SLOT
     flags = np.uint64(sp) | (np.uint64(rc) << np.uint64(1)) | (np.uint64(flash) << np.uint64(3)) \
-        | (np.uint64(prec) << np.uint64(4)) | (np.uint64(tco) << np.uint64(6))
+        | (np.uint64(prec) << np.uint64(4)) | (np.uint64(tco) << np.uint64(6)) \
+        | (np.uint64(whole) << np.uint64(7))
     k2 = (np.uint64(tp) | (np.uint64(cp) << np.uint64(16)) | (np.uint64(ep) << np.uint64(32))
           | (flags << np.uint64(48))) if fits else _NO_SLOT
     return fits, k1, k2
@@ -235,11 +245,11 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
         layers_stage, bubble, t_pipe, t_pp, window_f, window_b = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
-            1.0 * ((not sp) and split > 1.0))
+            1.0 * ((not sp) and split > 1.0), n_acc)
         # 6. data parallel
         (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes,
-                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw)
+                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
@@ -326,7 +336,7 @@ def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v
 
 
 @njit(**_INLINE_STEP)
-def _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, lgs, r):
+def _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, lgs, r):
     """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), into the row ``r``."""
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
     s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
@@ -335,7 +345,7 @@ def _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, lgs, r):
     (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
      ep_layer_f, ep_layer_b) = _communication(
         w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b,
-        _low_bits(prec))
+        _low_bits(prec), whole)
     t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
     r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total
@@ -362,8 +372,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
     Steps 3 (layer times) and 4 (communication)
     and the LM head's time, with the logs of the GEMM size curve they need, are a pure
     function of ten knobs (``seq_len``, ``micro_batch_size``, ``tp/cp/ep_size``,
-    sequence parallelism, recompute, flash attention, precision, ``tp_comm_overlap``) and
-    of the call's workload, fleet and constants. They were about a third of a
+    sequence parallelism, recompute, flash attention, precision, ``tp_comm_overlap``), of
+    whether the job fits in one NVLink domain (:func:`_whole`), and of the call's
+    workload, fleet and constants. They were about a third of a
     configuration's work (an interleaved A/B, 1 thread, 1M layouts: 253 -> 173 ms with the
     memo), and a flat draw over a design space repeats those ten far more often than
     whole layouts: so they are memoized on the exact knob values (packed into two words,
@@ -411,8 +422,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             tp = float(tp_a[i])
             sp = spk_a[i] and tp > 1.0  # as _split has it
             rc, prec = choice_code(rc_a, i, rc_keys), choice_code(prec_a, i, prec_keys)
+            whole = _whole(f, has_dp, tp, float(pp_a[i]), float(cp_a[i]), float(dp_a[i]))
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc,
-                                     flash_a[i], prec, tco_a[i])
+                                     flash_a[i], prec, tco_a[i], whole)
             # mode 0's probe, written out again: as a helper function the scalar pass ran
             # about 2x slower (an earlier session's A/B, unsaved)
             row = -1
@@ -467,12 +479,13 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                     mbs = float(mbs_a[i])
                     tco, flash = tco_a[i], flash_a[i]
                     sp = spk_a[i] and tp > 1.0  # as _split has it
+                    whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
                            ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
                            ext[10, col])
                     row = plan[1, col]
                     row = MEMO_KEYS + (i - b0) if row < 0 else row
-                    _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, lgs,
+                    _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, lgs,
                               values[row])
                 rows[i - b0] = row
             _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
@@ -492,8 +505,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             rc_b[i - b0], prec_b[i - b0] = rc, prec
             spk, tco, flash = spk_a[i], tco_a[i], flash_a[i]
             sp = spk and tp > 1.0  # as _split has it
+            whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc, flash, prec,
-                                     tco)
+                                     tco, whole)
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
@@ -509,7 +523,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                     kept += 1
                 else:
                     row = MEMO_KEYS + (i - b0)
-                _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco,
+                _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole,
                           _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec), values[row])
             rows[i - b0] = row
             out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,

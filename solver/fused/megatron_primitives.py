@@ -69,6 +69,21 @@ def _divides(a, b):
 
 
 @njit(**_PRIM)
+def _a2a_split(m, n, g, up_bw, up_lat, out_bw, out_lat):
+    """network.split_all_to_all_time."""
+    g = _min(g, n)
+    near = (g - 1) / n * m / up_bw
+    far = (n - g) / n * m / out_bw
+    return _max(near, far) + (n - 1) * (out_lat if g < n else up_lat)
+
+
+@njit(**_PRIM)
+def _within(span, domain, whole):
+    """megatron_steps.Hardware.within (``whole``: the job fits in one domain)."""
+    return span <= domain and (_divides(domain, span) or whole)
+
+
+@njit(**_PRIM)
 def _pick(table, code):
     """``np.array(table)[code]`` for a 4-tuple and a code 0..3, as selects."""
     a, b, c, d = table

@@ -50,9 +50,13 @@ References
     overlapped with attention).
 [5] Dao, T. (2023), "FlashAttention-2", arXiv:2307.08691 (backward 2.5x the
     forward FLOPs; causal blocks skipped).
-[6] Megatron-Core ``parallel_state.initialize_model_parallel``: rank order
-    tp-cp-ep-dp-pp; expert parallelism splits the data x context parallel
-    ranks, so ``ep_size`` must divide ``dp_size * cp_size``.
+[6] Megatron-Core ``parallel_state.initialize_model_parallel``: ranks in order, with
+    no knowledge of the NVLink domains; the dense grid's order tp-cp-dp-pp, the expert
+    grid's (MoE parallel folding) tp-ep-dp-pp with ``cp=1`` and its TP
+    ``expert_tensor_parallel_size``, by default the dense TP: an EP group is ranks tp
+    apart spanning ``tp ep``, expert data-parallel peers are ``tp ep`` apart, and
+    ``ep_size`` must divide ``dp_size * cp_size`` (the expert data-parallel size is
+    ``world / (tp ep pp)``).
 [7] Megatron-Core ``distributed/distributed_data_parallel.py`` and
     ``optimizer/distrib_optimizer.py``: gradients reduced per bucket as the
     backward produces them (``overlap_grad_reduce``), parameters all-gathered
@@ -158,6 +162,11 @@ References
     parallel compatibility", PR #2302, still planned), and PR #6081 (August 2026): "FSDP
     and PP are mutually exclusive in Megatron's standard path". The distributed
     optimizer (zero_stage 1) runs with any pipeline.
+[31] Megatron-Core ``transformer/moe/token_dispatcher.py`` (``MoEAlltoAllTokenDispatcher``):
+    permute, all-to-all over EP, all-gather over the expert TP group, ..., reduce-scatter
+    over it, all-to-all back; the routed experts' linear layers do no TP communication of
+    their own (``TEGroupedLinear``: "explicitly handled by MoE token dispatcher"), and a
+    shared expert is a TP MLP with its own pair (``SharedExpertMLP``).
 """
 
 from __future__ import annotations

@@ -50,11 +50,15 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     group, zero, m, grad_bytes = sp.group, sp.zero, sp.m, hw.grad_bytes
     layers_stage = pl.layers_stage
     dense_stage_params, expert_stage_params, heavy_params = _stage_params(w, sp, layers_stage)
+    # Data-parallel peers (with CP's) are tp ranks apart [6]: domain / tp of them share a
+    # domain. Expert data-parallel peers are tp ep apart in the expert grid [6], so fewer
+    # of them do (none but itself where the EP group fills the domain).
     ranks_up = np.clip(hw.domain // sp.tp, 1, None)
     ranks_up = np.minimum(ranks_up, group)
+    ranks_up_expert = np.clip(hw.domain // (sp.tp * sp.ep), 1, None)
 
-    def dp_coll(kind, nbytes, n):
-        return net.two_level_time(kind, nbytes, n, np.minimum(ranks_up, n),
+    def dp_coll(kind, nbytes, n, up=ranks_up):
+        return net.two_level_time(kind, nbytes, n, np.minimum(up, n),
                                   scale_up_bandwidth=hw.up_bw, scale_up_latency=hw.up_lat,
                                   scale_out_bandwidth=hw.out_bw, scale_out_latency=hw.out_lat)
 
@@ -64,13 +68,13 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     sharded = zero >= 1
     t_grad = np.where(
         sharded, dp_coll("reduce_scatter", grads_dense, group) + (
-            dp_coll("reduce_scatter", grads_expert, expert_group) if w.moe else 0.0),
+            dp_coll("reduce_scatter", grads_expert, expert_group, ranks_up_expert) if w.moe else 0.0),
         dp_coll("all_reduce", grads_dense, group) + (
-            dp_coll("all_reduce", grads_expert, expert_group) if w.moe else 0.0))
+            dp_coll("all_reduce", grads_expert, expert_group, ranks_up_expert) if w.moe else 0.0))
     params_bytes = mem.WEIGHT_BYTES * (heavy_params + expert_stage_params)
     t_gather = np.where(sharded, dp_coll("all_gather", mem.WEIGHT_BYTES * heavy_params, group)
                         + (dp_coll("all_gather", mem.WEIGHT_BYTES * expert_stage_params,
-                                   expert_group) if w.moe else 0.0), 0.0)
+                                   expert_group, ranks_up_expert) if w.moe else 0.0), 0.0)
     # Last microbatch's backward hides the bucketed gradient reduction; the first forward
     # hides the parameter all-gather [7].
     stage_b = layers_stage * pl.window_b
@@ -90,7 +94,8 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # They run layer by layer (one gather forward, one backward, one reduce-scatter per
     # layer [9]), so each of the stage's layers pays the ring's (n-1) latency steps [8]
     # and the per-call cost; the bytes are the stage's.
-    fsdp_bw, fsdp_lat = hw.link(group <= hw.domain)
+    # (its ranks are tp apart [6]: the group spans tp x its size)
+    fsdp_bw, fsdp_lat = hw.link(hw.within(sp.tp * group, sp.n_acc))
     # (one rank gathers nothing: no call at all, as for the other stages' collectives)
     fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"]) * (group > 1)
     t_fsdp_gather = m * (2.0 * net.all_gather_time(params_bytes, group, bus_bandwidth=fsdp_bw,
@@ -106,10 +111,11 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
                             k["overlap_grad_reduce"],
                             _exposed(t_fsdp_rs, m * layers_stage * pl.window_b, eta), t_fsdp_rs))
     fsdp = zero == 3
-    # Optimizer: Adam over the local (sharded) parameters at HBM bandwidth.
-    local_params = heavy_params + expert_stage_params
-    t_opt = gemm.memory_bound_time(
-        OPTIMIZER_BYTES_TOUCHED * local_params / np.where(sharded, group, 1), hw.hbm)
+    # Optimizer: Adam over the local (sharded) parameters at HBM bandwidth; the expert
+    # parameters are sharded over the expert data-parallel group.
+    local_params = (heavy_params / np.where(sharded, group, 1)
+                    + expert_stage_params / np.where(sharded, expert_group, 1))
+    t_opt = gemm.memory_bound_time(OPTIMIZER_BYTES_TOUCHED * local_params, hw.hbm)
     return DataParallel(dense_stage_params=dense_stage_params, expert_stage_params=expert_stage_params,
                         expert_group=expert_group, params_bytes=params_bytes,
                         t_dp_total=np.where(fsdp, t_fsdp, t_grad + t_gather),

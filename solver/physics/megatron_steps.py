@@ -256,6 +256,23 @@ class Hardware:
         """(bandwidth, latency) of a group inside the NVLink domain where ``inside``, else scale-out."""
         return np.where(inside, self.up_bw, self.out_bw), np.where(inside, self.up_lat, self.out_lat)
 
+    def within(self, span, world):
+        """Where every group spanning ``span`` consecutive ranks lies inside one NVLink domain.
+
+        Megatron-Core lays ranks out in order, with no knowledge of the domains [6]: a
+        group of TP ranks spans ``tp``, a CP group ``tp cp``, an EP group ``tp ep`` (the
+        expert grid's own order, its TP the dense TP), a pipeline the whole job
+        (``world``); the groups tile the job with that period and the domains tile it
+        with period ``domain``. All groups are inside where the span divides the domain,
+        or where the whole job fits in one; otherwise some group straddles a boundary (a
+        group of 16, 32 or 64 in an NVL72 rack of 72: ranks 64-127 are 8 in one rack and
+        56 in the next) and the slowest group paces the step, so the group is priced on
+        the scale-out fabric. Power-of-two groups always divide a domain of 8.
+        """
+        span = np.asarray(span, dtype=np.float64)
+        return (span <= self.domain) & ((np.mod(self.domain, span) == 0)
+                                        | (np.asarray(world) <= self.domain))
+
 
 def hardware(fleet, c, prec, grad_bf16=False) -> Hardware:
     """Peaks and GEMM plateaus per precision code ``prec``; HBM and network rates.
@@ -385,35 +402,57 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     call_lat = hw.call_lat
     # TP: 2 all-reduces forward, 2 backward per layer [3] (RS + AG under SP [2], same bus
     # bytes), 2 more when the forward is recomputed in full; over NVLink in the domain.
-    tp_bw, tp_lat = hw.link(tp <= hw.domain)
+    # An MoE layer has the attention's pair and, for its MLP, the shared experts' pair
+    # (a TP MLP of their own) if it has shared experts; its routed experts' TP traffic is
+    # the dispatcher's, priced with EP below [31].
+    tp_bw, tp_lat = hw.link(hw.within(tp, sp.n_acc))
     t_ar = net.allreduce_time(ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat)
     # Under FP8 with SP the all-gathers move FP8, one byte an element [28]: a reduce-scatter
     # of the 16-bit bytes and an all-gather of half of them.
     t_rs_ag8 = (net.reduce_scatter_time(ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat)
                 + net.all_gather_time(ly.act_bytes / 2.0, tp, bus_bandwidth=tp_bw, latency=tp_lat))
     t_ar = np.where(np.asarray(hw.low_bits) & sp.sp, t_rs_ag8, t_ar) + call_lat * (tp > 1)
-    tp_calls = 4.0 + 2.0 * (rc == 2)
+    mlp_pairs = (1.0 - ly.moe_share) + ly.moe_share * (1.0 if w.shared else 0.0) if w.moe else 1.0
+    tp_calls = (1.0 + mlp_pairs) * (2.0 + (rc == 2))
     tp_total = tp_calls * t_ar
     tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp, c["overlap_efficiency"], 0.0)
     tp_layer = tp_total * (1.0 - tp_hidden)
     # CP: cp-1 ring steps of the local K and V, forward; K, V and their gradients backward
     # (3x in all), hidden behind the attention core [4].
     kv_bytes = 2.0 * 2.0 * ly.tokens * ly.kv_t * ly.d
-    cp_bw, cp_lat = hw.link(tp * cp <= hw.domain)
+    cp_bw, cp_lat = hw.link(hw.within(tp * cp, sp.n_acc))
     cp_step = net.p2p_time(kv_bytes, bandwidth=cp_bw, latency=cp_lat) + call_lat
     cp_f = (cp - 1) * cp_step
     cp_total = 3.0 * cp_f * (1.0 + (rc == 2) / 3.0)
     cp_layer_f = _exposed(cp_f, ly.t_core_f, 1.0)
     cp_layer_b = _exposed(2.0 * cp_f, ly.t_core_b, 1.0) + (rc == 2) * _exposed(cp_f, ly.t_core_f, 1.0)
     cp_layer = cp_layer_f + cp_layer_b
-    # EP: dispatch + combine forward and backward per MoE layer, top-k copies of each token.
+    # EP: dispatch + combine forward and backward per MoE layer, top-k copies of each token
+    # (the rank's sequence slice under SP), over the EP group (ranks tp apart in the expert
+    # grid, spanning tp ep [6]). With TP, the dispatcher then all-gathers the routed tokens
+    # over the (expert) TP group and reduce-scatters the experts' output back [31]: k
+    # copies of the layer's activations, 16 bits, not hidden by tp_comm_overlap (the
+    # routed experts' GEMMs are not TP-communicating layers).
+    # A group that is not inside one domain sends over the NICs to its peers in other
+    # domains and over NVLink to the rest, at once; the slowest rank, the one with the
+    # fewest peers beside it (gcd(domain, span) ranks of a span straddling a domain's edge:
+    # 8 of 64 in a rack of 72; a domain's worth of a span of whole domains), paces it.
     if w.moe:
-        ep_bw, ep_lat = hw.link(tp * cp * ep <= hw.domain)
-        a2a = net.all_to_all_time(ly.act_bytes * w.top_k / ly.norm_split, ep,
-                                  bus_bandwidth=ep_bw, latency=ep_lat) + call_lat * (ep > 1)
-        ep_layer = ly.moe_share * (4.0 + 2.0 * (rc == 2)) * a2a
-        ep_layer_f = ly.moe_share * 2.0 * a2a
-        ep_layer_b = ly.moe_share * (2.0 + 2.0 * (rc == 2)) * a2a
+        span = tp * ep
+        near = np.where(hw.within(span, sp.n_acc), ep,
+                        np.clip(np.gcd(hw.domain, span) // tp, 1, ep))
+        a2a = net.split_all_to_all_time(
+            ly.act_bytes * w.top_k / ly.norm_split, ep, near, scale_up_bandwidth=hw.up_bw,
+            scale_up_latency=hw.up_lat, scale_out_bandwidth=hw.out_bw,
+            scale_out_latency=hw.out_lat) + call_lat * (ep > 1)
+        routed_bytes = ly.act_bytes * w.top_k
+        dispatch_tp = (net.all_gather_time(routed_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat)
+                       + net.reduce_scatter_time(routed_bytes, tp, bus_bandwidth=tp_bw,
+                                                 latency=tp_lat) + 2.0 * call_lat * (tp > 1))
+        moe_f = 2.0 * a2a + dispatch_tp
+        ep_layer = ly.moe_share * (2.0 + (rc == 2)) * moe_f
+        ep_layer_f = ly.moe_share * moe_f
+        ep_layer_b = ly.moe_share * (1.0 + (rc == 2)) * moe_f
     else:
         ep_layer = ep_layer_f = ep_layer_b = np.zeros(())
     return Communication(tp_total=tp_total, tp_layer=tp_layer, cp_total=cp_total,
@@ -469,13 +508,26 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # p2p: microbatch activations, split by TP under SP or scatter/gather (p2p_split); the
     # first and last send cross all p v - 1 chunk boundaries, and the steady state waits
     # on p2p_steady more.
-    pp_bw, pp_lat = hw.link(tp * sp.cp * sp.dp * 2 <= hw.domain)
-    t_p2p = net.p2p_time(ly.act_bytes / sp.p2p_split, bandwidth=pp_bw, latency=pp_lat) + hw.call_lat
+    # Stages are tp cp dp ranks apart [6], a stride S; in a job larger than one domain,
+    # the boundaries of stages in two domains cross the fabric: all of them where S is a
+    # domain or more, else a share S / domain of the (cyclic) chain's boundaries (twice
+    # that where S does not divide the domain, when both neighbours of an edge are split by
+    # it). The first and last sends cross the chain's boundaries in turn, each at its own
+    # link; the steady state's exchanges are in lockstep, paced by the slowest.
+    stride = tp * sp.cp * sp.dp
+    domain = hw.domain
+    cross = np.where(sp.n_acc <= domain, 0.0, np.where(stride >= domain, 1.0, np.minimum(
+        1.0, stride / domain * np.where(np.mod(domain, stride) == 0, 1.0, 2.0))))
+    t_in = net.p2p_time(ly.act_bytes / sp.p2p_split, bandwidth=hw.up_bw, latency=hw.up_lat) + hw.call_lat
+    t_out = net.p2p_time(ly.act_bytes / sp.p2p_split, bandwidth=hw.out_bw, latency=hw.out_lat) + hw.call_lat
+    t_ramp = cross * t_out + (1.0 - cross) * t_in
+    t_slow = np.where(cross > 0.0, t_out, t_in)
     # Split without SP (legacy scatter/gather), the receiver all-gathers the tp slices over
     # TP before the stage can use them, on the critical path [26].
-    tp_bw, tp_lat = hw.link(tp <= hw.domain)
-    t_p2p = t_p2p + np.where(~np.asarray(sp.sp) & (sp.p2p_split > 1), net.all_gather_time(
+    tp_bw, tp_lat = hw.link(hw.within(tp, sp.n_acc))
+    gather = np.where(~np.asarray(sp.sp) & (sp.p2p_split > 1), net.all_gather_time(
         ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat) + hw.call_lat, 0.0)
-    t_pp = np.where(pp > 1, 2.0 * t_p2p * ((pp * v - 1) + sp.p2p_steady), 0.0)
+    t_pp = np.where(pp > 1, 2.0 * ((t_ramp + gather) * (pp * v - 1)
+                                   + (t_slow + gather) * sp.p2p_steady), 0.0)
     return Pipeline(layers_stage=layers_stage, t_head=t_head, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
                     window_f=window_f, window_b=window_b)
