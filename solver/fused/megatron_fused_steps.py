@@ -268,9 +268,8 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     bubble = (pp - 1.0) / (v * 1.0) * stage_mean
     t_pipe = m * stage_max + bubble
     whole = n_acc <= domain
-    stride = tp * cp * dp
-    cross = 0.0 if whole else (1.0 if stride >= domain else _min(
-        1.0, stride / domain * (1.0 if _divides(domain, stride) else 2.0)))
+    q = domain / (tp * cp * dp)  # stages per domain
+    cross = 0.0 if whole else (1.0 if q <= 1.0 else _min(1.0, (1.0 if np.floor(q) == q else 2.0) / q))
     t_in = act_bytes / p2p_split / up_bw + up_lat + call_lat
     t_out = act_bytes / p2p_split / out_bw + out_lat + call_lat
     t_ramp = cross * t_out + (1.0 - cross) * t_in
@@ -348,8 +347,8 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
         exp_grad = per_microbatch * (_exposed(t_grad, stage_b, eta) if ogr else t_grad)
         t_grad = per_microbatch * t_grad
         exp_gather = _exposed(t_gather, stage_f, eta) if opg else t_gather
-    local_params = (heavy / (group if sharded else 1.0)
-                    + expert_stage_params / (expert_group if sharded else 1.0))
+    local_params = heavy / (group if sharded else 1.0) + (
+        expert_stage_params / (expert_group if sharded else 1.0) if moe != 0.0 else 0.0)
     t_opt = _mbt(_OPT_BYTES * local_params, hbm)
     t_dp_total = t_fsdp if fsdp else t_grad + t_gather
     t_dp = exp_fsdp if fsdp else exp_grad + exp_gather
