@@ -423,3 +423,31 @@ def test_bad_input_in_a_subprocess_has_no_traceback(files):
 def test_format_table_aligns_columns():
     text = cli.format_table(["name", "n"], [["a", "1"], ["bbb", "22"]], left=(0,))
     assert text.splitlines() == ["name   n", "----  --", "a      1", "bbb   22"]
+
+
+def test_megatron_main_job_without_numba_keeps_the_default_cube(tmp_path):
+    """An install without the ``fast`` extra has no numba: the megatron physics takes the
+    numpy path (it had imported the fused kernel's module on every call, so raised
+    ModuleNotFoundError), and its main job writes a cube of its own, not over the default's."""
+    (tmp_path / cli.DEFAULT_CUBE).write_bytes(b"the default job's cube")
+    code = "\n".join([
+        "import runpy, sys",
+        "sys.modules['numba'] = None  # no numba, as without the fast extra",
+        "import numpy as np, solver",
+        "from solver import catalog, fused",
+        "assert not fused.NUMBA",
+        "rng = np.random.default_rng(0)",
+        "n = 4 * fused.FUSED_MIN_POINTS",
+        "out = solver.solve(catalog.workload('Llama3_8B_MC'), catalog.fleet('HGX_H100_1K_MC'),",
+        "                   physics='megatron', tp_size=rng.choice([1, 2, 4, 8], n),",
+        "                   recompute=rng.choice(['none', 'full'], n), precision='bf16')",
+        "assert np.isfinite(out['step_latency_total']).sum() > n // 2",
+        "sys.argv = ['sweep', '--physics', 'megatron', '-k', '3']",
+        "runpy.run_module('sweep', run_name='__main__')",
+    ])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(),
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wrote default_megatron_cube.nc" in done.stdout
+    assert sweep.open_cube(tmp_path / "default_megatron_cube.nc").attrs
+    assert (tmp_path / cli.DEFAULT_CUBE).read_bytes() == b"the default job's cube"

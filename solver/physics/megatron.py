@@ -641,9 +641,12 @@ def _price(w, fleet, k, constants, engine, memo):
 
 def _check_deferred(k, memo):
     """The checks :func:`_normalize` left to the fused kernel: made (ValueError naming the
-    knob and the value), names turned into codes in ``k``, and struck off."""
+    knob and the value), names turned into codes in ``k``, and struck off. Only the fused
+    path defers any (it needs numba, which an install without the ``fast`` extra lacks)."""
+    if not memo.get("unchecked"):
+        return
     from ..fused import megatron_kernel as fk
-    for name in memo.get("unchecked", ()):
+    for name in memo["unchecked"]:
         if KNOBS[name].kind == "choice":
             k[name] = _choice_codes(name, k[name], fk)
         else:

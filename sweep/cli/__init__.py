@@ -77,6 +77,9 @@ _COMMANDS = {"run": run.command, "search": search.command, "top": top.command,
 def _dispatch(args) -> int:
     if args.command is None:
         args.output, args.top, args.jobs = args.main_output, args.main_top, args.main_jobs
+        if args.output is None:  # the megatron main job does not overwrite the default one's cube
+            args.output = DEFAULT_CUBE if args.main_physics in (None, "mlsysim") else \
+                f"default_{args.main_physics}_cube.nc"
         args.no_progress, args.spec = args.main_no_progress, args.main_spec
         args.physics = args.main_physics
         args.require_realizable = args.main_require_realizable

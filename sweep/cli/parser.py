@@ -189,8 +189,9 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
                         help="print the installed package's version and exit")
     parser.add_argument("--spec", dest="main_spec", default=str(DEFAULT_SPEC), metavar="SPEC",
                         help="main job: a spec other than the built-in default")
-    parser.add_argument("-o", "--output", dest="main_output", default=DEFAULT_CUBE, metavar="CUBE",
-                        help=f"main job: where to write the cube (default: {DEFAULT_CUBE})")
+    parser.add_argument("-o", "--output", dest="main_output", default=None, metavar="CUBE",
+                        help=f"main job: where to write the cube (default: {DEFAULT_CUBE}; "
+                        "default_megatron_cube.nc with --physics megatron)")
     parser.add_argument("--no-save", action="store_true", help="main job: do not write the cube")
     parser.add_argument("--physics", dest="main_physics", type=_PHYSICS_TYPE, metavar="MODEL",
                         help=f"main job: the physics model ({_PHYSICS_HELP}); megatron without "
