@@ -20,6 +20,7 @@ Zero, negative and non-finite limits are refused, and so are bare numbers in
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,7 +28,8 @@ import numpy as np
 
 from solver.units import parse_quantity
 
-__all__ = ["MemoryLimit", "MemoryLimitError", "parse_memory_limit", "MIN_BARE_BYTES", "EXPECTED"]
+__all__ = ["MemoryLimit", "MemoryLimitError", "MemoryLimitWarning", "parse_memory_limit",
+           "MIN_BARE_BYTES", "EXPECTED"]
 
 #: The smallest bare number taken as bytes (1 MB); below it a unit is required.
 MIN_BARE_BYTES = 1e6
@@ -41,6 +43,10 @@ class MemoryLimitError(ValueError):
     """A memory limit that cannot be right: says what was expected, what came, and a likely fix."""
 
 
+class MemoryLimitWarning(RuntimeWarning):
+    """A memory limit above the accelerator's memory: the memory is the limit."""
+
+
 @dataclass(frozen=True)
 class MemoryLimit:
     """A parsed memory limit: ``size`` in bytes, or ``fraction`` of the capacity (one is None)."""
@@ -49,8 +55,23 @@ class MemoryLimit:
     fraction: Optional[float] = None
 
     def resolve(self, capacity):
-        """The limit in bytes [B] for an accelerator of ``capacity`` bytes (arrays broadcast)."""
+        """The limit in bytes [B] for an accelerator of ``capacity`` bytes (arrays broadcast).
+
+        A size above the capacity is the capacity, with a :class:`MemoryLimitWarning`: a
+        layout must fit the device whatever the limit, and a looser limit would make
+        admissible (within the limit) layouts that do not fit (``feasible`` False).
+        """
         if self.size is not None:
+            over = np.asarray(self.size > capacity)
+            if over.any():
+                smallest = float(np.min(np.asarray(capacity)))
+                warnings.warn(
+                    f"memory limit {self.describe()} is above the accelerator's memory "
+                    f"({smallest / 1e9:.4g} GB): a layout must fit the device, so its memory is "
+                    f"the limit", MemoryLimitWarning, stacklevel=2)
+                if isinstance(capacity, (int, float)):
+                    return float(min(self.size, capacity))
+                return np.minimum(self.size, capacity)
             return self.size
         return self.fraction * capacity
 

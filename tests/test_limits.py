@@ -98,3 +98,24 @@ def test_the_command_line_accepts_the_right_bytes(tmp_path, capsys):
             assert code == cli.EXIT_EMPTY
     assert np.isfinite(float(cube["memory_footprint"].max()))
     cube.close()
+
+
+def test_a_limit_above_the_memory_is_the_memory_with_a_warning():
+    """A layout must fit the device: with a limit of 1 TB on 80 GiB H100s, layouts needing
+    hundreds of GB had been admissible (feasible False, ranked among the best)."""
+    hungry = {**SPEC, "axes": {"tp_size": [1, 2, 8], "pp_size": [1, 8], "zero_stage": [0, 1]}}
+    capped = sweep.run(hungry)
+    assert bool((capped["memory_footprint"] > CAPACITY).any())  # some layouts do not fit
+    with pytest.warns(sweep.limits.MemoryLimitWarning, match=r"above the accelerator's memory"):
+        spec = sweep.load_spec({**hungry, "constraints": {"memory_limit": "1 TB"}})
+        assert spec.memory_limit_for(spec.fleets["Training_1K"]) == CAPACITY
+        loose = sweep.run({**hungry, "constraints": {"memory_limit": "1 TB"}})
+    assert not bool((loose["admissible"] & ~loose["feasible"]).any())
+    assert bool((loose["admissible"] == capped["admissible"]).all())  # the capacity's, no more
+    with pytest.warns(sweep.limits.MemoryLimitWarning):
+        result = sweep.search(hungry, mode="exact", memory_limit="1 TB")
+    assert list(result.memory_limits.values()) == [CAPACITY]
+    assert result.best_params is not None
+    # asked of a cube, a limit looser than the cube's own (here its capacity) is refused
+    with pytest.raises(MemoryLimitError, match="looser than the cube's own limit"):
+        sweep.top_k(capped, k=12, constraints={"memory_limit": "1 TB"})
