@@ -126,8 +126,9 @@ def test_top_k_constraints_and_where():
     assert float(got["mfu"][0]) == float(best)
     with pytest.raises(KeyError, match="constraints: expected memory_limit, max_accelerators"):
         sweep.top_k(cube, constraints={"memory_limt": 1})
-    with pytest.raises(KeyError, match="objective must be a data variable"):
+    with pytest.raises(KeyError, match="objective must be a data variable") as caught:
         sweep.top_k(cube, objective="mfuu")
+    assert str(caught.value).endswith("but got 'mfuu'; did you mean 'mfu'?")  # not wrapped in quotes
     with pytest.raises(KeyError, match="by must be a data variable"), \
             pytest.warns(DeprecationWarning, match="use objective="):
         sweep.top_k(cube, by="mfuu")

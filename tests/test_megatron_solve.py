@@ -632,3 +632,15 @@ def test_step_is_monotone_in_knobs_and_constants_on_random_layouts():
                     assert le(base, step(**{name: value})), (wl, fl, name)
                     continue
                 assert le(step(**{name: value}), base), (wl, fl, name)
+
+
+def test_a_knob_of_the_other_model_names_the_model():
+    import solver
+
+    with pytest.raises(TypeError, match=r"'sequence_parallel' is a knob of physics='megatron', not "
+                       r"of physics='mlsysim' \(pass physics='megatron'\)"):
+        solver.solve(WL, FL, tp_size=8, sequence_parallel=True)
+    with pytest.raises(TypeError, match=r"'microbatch_count' is a knob of physics='mlsysim'"):
+        solver.solve(WL, FL, physics="megatron", microbatch_count=4)
+    with pytest.raises(TypeError, match=r"^solve\(\) got an unexpected keyword argument 'foo'"):
+        solver.solve(WL, FL, physics="megatron", foo=1)

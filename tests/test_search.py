@@ -511,6 +511,10 @@ def test_nothing_feasible_is_reported_not_raised():
     removed = result.empty_counts["removed"]
     assert sum(removed.values()) == 16 and removed["within the memory limit"] > 0
     assert f"relax within the memory limit: {result.empty_counts['relaxed']['within the memory limit']}" in text
+    # 16 trials of a larger space: more trials first, before relaxing the job
+    assert result.space_size > 16
+    assert result.why_empty().startswith(
+        f"A sampled search saw 16 layouts of {result.space_size:,.0f}: more trials")
 
 
 def test_an_empty_exhaustive_search_says_which_condition_removed_the_layouts():

@@ -118,4 +118,23 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "aut
     TypeError
         For a workload or fleet that is not a solver spec, or an unknown keyword.
     """
-    return model(physics).solve(workload, fleet, engine=engine, **knobs)
+    chosen = model(physics)
+    try:
+        return chosen.solve(workload, fleet, engine=engine, **knobs)
+    except TypeError as error:
+        # a keyword of the other model: say which model takes it
+        name = next((n for n in knobs if f"unexpected keyword argument '{n}'" in str(error)), None)
+        owners = [p for p, m in PHYSICS.items() if m is not chosen and name in _knob_names(m)]
+        if name is None or not owners:
+            raise
+        raise TypeError(f"{name!r} is a knob of physics={owners[0]!r}, not of "
+                        f"physics={physics!r} (pass physics={owners[0]!r}); {error}") from None
+
+
+def _knob_names(m) -> tuple:
+    """The knob names model ``m`` takes (its ``KNOBS``, or its ``solve``'s keywords)."""
+    if hasattr(m, "KNOBS"):
+        return tuple(m.KNOBS)
+    import inspect
+
+    return tuple(inspect.signature(m.solve).parameters)

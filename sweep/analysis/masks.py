@@ -12,6 +12,7 @@ points with tp_size 4 or 8, and the points it does not cover are not selected.
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Mapping, Optional
 
@@ -41,10 +42,19 @@ def _check_complete(cube, allow_partial: bool) -> None:
             f"the points priced so far")
 
 
+class UnknownVariableError(KeyError):
+    """A name that is no data variable of the cube (a KeyError whose message reads as written)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def _require(cube, name, what):
     if name not in cube.data_vars:
-        raise KeyError(f"{what} must be a data variable of the cube "
-                       f"({', '.join(cube.data_vars)}), but got {name!r}")
+        close = difflib.get_close_matches(str(name), [str(v) for v in cube.data_vars], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise UnknownVariableError(f"{what} must be a data variable of the cube "
+                                   f"({', '.join(cube.data_vars)}), but got {name!r}{hint}")
     return cube[name]
 
 

@@ -36,7 +36,7 @@ def warn_across_precisions(objectives, precisions, *, stacklevel: int = 3) -> bo
         return False
     warnings.warn(f"objective {names[0]!r} is measured against each precision's own peak, so "
                   f"across the precisions {', '.join(values)} it does not rank speed: a faster "
-                  f"FP8 layout can have the lower {names[0]}. To rank by speed, use "
-                  f"objective='effective_throughput' (or 'step_latency_total'), or fix the "
+                  f"FP8 layout can have the lower {names[0]}. To rank by speed, make the "
+                  f"objective effective_throughput (or step_latency_total), or fix the "
                   f"precision", UtilizationWarning, stacklevel=stacklevel)
     return True

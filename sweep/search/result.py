@@ -136,9 +136,19 @@ class SearchResult:
         if self.empty_counts:
             from ..analysis.empty import explain_empty
 
-            return explain_empty(self.empty_counts, "layout" if self.mode == "exact" else "trial")
-        return _none_admissible(self.n_evaluated, {k: f"{v / _GB:.1f} GB"
-                                                   for k, v in self.memory_limits.items()})
+            text = explain_empty(self.empty_counts, "layout" if self.mode == "exact" else "trial")
+        else:
+            text = _none_admissible(self.n_evaluated, {k: f"{v / _GB:.1f} GB"
+                                                       for k, v in self.memory_limits.items()})
+        if self.mode != "exact" and self.n_evaluated < self.space_size:
+            # a sample that saw little of the space says nothing yet about relaxing the job
+            size = ("a continuous space" if math.isinf(self.space_size)
+                    else f"{self.space_size:,.0f}")
+            text = (f"A sampled search saw {self.n_evaluated:,} layouts of {size}: "
+                    f"more trials (n_trials, --trials; or none, to search for the time budget) "
+                    f"or mode='exhaustive' may find admissible layouts before any condition is "
+                    f"relaxed. " + text)
+        return text
 
     def summary(self, explain_empty: bool = True) -> str:
         """A few lines: the best layout, its value, where its step time and memory go.
@@ -148,8 +158,8 @@ class SearchResult:
         names = ", ".join(f"{n} ({d})" for n, d in self.objectives)
         how = "exhaustive" if self.mode == "exact" else f"{self.sampler}"
         size = ("continuous" if math.isinf(self.space_size) else f"{self.space_size:.3g}")
-        lines = [f"search [{how}] for {names}: {self.n_evaluated} layouts evaluated "
-                 f"({self.n_new} new) of a space of {size}; {self.n_admissible} admissible"]
+        lines = [f"search [{how}] for {names}: {self.n_evaluated:,} layouts evaluated "
+                 f"({self.n_new:,} new) of a space of {size}; {self.n_admissible:,} admissible"]
         if self.reason:
             lines.append(f"mode {self.reason}")
         if self.evidence is not None:
