@@ -248,11 +248,10 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
 
 @njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
-              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, t_in, t_out,
+              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, p2p_split,
               p2p_steady, p2p_gather, n_acc):
-    """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``t_in``, ``t_out``: one p2p
-    send, split by TP as :func:`_p2p_split` has it, inside a domain and across, from the
-    memo; ``p2p_steady``: :func:`_p2p_steady_sends`;
+    """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``p2p_split``: the TP split
+    of a p2p send, :func:`_p2p_split`; ``p2p_steady``: :func:`_p2p_steady_sends`;
     ``p2p_gather``: 1.0 where the split slices are all-gathered over TP on arrival (no
     SP), else 0.0)."""
     layers = w[0]
@@ -271,6 +270,8 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     whole = n_acc <= domain
     q = domain / (tp * cp * dp)  # stages per domain
     cross = 0.0 if whole else (1.0 if q <= 1.0 else _min(1.0, (1.0 if np.floor(q) == q else 2.0) / q))
+    t_in = act_bytes / p2p_split / up_bw + up_lat + call_lat
+    t_out = act_bytes / p2p_split / out_bw + out_lat + call_lat
     t_ramp = cross * t_out + (1.0 - cross) * t_in
     t_slow = t_out if cross > 0.0 else t_in
     # legacy scatter/gather: all-gathered over TP on arrival [26]; p2p_gather is 0 or 1,

@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "e80ce50f5b44165e"
+SOURCES_DIGEST = "fc352cb8ac8bf601"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -99,7 +99,7 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of the two key words
 _SLOT_SHIFT = np.uint64(52)  # 64 - log2(MEMO_SLOTS)
 _NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key has all 64 bits set
 #: Values the memo keeps per key: steps 3 and 4 and the LM head (see _kernel).
-_N_MEMO = 18
+_N_MEMO = 14
 #: Configurations a block of the kernel's two passes (see _kernel).
 BLOCK = 1024
 
@@ -241,12 +241,10 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
         # 5. pipeline
         p2p = p2p_a[i]  # the two pipeline bools in one byte (run): one array, not two
         split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
-        # one pipeline send inside a domain and across (from the memo: TP-split or whole)
-        t_in, t_out = (r[14], r[15]) if split > 1.0 else (r[16], r[17])
         steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
         layers_stage, bubble, t_pipe, t_pp, window_f, window_b = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
-            cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, t_in, t_out, steady,
+            cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
             1.0 * ((not sp) and split > 1.0), n_acc)
         # 6. data parallel
         (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
@@ -353,13 +351,6 @@ def _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, lgs,
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total
     r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
-    # a pipeline send (megatron_steps.pipeline's t_in / t_out), split by TP and whole: so the
-    # layout loop divides by neither the split nor the bandwidths
-    up_lat, out_lat, call_lat = f[9], f[10], c[11]
-    r[14] = act_bytes / tp / _up + up_lat + call_lat
-    r[15] = act_bytes / tp / _out + out_lat + call_lat
-    r[16] = act_bytes / _up + up_lat + call_lat
-    r[17] = act_bytes / _out + out_lat + call_lat
 
 
 @njit(**_INLINE_STEP)
