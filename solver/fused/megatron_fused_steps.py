@@ -268,8 +268,10 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     bubble = (pp - 1.0) / (v * 1.0) * stage_mean
     t_pipe = m * stage_max + bubble
     whole = n_acc <= domain
-    q = domain / (tp * cp * dp)  # stages per domain
-    cross = 0.0 if whole else (1.0 if q <= 1.0 else _min(1.0, (1.0 if np.floor(q) == q else 2.0) / q))
+    stride = tp * cp * dp
+    q = domain / stride  # stages per domain
+    cross = 0.0 if whole else (1.0 if q <= 1.0 else _min(
+        1.0, (1.0 if np.floor(q) == q else 2.0) * stride * (1.0 / domain)))
     t_in = act_bytes / p2p_split / up_bw + up_lat + call_lat
     t_out = act_bytes / p2p_split / out_bw + out_lat + call_lat
     t_ramp = cross * t_out + (1.0 - cross) * t_in

@@ -517,7 +517,7 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     stride = tp * sp.cp * sp.dp
     q = hw.domain / stride  # stages per domain (a whole number where S divides it)
     cross = np.where(sp.n_acc <= hw.domain, 0.0, np.where(q <= 1.0, 1.0, np.minimum(
-        1.0, np.where(np.floor(q) == q, 1.0, 2.0) / q)))
+        1.0, np.where(np.floor(q) == q, 1.0, 2.0) * stride * (1.0 / hw.domain))))
     t_in = net.p2p_time(ly.act_bytes / sp.p2p_split, bandwidth=hw.up_bw, latency=hw.up_lat) + hw.call_lat
     t_out = net.p2p_time(ly.act_bytes / sp.p2p_split, bandwidth=hw.out_bw, latency=hw.out_lat) + hw.call_lat
     t_ramp = cross * t_out + (1.0 - cross) * t_in
