@@ -272,8 +272,9 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     q = domain / stride  # stages per domain
     cross = 0.0 if whole else (1.0 if q <= 1.0 else _min(
         1.0, (1.0 if np.floor(q) == q else 2.0) * stride * (1.0 / domain)))
-    t_in = act_bytes / p2p_split / up_bw + up_lat + call_lat
-    t_out = act_bytes / p2p_split / out_bw + out_lat + call_lat
+    send = act_bytes / p2p_split
+    t_in = send * (1.0 / up_bw) + up_lat + call_lat
+    t_out = send * (1.0 / out_bw) + out_lat + call_lat
     t_ramp = cross * t_out + (1.0 - cross) * t_in
     t_slow = t_out if cross > 0.0 else t_in
     # legacy scatter/gather: all-gathered over TP on arrival [26]; p2p_gather is 0 or 1,
@@ -283,15 +284,16 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
                                    up_lat if tp_in else out_lat) + call_lat)
     t_pp = 2.0 * ((t_ramp + gather) * (pp * v - 1.0) + (t_slow + gather) * p2p_steady) \
         if pp > 1.0 else 0.0
-    return layers_stage, bubble, t_pipe, t_pp, window_f, window_b
+    return layers_stage, bubble, t_pipe, t_pp, window_f, window_b, q
 
 
 # ---------------------------------------------------------- 6. data parallel
 
 @njit(**_INLINE)
 def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, layers_stage,
-                   window_f, window_b, t_pipe, up_bw, out_bw, n_acc):
-    """megatron_compose.data_parallel (with _stage_params)."""
+                   window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q):
+    """megatron_compose.data_parallel (with _stage_params; ``q``: the domain over tp x group,
+    the stages per domain :func:`_pipeline` has)."""
     moe, dense_scale, expert_scale, emb = w[6], w[14], w[15], w[16]
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
     eta = c[9]
@@ -313,7 +315,9 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
     # Only the branch np.where keeps is computed (the same expressions, so the same bits).
     t_fsdp = exp_fsdp = t_grad = t_gather = exp_grad = exp_gather = 0.0
     if fsdp:
-        inside = _within(tp * group, domain, n_acc <= domain)
+        # Hardware.within(tp * group): tp * group <= domain and it divides the domain (or
+        # the job fits in one), from q = domain / (tp * group) without a division of its own
+        inside = q >= 1.0 and (np.floor(q) == q or n_acc <= domain)
         fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
         # layer by layer: each layer after the first pays (n-1) ring steps and the call cost
         fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11]) if group > 1.0 else 0.0

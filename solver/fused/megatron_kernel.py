@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "f2d842edac05de3a"
+SOURCES_DIGEST = "bcb71ccaa6aecdfc"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -242,14 +242,14 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
         p2p = p2p_a[i]  # the two pipeline bools in one byte (run): one array, not two
         split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
         steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
-        layers_stage, bubble, t_pipe, t_pp, window_f, window_b = _pipeline(
+        layers_stage, bubble, t_pipe, t_pp, window_f, window_b, q = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
             1.0 * ((not sp) and split > 1.0), n_acc)
         # 6. data parallel
         (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes,
-                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc)
+                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,

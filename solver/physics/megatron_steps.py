@@ -518,8 +518,10 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     q = hw.domain / stride  # stages per domain (a whole number where S divides it)
     cross = np.where(sp.n_acc <= hw.domain, 0.0, np.where(q <= 1.0, 1.0, np.minimum(
         1.0, np.where(np.floor(q) == q, 1.0, 2.0) * stride * (1.0 / hw.domain))))
-    t_in = net.p2p_time(ly.act_bytes / sp.p2p_split, bandwidth=hw.up_bw, latency=hw.up_lat) + hw.call_lat
-    t_out = net.p2p_time(ly.act_bytes / sp.p2p_split, bandwidth=hw.out_bw, latency=hw.out_lat) + hw.call_lat
+    # (times the links' reciprocal bandwidths: the fused kernel's loop divides by neither)
+    send = ly.act_bytes / sp.p2p_split
+    t_in = send * (1.0 / hw.up_bw) + hw.up_lat + hw.call_lat
+    t_out = send * (1.0 / hw.out_bw) + hw.out_lat + hw.call_lat
     t_ramp = cross * t_out + (1.0 - cross) * t_in
     t_slow = np.where(cross > 0.0, t_out, t_in)
     # Split without SP (legacy scatter/gather), the receiver all-gathers the tp slices over
