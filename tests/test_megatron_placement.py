@@ -209,3 +209,23 @@ def test_expert_all_to_all_sends_over_the_nics_only_to_far_peers(engine, fleet, 
         + (ep - 1) * fleet.fabric.latency + c["collective_latency"]
     # dispatch and combine, forward and backward, every layer and microbatch
     assert float(out["ep_communication_latency"]) == pytest.approx(m * QWEN.layers * 4 * a2a, rel=1e-12)
+
+
+@pytest.mark.parametrize("ep, local_sorts", [(8, True), (128, False)])
+def test_moe_token_permutes_are_copies_at_hbm_bandwidth(monkeypatch, ep, local_sorts):
+    # [32]: permute (2k) and unpermute (k + 2) of the rank's SP slice of tokens, and with
+    # more than one local expert the sorts of all k x tokens received copies (2 x 2)
+    seen = []
+    real = steps.gemm.memory_bound_time
+
+    def spy(nbytes, bandwidth, **kw):
+        seen.append(np.asarray(nbytes, dtype=float))
+        return real(nbytes, bandwidth, **kw)
+
+    monkeypatch.setattr(steps.gemm, "memory_bound_time", spy)
+    tp, s = 2, 4096
+    M.solve(QWEN, HGX, engine="numpy", batch_size=512, seq_len=s, tp_size=tp, pp_size=1,
+            dp_size=512, ep_size=ep, micro_batch_size=1, sequence_parallel=True)
+    k, h = QWEN.active_experts_per_token, QWEN.hidden_dim
+    elements = (3 * k + 2) * s / tp + (4 * k * s if local_sorts else 0)
+    assert any(b.size == 1 and float(b) == pytest.approx(2 * elements * h, rel=1e-12) for b in seen)

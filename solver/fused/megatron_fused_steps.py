@@ -160,6 +160,9 @@ def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, 
         else:
             t_moe = t_moe + 0.0
         t_moe = t_moe + _gemm(f_router, 1.0, peak_gemm, plateau, h, lg[G_ROUTER], log_shift, k_overhead)
+        permutes = ((3.0 * top_k + 2.0) * (tokens / norm_split)
+                    + (4.0 * routed if local_experts > 1.0 else 0.0))
+        t_moe = t_moe + _mbt(2.0 * permutes * h, hbm)
         t_moe_f = attn_gemms_f + t_moe + elementwise
     else:
         t_moe_f = 0.0

@@ -167,6 +167,11 @@ References
     over it, all-to-all back; the routed experts' linear layers do no TP communication of
     their own (``TEGroupedLinear``: "explicitly handled by MoE token dispatcher"), and a
     shared expert is a TP MLP with its own pair (``SharedExpertMLP``).
+[32] Megatron-Core ``transformer/moe/moe_utils.py``: ``permute`` (an ``index_select`` of
+    each token's k copies), ``unpermute`` (a ``scatter_add`` of the weighted copies into
+    zeroed tokens) and ``sort_chunks_by_idxs`` (a split and a ``cat``, reordering the
+    received copies by local expert), called by the all-to-all dispatcher around its
+    exchanges: copies at HBM bandwidth, no arithmetic to speak of.
 """
 
 from __future__ import annotations

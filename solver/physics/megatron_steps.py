@@ -361,9 +361,17 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
     if w.moe:
         local_experts = w.experts / (ep * 1.0)
         routed = tokens * w.top_k
+        # The dispatcher's token permutes [32], 16 bits at HBM bandwidth, in elements of h:
+        # the permute gathers k copies of the rank's tokens (its SP slice) and writes them (2k),
+        # the unpermute reads them back and scatter-adds them into zeroed tokens (k + 2),
+        # and with more than one local expert the received copies (all k x tokens, gathered
+        # over TP) are sorted by expert after dispatch and back before combine (2 x 2).
+        permutes = ((3.0 * w.top_k + 2.0) * (tokens / norm_split)
+                    + np.where(local_experts > 1.0, 4.0 * routed, 0.0))
         t_moe = (_mlp_time(w, hw, routed, w.moe_ffn / tp, calls=local_experts)
                  + (_mlp_time(w, hw, tokens, w.shared * w.moe_ffn / tp) if w.shared else 0.0)
-                 + g(fl.router_flops(tokens, h, w.experts), k=h))
+                 + g(fl.router_flops(tokens, h, w.experts), k=h)
+                 + gemm.memory_bound_time(2.0 * permutes * h, hbm))
         t_moe_f = attn_gemms_f + t_moe + elementwise
     else:
         t_moe_f = 0.0
