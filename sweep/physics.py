@@ -27,7 +27,7 @@ import numpy as np
 import solver
 from solver import knobs as knobs_
 from solver.outputs import REGISTRY, outputs_of
-from solver.physics import DEFAULT_PHYSICS, PHYSICS, megatron
+from solver.physics import DEFAULT_PHYSICS, KNOBS, PHYSICS, megatron
 
 __all__ = ["DEFAULT_PHYSICS", "MODELS", "knobs_of", "choices", "knobs_for", "union_outputs",
            "union_knobs", "check_name", "convert", "solve", "fill_missing", "provenance"]
@@ -35,7 +35,6 @@ __all__ = ["DEFAULT_PHYSICS", "MODELS", "knobs_of", "choices", "knobs_for", "uni
 #: The physics model names (:data:`solver.physics.PHYSICS`).
 MODELS = tuple(PHYSICS)
 
-_KNOBS = {"mlsysim": knobs_.KNOBS, "megatron": megatron.KNOBS}
 #: Values of the knobs of kind ``"choice"`` (megatron's ``recompute`` and ``precision``).
 _CHOICES = {("megatron", "recompute"): megatron.RECOMPUTE,
             ("megatron", "precision"): megatron.PRECISIONS}
@@ -49,7 +48,7 @@ def check_name(name) -> str:
 
 def knobs_of(physics: str) -> Mapping[str, knobs_.Knob]:
     """Knob name -> :class:`solver.knobs.Knob` of the model ``physics``."""
-    return _KNOBS[check_name(physics)]
+    return KNOBS[check_name(physics)]
 
 
 def union_knobs(models) -> tuple:

@@ -34,14 +34,22 @@ from __future__ import annotations
 import difflib
 from types import ModuleType
 
+from .. import knobs as _knobs
 from . import megatron, mlsysim
 
-__all__ = ["PHYSICS", "DEFAULT_PHYSICS", "model", "solve"]
+__all__ = ["PHYSICS", "KNOBS", "DEFAULT_PHYSICS", "model", "solve"]
 
 #: Physics model name -> its module (``solve`` and ``OUTPUTS``).
 PHYSICS = {
     "mlsysim": mlsysim,
     "megatron": megatron,
+}
+
+#: Physics model name -> its knobs (name -> :class:`solver.knobs.Knob`); mlsysim's are the
+#: keywords of its ``DistributedModel.solve`` (:data:`solver.knobs.KNOBS`).
+KNOBS = {
+    "mlsysim": _knobs.KNOBS,
+    "megatron": megatron.KNOBS,
 }
 
 #: The model ``solve`` uses unless told otherwise.
@@ -124,17 +132,8 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "aut
     except TypeError as error:
         # a keyword of the other model: say which model takes it
         name = next((n for n in knobs if f"unexpected keyword argument '{n}'" in str(error)), None)
-        owners = [p for p, m in PHYSICS.items() if m is not chosen and name in _knob_names(m)]
+        owners = [p for p, m in PHYSICS.items() if m is not chosen and name in KNOBS[p]]
         if name is None or not owners:
             raise
         raise TypeError(f"{name!r} is a knob of physics={owners[0]!r}, not of "
                         f"physics={physics!r} (pass physics={owners[0]!r}); {error}") from None
-
-
-def _knob_names(m) -> tuple:
-    """The knob names model ``m`` takes (its ``KNOBS``, or its ``solve``'s keywords)."""
-    if hasattr(m, "KNOBS"):
-        return tuple(m.KNOBS)
-    import inspect
-
-    return tuple(inspect.signature(m.solve).parameters)

@@ -41,6 +41,7 @@ import warnings
 from typing import Optional, Sequence
 
 from solver.catalog import CatalogError
+from solver.physics import DEFAULT_PHYSICS
 
 from ..analysis import NoAdmissibleError, explain_runner_up, step_components
 from ..calibration import MeasurementError, ProfileError
@@ -78,7 +79,7 @@ def _dispatch(args) -> int:
     if args.command is None:
         args.output, args.top, args.jobs = args.main_output, args.main_top, args.main_jobs
         if args.output is None:  # the megatron main job does not overwrite the default one's cube
-            args.output = DEFAULT_CUBE if args.main_physics in (None, "mlsysim") else \
+            args.output = DEFAULT_CUBE if args.main_physics in (None, DEFAULT_PHYSICS) else \
                 f"default_{args.main_physics}_cube.nc"
         args.no_progress, args.spec = args.main_no_progress, args.main_spec
         args.physics = args.main_physics
