@@ -205,5 +205,10 @@ _SCHEMA = {
         "shared_experts": _field("integer"),
         "dense_layers": _field("integer"),
         "tied_embeddings": _field("boolean"),
+        "kv_lora_rank": _field("integer"),
+        "q_lora_rank": _field("integer"),
+        "qk_nope_head_dim": _field("integer"),
+        "qk_rope_head_dim": _field("integer"),
+        "v_head_dim": _field("integer"),
     },
 }

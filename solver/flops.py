@@ -178,7 +178,8 @@ def korthikanti_flops(batch, seq_len, layers, hidden, vocab, *, recompute="none"
 
 
 def megatron_model_flops(batch, seq_len, layers, hidden, *, heads, kv_heads, ffn_hidden, vocab,
-                         gated=False, experts_per_token=1, shared_ffn_hidden=0, head_dim=None):
+                         gated=False, experts_per_token=1, shared_ffn_hidden=0, head_dim=None,
+                         attention_params=None, core_head_dim=None):
     """Model FLOPs of one iteration as Megatron-LM prints them (dense attention, no recompute) [FLOP].
 
     Parameters
@@ -195,6 +196,12 @@ def megatron_model_flops(batch, seq_len, layers, hidden, *, heads, kv_heads, ffn
         Total width of shared experts (0 if none).
     head_dim : array_like [1], optional
         Default hidden / heads.
+    attention_params, core_head_dim : array_like [1], optional
+        Multi-head latent attention: the weights of a layer's attention projections
+        (down and up, their norms, the output) and the mean of its core's key and value
+        widths. Its projections then count 6 FLOPs per weight and token, and its core the
+        whole ``s x s`` as the other attention's does here (Megatron-LM's count of MLA [3]
+        halves it for the causal mask, as its later versions do for every attention).
     """
     B, s, l, h = (np.asarray(x, dtype=np.float64) for x in (batch, seq_len, layers, hidden))
     d = h / heads if head_dim is None else np.asarray(head_dim, dtype=np.float64)
@@ -202,8 +209,12 @@ def megatron_model_flops(batch, seq_len, layers, hidden, *, heads, kv_heads, ffn
     gate = 1.5 if gated else 1.0
     # [3]: 12 B s l h^2 * [ (1 + g/a + s/h) * q_ratio + (f/h) * k * gate + V/(2 l h) ], times
     # 3 * 2 * 2 = 12 for forward + backward, 2 FLOPs per MAC and 2 GEMMs each in attention.
+    if attention_params is None:
+        attention = (1.0 + kv_heads / heads + s / h) * q_ratio
+    else:
+        attention = attention_params / (2.0 * h * h) + s * heads * core_head_dim / (h * h)
     return 12.0 * B * s * l * h ** 2 * (
-        (1.0 + kv_heads / heads + s / h) * q_ratio
+        attention
         + (ffn_hidden / h) * experts_per_token * gate
         + (shared_ffn_hidden / h) * gate
         + vocab / (2.0 * l * h))

@@ -119,7 +119,8 @@ def gradient_copy(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_B
 
 def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn_hidden, gated,
                            tp_size, sequence_parallel, recompute_code, flash_attention,
-                           moe_top_k=0.0, moe_ffn_hidden=0.0, low_bits=False):
+                           moe_top_k=0.0, moe_ffn_hidden=0.0, low_bits=False,
+                           attention_bytes=None, latent_bytes=0.0, context_ratio=1.0):
     """Bytes one layer stores for the backward pass of one microbatch, on one rank [B].
 
     Parameters
@@ -141,6 +142,14 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
         MoE layer: routed experts per token and expert width (0 for a dense layer).
     low_bits : array_like of bool
         FP8 (or FP4) GEMMs: each linear layer keeps its input in one byte [6].
+    attention_bytes : array_like [1], optional
+        Bytes per token over h of Q, K, V and the output projection's input, before
+        the TP split (default ``4 + 4 kv/a``, [1]'s 8 at ``kv = a``, heads ``h/a`` wide).
+    latent_bytes : array_like [1]
+        Bytes per token over h a multi-head latent attention keeps of its latents,
+        replicated over TP unless SP splits them (0 for other attention).
+    context_ratio : array_like [1]
+        The output projection's input width over h (1 with heads ``h/a`` wide).
 
     Returns
     -------
@@ -160,14 +169,15 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     moe = np.asarray(moe_top_k) > 0
     fp8_replicated = np.where(low, np.where(moe, 1.0, 2.0), 0.0)
     mlp_width = np.where(moe_top_k > 0, moe_top_k * moe_ffn_hidden, ffn_hidden)
-    fp8_split = np.where(low, mlp_width / h + np.where(np.asarray(flash_attention), -1.0, 1.0), 0.0)
+    fp8_split = np.where(low, mlp_width / h + np.where(np.asarray(flash_attention), -1.0, 1.0)
+                         * context_ratio, 0.0)
     # Table 2 of [1]: s b h (10 + 24/t + 5 a s/(h t)); the 10 (norm inputs, dropout
     # masks, residuals) is replicated on every TP rank unless SP splits it too.
-    replicated = (10.0 - fp8_replicated) / np.where(sp, t, 1.0)
+    replicated = (10.0 - fp8_replicated + latent_bytes) / np.where(sp, t, 1.0)
     # The 24/t of [1] is 8/t attention (Q, K, V, context) + 16/t MLP (fc1 out, GELU out),
     # at kv = a and f = 4h; generalized: Q and context 2 + 2, K and V 2 kv/a each,
     # MLP 2 bytes per element of its (2 or 3 matrix) intermediates.
-    attention = (4.0 + 4.0 * kv_heads / heads) / t
+    attention = (4.0 + 4.0 * kv_heads / heads if attention_bytes is None else attention_bytes) / t
     mlp = ((4.0 + 2.0 * np.asarray(gated, dtype=np.float64)) * mlp_width / h - fp8_split) / t
     # Routed tokens are permuted copies of the MLP input (2 bytes per element per expert;
     # 1 under FP8). With TP the dispatcher all-gathers them over the (expert) TP group

@@ -195,6 +195,10 @@ class Fleet:
         return dataclasses.replace(self, count=count, name=f"{self.name}[{count} nodes]")
 
 
+#: The keys of multi-head latent attention (a Workload's, as DeepSeek's config.json names them).
+MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
 @dataclass(frozen=True)
 class Workload:
     """A model to train.
@@ -231,6 +235,14 @@ class Workload:
         and GPT's; default True). Llama, Mixtral, Qwen3, DeepSeek-V3 and Nemotron-4
         untie them (``--untie-embeddings-and-output-weights``): a single pipeline stage
         then holds both matrices.
+    kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim : int, optional
+        Multi-head latent attention (MLA, DeepSeek-V2/V3; the names of their
+        ``config.json``): keys and values projected down to ``kv_lora_rank`` (plus a
+        shared ``qk_rope_head_dim`` positional key) and up per head; queries likewise
+        through ``q_lora_rank`` (None: projected directly). Query and key heads are
+        ``qk_nope_head_dim + qk_rope_head_dim`` wide, value heads ``v_head_dim``. Given
+        ``kv_lora_rank``, the megatron physics prices MLA; the others but ``q_lora_rank``
+        are then required, and ``head_dim`` and ``kv_heads`` (other than ``heads``) refused.
     """
 
     name: str
@@ -255,6 +267,11 @@ class Workload:
     shared_experts: Optional[int] = None
     dense_layers: Optional[int] = None
     tied_embeddings: Optional[bool] = None
+    kv_lora_rank: Optional[int] = None
+    q_lora_rank: Optional[int] = None
+    qk_nope_head_dim: Optional[int] = None
+    qk_rope_head_dim: Optional[int] = None
+    v_head_dim: Optional[int] = None
 
     def __post_init__(self):
         if self.kind not in WORKLOAD_KINDS:
@@ -271,7 +288,7 @@ class Workload:
             )
         for name in ("layers", "hidden_dim", "heads", "experts", "active_experts_per_token",
                      "denoising_steps", "kv_heads", "ffn_hidden_dim", "vocab_size", "head_dim",
-                     "moe_ffn_hidden_dim", "shared_experts", "dense_layers"):
+                     "moe_ffn_hidden_dim", "shared_experts", "dense_layers", *MLA_KEYS):
             value = getattr(self, name)
             if value is not None and (int(value) != value or value < 0):
                 raise ValueError(
@@ -311,6 +328,20 @@ class Workload:
         if self.kv_heads and self.heads and self.heads % self.kv_heads:
             # grouped-query attention: each KV head serves the same number of query heads
             refuse("kv_heads", f"a divisor of heads ({self.heads})", self.kv_heads)
+        mla = [key for key in MLA_KEYS if getattr(self, key) is not None]
+        if mla:
+            for key in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if not getattr(self, key):
+                    refuse(key, f"a whole number >= 1 with multi-head latent attention "
+                                f"(given: {', '.join(mla)})", getattr(self, key))
+            if self.q_lora_rank == 0:
+                refuse("q_lora_rank", "None (queries projected directly) or >= 1", 0)
+            if self.head_dim is not None:
+                refuse("head_dim", "None with multi-head latent attention (its widths are "
+                                   "qk_nope_head_dim, qk_rope_head_dim and v_head_dim)", self.head_dim)
+            if self.kv_heads is not None and self.kv_heads != self.heads:
+                refuse("kv_heads", f"None or heads ({self.heads}) with multi-head latent "
+                                   "attention (every head has its own key and value)", self.kv_heads)
         if (self.active_parameters is not None and self.parameters is not None
                 and self.active_parameters > self.parameters):
             refuse("active_parameters", f"at most parameters ({self.parameters:g})",

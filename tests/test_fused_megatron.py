@@ -22,6 +22,7 @@ import pytest
 
 from solver import catalog, fused
 from solver.physics import megatron as M
+from solver.specs import MLA_KEYS
 
 numba = pytest.importorskip("numba")
 
@@ -32,7 +33,8 @@ FLEETS = sorted(n for n in catalog.names("fleets") if n.endswith("_MC"))
 def _no_shape(w):
     """The workload without a stated shape (megatron._Shape's 12 L h^2 = N fallback)."""
     return dataclasses.replace(w, name=w.name + "_noshape", hidden_dim=None, heads=None, kv_heads=None,
-                               head_dim=None, ffn_hidden_dim=None, vocab_size=None, gated_mlp=None)
+                               head_dim=None, ffn_hidden_dim=None, vocab_size=None, gated_mlp=None,
+                               **{key: None for key in MLA_KEYS})
 
 
 def _draw(rng, n, *, dp_given):
@@ -82,6 +84,7 @@ def test_catalog_covers_the_branches():
     assert any(s.moe and s.dense_layers for s in shapes) and any(not s.moe for s in shapes)
     assert any(s.gated for s in shapes) and any(not s.gated for s in shapes)
     assert any(s.kv_heads < s.heads for s in shapes) and any(s.kv_heads == s.heads for s in shapes)
+    assert any(s.mla and s.q_lora for s in shapes) and any(not s.mla for s in shapes)
     domains = {catalog.fleet(n).node.scale_up_domain or catalog.fleet(n).node.accelerators_per_node
                for n in FLEETS}
     assert {8, 72} <= domains
@@ -110,6 +113,26 @@ def test_fused_is_numpy_bitwise(case):
     # the draw reaches both sides of the masks
     assert ref["valid"].any()
     assert not ref["valid"].all() or "dp_size" in knobs
+
+
+#: Multi-head latent attention with queries projected directly (no q_lora_rank), the other
+#: branch of its q projection: DeepSeek-V2-Lite's shape (deepseek-ai/DeepSeek-V2-Lite config.json).
+V2_LITE = dataclasses.replace(
+    catalog.workload("DeepSeek_V3_MC"), name="DeepSeek-V2-Lite", parameters=15.7e9,
+    active_parameters=2.4e9, layers=27, dense_layers=1, hidden_dim=2048, heads=16, q_lora_rank=None,
+    kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    ffn_hidden_dim=10944, moe_ffn_hidden_dim=1408, experts=64, active_experts_per_token=6,
+    shared_experts=2, vocab_size=102400)
+
+
+@pytest.mark.parametrize("fl_name", ["HGX_H100_1K_MC", "GB200_NVL72_8_MC"])
+def test_fused_is_numpy_bitwise_mla_without_q_lora(fl_name):
+    assert M._Shape(V2_LITE).mla and not M._Shape(V2_LITE).q_lora
+    knobs = _draw(np.random.default_rng(1700 + len(fl_name)), 3000, dp_given=fl_name.startswith("G"))
+    fast = M.solve(V2_LITE, catalog.fleet(fl_name), engine="fused", **knobs)
+    ref = M.solve(V2_LITE, catalog.fleet(fl_name), engine="numpy", **knobs)
+    _assert_same(fast, ref)
+    assert ref["valid"].any()
 
 
 def test_every_branch_is_reached_somewhere():

@@ -83,8 +83,10 @@ def _hardware(f, c, prec):
 # ------------------------------------------------------------ 3. layer times
 
 #: Rows of the kernel's log scratch: one per GEMM whose size-curve log it takes.
-(G_QKV, G_PROJ, G_CORE, G_FC1, G_FC2, G_MOE1, G_MOE2, G_SH1, G_SH2, G_ROUTER, G_HEAD) = range(11)
-N_GEMMS = 11
+#: (A multi-head latent attention's q down projection, or its direct q projection, is G_QKV's.)
+(G_QKV, G_PROJ, G_CORE, G_FC1, G_FC2, G_MOE1, G_MOE2, G_SH1, G_SH2, G_ROUTER, G_HEAD,
+ G_QUP, G_KVDOWN, G_KVUP) = range(14)
+N_GEMMS = 14
 
 
 @njit(**_INLINE)
@@ -100,17 +102,32 @@ def _local(w, s, tp, cp, mbs):
 
 
 @njit(**_INLINE)
-def _gemm_flops(w, s, tp, cp, ep, mbs, flash):
+def _gemm_flops(w, s, tp, cp, ep, mbs, flash, sp):
     """(FLOPs, calls) of every GEMM of layer_times and of the LM head (pipeline), as they compute them.
 
     Both kernel passes call this, so the durations whose logs the first pass takes are
-    the second pass's exactly.
+    the second pass's exactly. The last three are a multi-head latent attention's q up,
+    kv down and kv up projections (0 for other attention; its q down or direct q
+    projection is ``f_qkv``).
     """
     h, d, experts, gated, top_k, moe_ffn, shared, vocab = w[1], w[4], w[5], w[7], w[9], w[10], w[11], w[13]
+    mla, q_lora, kv_lora, rope, qk_dim, core_dim = w[25], w[26], w[27], w[28], w[29], w[30]
     s_local, tokens, heads_t, kv_t, ffn_t = _local(w, s, tp, cp, mbs)
-    f_qkv = 2.0 * tokens * h * (heads_t + 2.0 * kv_t) * d
+    if mla != 0.0:
+        down_tok = tokens / (tp if sp else 1.0)
+        if q_lora != 0.0:
+            f_qkv = 2.0 * down_tok * h * q_lora
+            f_qup = 2.0 * tokens * q_lora * heads_t * qk_dim
+        else:
+            f_qkv = 2.0 * tokens * h * heads_t * qk_dim
+            f_qup = 0.0
+        f_kvdown = 2.0 * down_tok * h * (kv_lora + rope)
+        f_kvup = 2.0 * tokens * kv_lora * heads_t * (qk_dim - rope + d)
+    else:
+        f_qkv = 2.0 * tokens * h * (heads_t + 2.0 * kv_t) * d
+        f_qup = f_kvdown = f_kvup = 0.0
     f_proj = 2.0 * tokens * heads_t * d * h
-    f_core = 4.0 * mbs * heads_t * s_local * s * d * (0.5 if flash else 1.0)
+    f_core = 4.0 * mbs * heads_t * s_local * s * core_dim * (0.5 if flash else 1.0)
     calls_core = mbs * heads_t
     f_fc1, f_fc2 = _mlp_flops(tokens, ffn_t, h, gated)
     calls_moe = experts / (ep * 1.0)
@@ -119,7 +136,7 @@ def _gemm_flops(w, s, tp, cp, ep, mbs, flash):
     f_router = 2.0 * tokens * h * experts
     f_head = 2.0 * tokens * h * (vocab / tp)
     return (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
-            f_router, f_head)
+            f_router, f_head, f_qup, f_kvdown, f_kvup)
 
 
 @njit(**_INLINE)
@@ -132,9 +149,18 @@ def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, 
     log_shift, k_overhead, attn_eff, elem_bytes = c[2], c[3], c[4], c[5]
     s_local, tokens, heads_t, kv_t, ffn_t = _local(w, s, tp, cp, mbs)
     (f_qkv, f_proj, core_flops, calls_core, _f1, _f2, _m1, _m2, local_experts, _s1, _s2, f_router,
-     _fh) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
+     _fh, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, mbs, flash, sp)
     norm_split = tp if sp else 1.0
     t_qkv = _gemm(f_qkv, 1.0, peak_gemm, plateau, h, lg[G_QKV], log_shift, k_overhead)
+    if w[25] != 0.0:  # multi-head latent attention: its four projections, summed as layer_times does
+        q_lora, kv_lora = w[26], w[27]
+        if q_lora != 0.0:
+            t_qkv = t_qkv + _gemm(f_qup, 1.0, peak_gemm, plateau, q_lora, lg[G_QUP], log_shift,
+                                  k_overhead)
+        t_qkv = t_qkv + (_gemm(f_kvdown, 1.0, peak_gemm, plateau, h, lg[G_KVDOWN], log_shift,
+                               k_overhead)
+                         + _gemm(f_kvup, 1.0, peak_gemm, plateau, kv_lora, lg[G_KVUP], log_shift,
+                                 k_overhead))
     t_proj = _gemm(f_proj, 1.0, peak_gemm, plateau, heads_t * d, lg[G_PROJ], log_shift, k_overhead)
     # Attention core: fused causal kernel, or the unfused softmax (np.where: a select).
     # The loop is scalar (see _kernel), so only the side np.where keeps is computed.
@@ -191,11 +217,11 @@ def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, a
         + (call_lat if tp > 1.0 else 0.0)
     full = rc == 2
     mlp_pairs = ((1.0 - moe_share) + moe_share * (1.0 if shared != 0.0 else 0.0)) if moe != 0.0 else 1.0
-    tp_calls = (1.0 + mlp_pairs) * (2.0 + (1.0 if full else 0.0))
+    tp_calls = (w[31] + mlp_pairs) * (2.0 + (1.0 if full else 0.0))
     tp_total = tp_calls * t_ar
     tp_hidden = overlap_eff if (tco and sp) else 0.0
     tp_layer = tp_total * (1.0 - tp_hidden)
-    kv_bytes = 2.0 * 2.0 * tokens * kv_t * d
+    kv_bytes = 2.0 * 2.0 * tokens * kv_t * w[30]
     inside = _within(tp * cp, domain, whole)
     cp_bw, cp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
     cp_step = kv_bytes / cp_bw + cp_lat + call_lat
@@ -378,14 +404,14 @@ def _model_state(p, group, zero, grad_bytes):
 
 @njit(**_PRIM)
 def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc, flash,
-                      low_bits, width_over_h):
-    """megatron_memory.layer_activation_bytes (``attention0`` = 4 + 4 kv / a, ``mlp_scale`` =
-    (4 + 2 gated) * mlp_width: the workload-only parts, computed in Python)."""
+                      low_bits, width_over_h, latent, context_ratio):
+    """megatron_memory.layer_activation_bytes (``attention0``: its ``attention_bytes``,
+    ``mlp_scale`` = (4 + 2 gated) * mlp_width: the workload-only parts, computed in Python)."""
     sbh = mbs * s * h
     spt = t if sp else 1.0
     fp8_replicated = (1.0 if top_k > 0 else 2.0) if low_bits else 0.0
-    fp8_split = (width_over_h + (-1.0 if flash else 1.0)) if low_bits else 0.0
-    replicated = (10.0 - fp8_replicated) / spt
+    fp8_split = (width_over_h + (-1.0 if flash else 1.0) * context_ratio) if low_bits else 0.0
+    replicated = (10.0 - fp8_replicated + latent) / spt
     attention = attention0 / t
     mlp = (mlp_scale / h - fp8_split) / t
     mlp = mlp + top_k * (1.0 if low_bits else 2.0)
@@ -409,10 +435,10 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
         weights, grads, optim, copy = weights + we, grads + ge, optim + oe, copy + ce
     low_bits = _low_bits(prec)
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash,
-                                  low_bits, w[23])
+                                  low_bits, w[23], w[32], w[33])
     if moe != 0.0:
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
-                                    low_bits, w[24])
+                                    low_bits, w[24], w[32], w[33])
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense
@@ -435,15 +461,16 @@ def _model_flops(w, batch, s):
     """megatron_compose._model_flops."""
     layers, h, heads, kv_heads, d, moe, ffn, top_k = w[0], w[1], w[2], w[3], w[4], w[6], w[8], w[9]
     moe_ffn, shared, vocab, gate, dense_layers = w[10], w[11], w[13], w[20], w[21]
+    mla, attn_params, core_dim = w[25], w[34], w[30]
     if moe != 0.0:
         mf = _model_flops_one(batch, s, layers, h, heads, kv_heads, moe_ffn, vocab, gate, top_k,
-                              shared * moe_ffn, d)
+                              shared * moe_ffn, d, mla, attn_params, core_dim)
         if dense_layers != 0.0:
             mf = mf + _model_flops_one(batch, s, dense_layers, h, heads, kv_heads, ffn, 0.0, gate, 1.0,
-                                       0.0, d) \
+                                       0.0, d, mla, attn_params, core_dim) \
                 - _model_flops_one(batch, s, dense_layers, h, heads, kv_heads, moe_ffn, 0.0, gate,
-                                   top_k, shared * moe_ffn, d)
+                                   top_k, shared * moe_ffn, d, mla, attn_params, core_dim)
     else:
         mf = _model_flops_one(batch, s, layers, h, heads, kv_heads, ffn, vocab, gate, 1.0,
-                              shared * moe_ffn, d)
+                              shared * moe_ffn, d, mla, attn_params, core_dim)
     return mf

@@ -60,8 +60,8 @@ from . import buffers, in_ranges
 from ._numba import cache_is_current, forced_vector_width, kernel
 from .megatron_primitives import _INLINE as _INLINE_STEP
 from .megatron_primitives import COMPILED_CONSTANTS, _ideal
-from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_MOE1, G_MOE2, G_PROJ, G_QKV,
-                                   G_ROUTER, G_SH1, G_SH2, N_GEMMS, _communication,
+from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_KVDOWN, G_KVUP, G_MOE1, G_MOE2,
+                                   G_PROJ, G_QKV, G_QUP, G_ROUTER, G_SH1, G_SH2, N_GEMMS, _communication,
                                    _data_parallel, _gemm_flops, _hardware, _head, _layer_times,
                                    _low_bits, _memory, _model_flops, _p2p_split, _p2p_steady_sends,
                                    _pipeline, _split)
@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "a71fcf372a01a192"
+SOURCES_DIGEST = "c4166440a9803728"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -174,18 +174,19 @@ def _memo_key(s, mbs, tp, cp, ep, sp, rc, flash, prec, tco, whole):
 
 
 @njit(**_INLINE_STEP)
-def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec):
+def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec, sp):
     """np.log of every GEMM's ideal duration the numpy path takes it of (gemm.gemm_size_efficiency;
     libm's log, as numpy's loop calls it here); 0.0 for GEMMs the workload does not have.
 
     The kernel's mode 1 writes the same durations line for line (the bitwise tests hold
     both): one helper for the two made the whole loop 5-10 % slower in an interleaved
     A/B (1 thread, 1M layouts), LLVM laying out the hot path differently."""
-    moe, shared = w[6], w[11]
+    moe, shared, mla, q_lora = w[6], w[11], w[25], w[26]
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
     (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
-     f_router, f_head) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
+     f_router, f_head, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, mbs, flash, sp)
     has_moe, has_shared = moe != 0.0, moe != 0.0 and shared != 0.0
+    has_mla, has_qup = mla != 0.0, mla != 0.0 and q_lora != 0.0
     return (math.log(_ideal(f_qkv, 1.0, peak_gemm)),
             math.log(_ideal(f_proj, 1.0, peak_gemm)),
             0.0 if flash else math.log(_ideal(f_core, calls_core, peak16)),
@@ -196,7 +197,10 @@ def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec):
             math.log(_ideal(f_sh1, 1.0, peak_gemm)) if has_shared else 0.0,
             math.log(_ideal(f_sh2, 1.0, peak_gemm)) if has_shared else 0.0,
             math.log(_ideal(f_router, 1.0, peak_gemm)) if has_moe else 0.0,
-            math.log(_ideal(f_head, 1.0, peak16)))
+            math.log(_ideal(f_head, 1.0, peak16)),
+            math.log(_ideal(f_qup, 1.0, peak_gemm)) if has_qup else 0.0,
+            math.log(_ideal(f_kvdown, 1.0, peak_gemm)) if has_mla else 0.0,
+            math.log(_ideal(f_kvup, 1.0, peak_gemm)) if has_mla else 0.0)
 
 
 @njit(**_INLINE_STEP)
@@ -440,7 +444,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 flash = flash_a[i]
                 peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
                 (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1,
-                 f_sh2, f_router, f_head) = _gemm_flops(w, s, tp, cp, ep, mbs, flash)
+                 f_sh2, f_router, f_head, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, mbs,
+                                                                                 flash, sp)
                 ext[G_QKV, col] = _ideal(f_qkv, 1.0, peak_gemm)
                 ext[G_PROJ, col] = _ideal(f_proj, 1.0, peak_gemm)
                 ext[G_CORE, col] = _ideal(f_core, calls_core, peak16)
@@ -452,6 +457,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 ext[G_SH2, col] = _ideal(f_sh2, 1.0, peak_gemm)
                 ext[G_ROUTER, col] = _ideal(f_router, 1.0, peak_gemm)
                 ext[G_HEAD, col] = _ideal(f_head, 1.0, peak16)
+                ext[G_QUP, col] = _ideal(f_qup, 1.0, peak_gemm)
+                ext[G_KVDOWN, col] = _ideal(f_kvdown, 1.0, peak_gemm)
+                ext[G_KVUP, col] = _ideal(f_kvup, 1.0, peak_gemm)
                 if fits and kept < MEMO_KEYS:
                     slot_k1[slot], slot_k2[slot], slot_row[slot] = k1, k2, kept
                     plan[1, col] = kept
@@ -482,7 +490,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                     whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
                            ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
-                           ext[10, col])
+                           ext[10, col], ext[11, col], ext[12, col], ext[13, col])
                     row = plan[1, col]
                     row = MEMO_KEYS + (i - b0) if row < 0 else row
                     _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, lgs,
@@ -524,7 +532,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 else:
                     row = MEMO_KEYS + (i - b0)
                 _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole,
-                          _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec), values[row])
+                          _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec, sp), values[row])
             rows[i - b0] = row
             out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
                                           mbs_a, zero_a) | (rc < 0) | (prec < 0)
@@ -546,7 +554,7 @@ def workload_scalars(w):
     """The kernel's per-workload tuple from a ``megatron._Shape`` (same expressions as the steps)."""
     moe = bool(w.moe)
     # megatron_memory.layer_activation_bytes: the workload-only factors, as it evaluates them.
-    attention0 = 4.0 + 4.0 * w.kv_heads / w.heads
+    attention0 = w.attn_act
     gated = float(np.asarray(w.gated, dtype=np.float64))
     mlp_dense = (4.0 + 2.0 * gated) * float(w.ffn)
     moe_ffn_hidden = w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1)
@@ -563,7 +571,10 @@ def workload_scalars(w):
         1.5 if w.gated else 1.0, w.dense_layers if moe else 0.0, w.single_stage_embedding,
         # megatron_memory.layer_activation_bytes's FP8 term: the second MLP GEMM's input
         # width over h, dense and MoE (the same division it makes)
-        float(w.ffn) / float(w.hidden), float(mlp_moe_width) / float(w.hidden)))
+        float(w.ffn) / float(w.hidden), float(mlp_moe_width) / float(w.hidden),
+        # multi-head latent attention (megatron._Shape; zeros and GQA's values otherwise)
+        1.0 if w.mla else 0.0, w.q_lora, w.kv_lora, w.rope, w.qk_dim, w.core_dim, w.attn_pair,
+        w.latent_act, w.context_ratio, w.attn_params))
 
 
 def fleet_scalars(fleet, total_accelerators=None, constants=None):
@@ -659,7 +670,8 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     # chunks, between the kernel's mode 1 and mode 2 calls, so they are the numpy path's;
     # in threads as mode 0 (np.log releases the GIL), each range with its own scratch.
     rows = [g for g in range(N_GEMMS)
-            if not ((G_MOE1 <= g <= G_ROUTER and not w[6]) or (g in (G_SH1, G_SH2) and not w[11]))]
+            if not ((G_MOE1 <= g <= G_ROUTER and not w[6]) or (g in (G_SH1, G_SH2) and not w[11])
+                    or (G_QUP <= g <= G_KVUP and not w[25]) or (g == G_QUP and not w[26]))]
 
     def priced(lo, hi):
         ext = np.empty((N_GEMMS, min(hi - lo, _NUMPY_LOG_CHUNK)))

@@ -183,11 +183,17 @@ def _mlp_time(tok, width, calls, h, gated, hbm, peak, plat, log_shift, k_overhea
 
 
 @njit(**_PRIM)
-def _model_flops_one(B, s, l, h, heads, kv_heads, ffn, vocab, gate, ept, shared, d):
-    """flops.megatron_model_flops (head_dim given)."""
-    q_ratio = heads * d / h
+def _model_flops_one(B, s, l, h, heads, kv_heads, ffn, vocab, gate, ept, shared, d, mla, attn_params,
+                     core_dim):
+    """flops.megatron_model_flops (head_dim given; with ``mla``, its attention_params and
+    core_head_dim)."""
+    if mla != 0.0:
+        attention = attn_params / (2.0 * h * h) + s * heads * core_dim / (h * h)
+    else:
+        q_ratio = heads * d / h
+        attention = (1.0 + kv_heads / heads + s / h) * q_ratio
     return 12.0 * B * s * l * (h * h) * (
-        (1.0 + kv_heads / heads + s / h) * q_ratio
+        attention
         + (ffn / h) * ept * gate
         + (shared / h) * gate
         + vocab / (2.0 * l * h))

@@ -172,6 +172,18 @@ References
     zeroed tokens) and ``sort_chunks_by_idxs`` (a split and a ``cat``, reordering the
     received copies by local expert), called by the all-to-all dispatcher around its
     exchanges: copies at HBM bandwidth, no arithmetic to speak of.
+[33] Megatron-Core ``transformer/multi_latent_attention.py`` (``MLASelfAttention``) and
+    ``models/gpt/gpt_layer_specs.py`` (its Transformer Engine spec): multi-head latent
+    attention (DeepSeek-AI (2024), "DeepSeek-V2", arXiv:2405.04434, Sec. 2.1). The down
+    projections ``linear_q_down_proj`` (h -> q_lora_rank) and ``linear_kv_down_proj``
+    (h -> kv_lora_rank + qk_pos_emb_head_dim) are ``TELinear`` in ``"duplicated"`` mode:
+    every TP rank runs them whole on its own tokens (``[s/TP, b, h]`` under sequence
+    parallelism); the up projections (``linear_q_up_proj``, ``linear_kv_up_proj`` to
+    ``heads x (qk_head_dim + qk_pos_emb_head_dim)`` and ``heads x (qk_head_dim +
+    v_head_dim)``) are column-parallel, all-gathering the latents (and the positional
+    key) over the sequence under SP where a GQA layer gathers the h-wide input; the
+    output projection is row-parallel from ``heads x v_head_dim``; the core attention
+    has key width ``qk_head_dim + qk_pos_emb_head_dim`` and value width ``v_head_dim``.
 """
 
 from __future__ import annotations
@@ -447,7 +459,44 @@ class _Shape:
         self.dense_layers = int(w.dense_layers or 0) if self.moe else self.layers
         self.moe_layers = self.layers - self.dense_layers
         mats = 3.0 if self.gated else 2.0
-        attn = h * self.head_dim * (self.heads + 2 * self.kv_heads) + self.heads * self.head_dim * h
+        self.mla = w.kv_lora_rank is not None
+        if self.mla:  # multi-head latent attention [33]
+            self.kv_heads = self.heads  # no grouping: every head its own key and value
+            self.q_lora = float(w.q_lora_rank or 0)  # 0: queries projected directly
+            self.kv_lora, self.rope = float(w.kv_lora_rank), float(w.qk_rope_head_dim)
+            self.qk_dim = float(w.qk_nope_head_dim) + self.rope
+            self.head_dim = float(w.v_head_dim)  # the output projection's width per head
+            q_params = (self.q_lora * (h + self.heads * self.qk_dim + 1) if self.q_lora
+                        else h * self.heads * self.qk_dim)
+            # q and kv down and up projections with their norms' weights, the output projection
+            attn = (q_params + h * self.rope
+                    + self.kv_lora * (h + self.heads * (float(w.qk_nope_head_dim) + self.head_dim) + 1)
+                    + self.heads * self.head_dim * h)
+            # The core's mean of its key and value widths (QK^T at qk_dim, PV at v): its FLOPs
+            # and its K/V bytes are those of plain attention of this head width.
+            self.core_dim = (self.qk_dim + self.head_dim) / 2.0
+            # What the up projections all-gather over TP (SP) or all-reduce (backward),
+            # where a GQA layer moves h: the latents and the positional key (h itself for
+            # queries projected directly).
+            self.attn_pair = (h + (self.q_lora or h) + self.kv_lora + self.rope) / (2.0 * h)
+            # Activations kept [bytes per token over h]: Q and K (qk_dim), V and the output
+            # projection's input (v), 2 bytes each, split by TP with the heads; the latents
+            # (norm input and output of each, and the positional key), with the norms
+            # inputs replicated over TP unless SP splits the sequence.
+            self.attn_act = 4.0 * self.heads * (self.qk_dim + self.head_dim) / h
+            self.latent_act = (4.0 * (self.q_lora + self.kv_lora) + 2.0 * self.rope) / h
+        else:
+            self.q_lora = self.kv_lora = self.rope = 0.0
+            self.qk_dim = self.core_dim = self.head_dim
+            attn = h * self.head_dim * (self.heads + 2 * self.kv_heads) + self.heads * self.head_dim * h
+            self.attn_pair = 1.0
+            # Table 2 of Korthikanti et al.: Q, K, V and the output projection's input, 2 bytes
+            # each, at their widths (a h, kv d, kv d, a d) over h
+            self.attn_act = 4.0 * (self.heads * self.head_dim + self.kv_heads * self.head_dim) / h
+            self.latent_act = 0.0
+        self.attn_params = attn
+        # the output projection's input width over h (kept in one byte under FP8)
+        self.context_ratio = self.heads * self.head_dim / h
         self.dense_layer_params = attn + mats * h * self.ffn + 2 * h
         self.expert_params = mats * h * self.moe_ffn
         self.moe_layer_nonexpert = attn + 2 * h + h * self.experts + self.shared * self.expert_params

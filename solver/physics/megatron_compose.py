@@ -153,13 +153,15 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     act_dense = mem.layer_activation_bytes(
         mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
         tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
-        low_bits=hw.low_bits)
+        low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=w.latent_act,
+        context_ratio=w.context_ratio)
     if w.moe:
         act_moe = mem.layer_activation_bytes(
             mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
             tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
             moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
-            low_bits=hw.low_bits)
+            low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=w.latent_act,
+            context_ratio=w.context_ratio)
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense
@@ -181,18 +183,19 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
 
 def _model_flops(w, batch, s, h, d):
     """Megatron-LM's model FLOPs of a step (MoE layers and dense layers counted apart)."""
+    mla = dict(attention_params=w.attn_params, core_head_dim=w.core_dim) if w.mla else {}
     model_flops = fl.megatron_model_flops(
         batch, s, w.layers, h, heads=w.heads, kv_heads=w.kv_heads,
         ffn_hidden=np.where(w.moe, w.moe_ffn, w.ffn) if w.moe else w.ffn, vocab=w.vocab,
         gated=w.gated, experts_per_token=w.top_k if w.moe else 1.0,
-        shared_ffn_hidden=w.shared * w.moe_ffn, head_dim=d)
+        shared_ffn_hidden=w.shared * w.moe_ffn, head_dim=d, **mla)
     if w.moe and w.dense_layers:
         model_flops = model_flops + fl.megatron_model_flops(
             batch, s, w.dense_layers, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn,
-            vocab=0.0, gated=w.gated, head_dim=d) - fl.megatron_model_flops(
+            vocab=0.0, gated=w.gated, head_dim=d, **mla) - fl.megatron_model_flops(
             batch, s, w.dense_layers, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.moe_ffn,
             vocab=0.0, gated=w.gated, experts_per_token=w.top_k,
-            shared_ffn_hidden=w.shared * w.moe_ffn, head_dim=d)
+            shared_ffn_hidden=w.shared * w.moe_ffn, head_dim=d, **mla)
     return model_flops
 
 

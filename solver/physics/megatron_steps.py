@@ -340,12 +340,23 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
     kv_t = np.maximum(w.kv_heads / (tp * 1.0), 1.0)
     ffn_t = w.ffn / tp
     norm_split = np.where(sp.sp, tp, 1)  # SP splits norms, dropout and residuals by TP [2]
-    t_qkv = g(fl.qkv_flops(tokens, h, heads=heads_t, kv_heads=kv_t, head_dim=d), k=h)
+    if w.mla:
+        # Multi-head latent attention [33]: the down projections run whole on each TP rank's
+        # tokens (its SP slice; every token without SP), the up projections split the heads.
+        down_tok = tokens / norm_split
+        t_qkv = (g(2.0 * down_tok * h * w.q_lora, k=h)
+                 + g(2.0 * tokens * w.q_lora * heads_t * w.qk_dim, k=w.q_lora)
+                 if w.q_lora else g(2.0 * tokens * h * heads_t * w.qk_dim, k=h))
+        t_qkv = t_qkv + (g(2.0 * down_tok * h * (w.kv_lora + w.rope), k=h)
+                         + g(2.0 * tokens * w.kv_lora * heads_t * (w.qk_dim - w.rope + d), k=w.kv_lora))
+    else:
+        t_qkv = g(fl.qkv_flops(tokens, h, heads=heads_t, kv_heads=kv_t, head_dim=d), k=h)
     t_proj = g(fl.attention_output_flops(tokens, h, heads=heads_t, head_dim=d), k=heads_t * d)
     flash = k["flash_attention"]
     # Attention core: a fused causal kernel skips masked blocks [5] at its own efficiency;
-    # an unfused softmax computes the whole s x s and streams it through HBM.
-    core_flops = fl.attention_core_flops(mbs, s_local, s, heads=heads_t, head_dim=d,
+    # an unfused softmax computes the whole s x s and streams it through HBM. (MLA's
+    # QK^T at its key width and PV at its value width: their mean, ``core_dim``.)
+    core_flops = fl.attention_core_flops(mbs, s_local, s, heads=heads_t, head_dim=w.core_dim,
                                          causal_fraction=np.where(flash, 0.5, 1.0))
     scores = mbs * heads_t * s_local * s
     t_core_f = np.where(
@@ -421,13 +432,15 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
                 + net.all_gather_time(ly.act_bytes / 2.0, tp, bus_bandwidth=tp_bw, latency=tp_lat))
     t_ar = np.where(np.asarray(hw.low_bits) & sp.sp, t_rs_ag8, t_ar) + call_lat * (tp > 1)
     mlp_pairs = (1.0 - ly.moe_share) + ly.moe_share * (1.0 if w.shared else 0.0) if w.moe else 1.0
-    tp_calls = (1.0 + mlp_pairs) * (2.0 + (rc == 2))
+    # (A multi-head latent attention's pair moves its latents where the others move h on
+    # one of its two collectives: ``attn_pair`` of a pair's bytes [33].)
+    tp_calls = (w.attn_pair + mlp_pairs) * (2.0 + (rc == 2))
     tp_total = tp_calls * t_ar
     tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp, c["overlap_efficiency"], 0.0)
     tp_layer = tp_total * (1.0 - tp_hidden)
     # CP: cp-1 ring steps of the local K and V, forward; K, V and their gradients backward
     # (3x in all), hidden behind the attention core [4].
-    kv_bytes = 2.0 * 2.0 * ly.tokens * ly.kv_t * ly.d
+    kv_bytes = 2.0 * 2.0 * ly.tokens * ly.kv_t * w.core_dim
     cp_bw, cp_lat = hw.link(hw.within(tp * cp, sp.n_acc))
     cp_step = net.p2p_time(kv_bytes, bandwidth=cp_bw, latency=cp_lat) + call_lat
     cp_f = (cp - 1) * cp_step

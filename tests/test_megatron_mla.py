@@ -1,0 +1,141 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) in the megatron physics: shapes, FLOPs, TP
+traffic and activations against closed forms written out here from the papers' configs."""
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+
+from solver import catalog, flops as fl, megatron_memory as mem
+from solver.physics import megatron as M
+from solver.specs import MLA_KEYS
+
+DSV3 = catalog.workload("DeepSeek_V3_MC")
+#: DeepSeek-V3 as the catalog had it before MLA was modelled: multi-head attention, heads 128 wide.
+DSV3_MHA = dataclasses.replace(DSV3, head_dim=128, **{key: None for key in MLA_KEYS})
+
+
+def _mla_attention_params(h, heads, q_lora, kv_lora, nope, rope, v):
+    """One MLA layer's attention weights, module by module (DeepSeek-V2 Sec. 2.1)."""
+    q = (h * q_lora + q_lora + q_lora * heads * (nope + rope)) if q_lora else h * heads * (nope + rope)
+    kv = h * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v)
+    return q + kv + heads * v * h
+
+
+def _total_params(h, layers, dense_layers, ffn, moe_ffn, experts, shared, vocab, attention):
+    dense = attention + 3 * h * ffn + 2 * h
+    moe = attention + 2 * h + h * experts + (experts + shared) * 3 * h * moe_ffn
+    return dense_layers * dense + (layers - dense_layers) * moe + 2 * vocab * h
+
+
+def test_deepseek_v3_has_its_published_parameter_count():
+    """The config's shape gives DeepSeek-V3's 671B (its paper's count, without the MTP module)."""
+    shape = M._Shape(DSV3)
+    attention = _mla_attention_params(7168, 128, 1536, 512, 128, 64, 128)
+    assert attention == 187_107_328
+    assert shape.attn_params == attention
+    total = _total_params(7168, 61, 3, 18432, 2048, 256, 1, 129280, attention)
+    stage = (shape.dense_layer_params * shape.dense_layers
+             + (shape.moe_layer_nonexpert + shape.expert_params * shape.experts) * shape.moe_layers
+             + 2 * shape.embedding_params)
+    assert stage == total
+    assert abs(total / 671e9 - 1) < 1e-4  # 671.03e9
+    # the approximation it replaces counted 2.5x the attention weights
+    assert M._Shape(DSV3_MHA).attn_params / attention == pytest.approx(2.51, abs=0.01)
+
+
+def test_deepseek_v2_lite_without_q_lora_has_its_parameter_count():
+    """Queries projected directly (no q_lora_rank): DeepSeek-V2-Lite's 15.7B."""
+    from tests.test_fused_megatron import V2_LITE
+    shape = M._Shape(V2_LITE)
+    attention = _mla_attention_params(2048, 16, 0, 512, 128, 64, 128)
+    assert shape.attn_params == attention
+    total = _total_params(2048, 27, 1, 10944, 1408, 64, 2, 102400, attention)
+    assert abs(total / 15.7e9 - 1) < 0.01
+
+
+def test_mla_model_flops_are_six_per_weight_and_the_core_at_its_widths():
+    B, s, layers, h, heads = 8.0, 4096.0, 61.0, 7168.0, 128.0
+    P = _mla_attention_params(7168, 128, 1536, 512, 128, 64, 128)
+    got = fl.megatron_model_flops(B, s, layers, h, heads=heads, kv_heads=heads, ffn_hidden=0.0,
+                                  vocab=0.0, attention_params=P, core_head_dim=(192 + 128) / 2)
+    # forward + backward: 6 FLOPs per weight and token; QK^T (192 wide) and PV (128 wide), 2
+    # FLOPs per MAC each, times 3
+    expected = 6 * B * s * layers * P + 3 * 2 * B * s * s * layers * heads * (192 + 128)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_mla_tp_pair_moves_its_latents_where_gqa_moves_h(engine, recompute):
+    """Per layer, one of the attention's two collectives carries (q_lora + kv_lora + rope)
+    elements a token instead of h; the MLP's pair (dense or shared experts) is unchanged."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    h = 7168
+    attn_pair = (h + 1536 + 512 + 64) / (2 * h)
+    assert M._Shape(DSV3).attn_pair == attn_pair
+    fleet = catalog.fleet("GB200_NVL72_8_MC")
+    kw = dict(batch_size=1152, seq_len=4096, tp_size=[8, 4], pp_size=9, ep_size=8,
+              micro_batch_size=1, sequence_parallel=True, recompute=recompute, engine=engine)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mla, mha = M.solve(DSV3, fleet, **kw), M.solve(DSV3_MHA, fleet, **kw)
+    ratio = mla["tp_communication_latency"] / mha["tp_communication_latency"]
+    # every DeepSeek-V3 layer has an MLP pair: dense MLP or shared expert
+    np.testing.assert_allclose(ratio, (attn_pair + 1.0) / 2.0, rtol=1e-12)
+
+
+def test_mla_activations_keep_q_k_v_and_context_at_their_widths():
+    shape = M._Shape(DSV3)
+    b, s, h, t = 1.0, 4096.0, 7168.0, 8.0
+    common = dict(heads=128, kv_heads=128, ffn_hidden=18432, gated=True, tp_size=t,
+                  recompute_code=0, flash_attention=True)
+    for sp in (False, True):
+        with_mla = mem.layer_activation_bytes(
+            b, s, h, sequence_parallel=sp, attention_bytes=shape.attn_act,
+            latent_bytes=shape.latent_act, context_ratio=shape.context_ratio, **common)
+        without = mem.layer_activation_bytes(b, s, h, sequence_parallel=sp, attention_bytes=0.0,
+                                             **common)
+        # Q and K 192 wide, V and the context 128, per head, 2 bytes, split by TP with the
+        # heads; the q and kv latents before and after their norms and the positional key,
+        # 2 bytes, split by TP only under SP
+        split = 2 * 128 * (192 + 192 + 128 + 128) / t
+        latents = 2 * (2 * 1536 + 2 * 512 + 64) / (t if sp else 1.0)
+        assert float(with_mla - without) == pytest.approx(b * s * (split + latents), rel=1e-12)
+
+
+def test_mla_prices_less_attention_work_than_the_multi_head_approximation():
+    """At TP 1 with no communication to speak of, the MLA layer's compute is below the
+    multi-head approximation's (2.5x the attention weights) and its MFU counts fewer FLOPs."""
+    fleet = catalog.fleet("HGX_H100_1K_MC")
+    kw = dict(batch_size=1024, seq_len=4096, tp_size=1, pp_size=16, ep_size=64,
+              micro_batch_size=1, recompute="full", engine="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mla, mha = M.solve(DSV3, fleet, **kw), M.solve(DSV3_MHA, fleet, **kw)
+    assert mla["valid"] and mha["valid"]
+    assert float(mla["compute_latency"]) < 0.9 * float(mha["compute_latency"])
+    assert float(mla["memory_weights"]) < float(mha["memory_weights"])
+    # the model FLOPs differ by the attention weights' 6 per token and the core's widths
+    B, s, layers, n = 1024, 4096, 61, 1024
+    p_mha = 7168 * 128 * (128 + 2 * 128) + 128 * 128 * 7168
+    p_mla = _mla_attention_params(7168, 128, 1536, 512, 128, 64, 128)
+    diff = 6 * B * s * layers * (p_mha - p_mla) + 12 * B * s * s * layers * 128 * (128 - 160)
+    step = {name: float(o["model_flops_per_accelerator"]) * float(o["step_latency_total"]) * n
+            for name, o in (("mha", mha), ("mla", mla))}  # the output is a rate
+    got = step["mha"] - step["mla"]
+    assert got == pytest.approx(diff, rel=1e-9)
+
+
+@pytest.mark.parametrize("change, key", [
+    (dict(v_head_dim=None), "v_head_dim"),
+    (dict(qk_rope_head_dim=0), "qk_rope_head_dim"),
+    (dict(head_dim=128), "head_dim"),
+    (dict(kv_heads=8), "kv_heads"),
+    (dict(q_lora_rank=0), "q_lora_rank"),
+])
+def test_mla_keys_are_checked(change, key):
+    with pytest.raises(ValueError, match=key):
+        dataclasses.replace(DSV3, **change)
