@@ -30,17 +30,26 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_CHILD = """
-import json, sys
+#: Each revision reads its own configs/ (the data package ``layout_sweep_configs``, which an
+#: editable install maps onto the working tree's configs/ whatever sys.path says).
+_PRELUDE = """
+import importlib.util, json, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/benchmarks")
+_spec = importlib.util.spec_from_file_location(
+    "layout_sweep_configs", {root!r} + "/configs/__init__.py",
+    submodule_search_locations=[{root!r} + "/configs"])
+_configs = importlib.util.module_from_spec(_spec)
+sys.modules["layout_sweep_configs"] = _configs
+_spec.loader.exec_module(_configs)
+"""
+
+_CHILD = _PRELUDE + """
 import bench_sweep
 r = bench_sweep.bench_throughput([1], {repeat}, False)
 print(json.dumps({{"run": r["run"]["1"]["configs_per_s"], "solve": r["solver_only_configs_per_s"]}}))
 """
 
-_CHILD_MEGATRON = """
-import json, sys
-sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/benchmarks")
+_CHILD_MEGATRON = _PRELUDE + """
 from bench_fused import best, megatron_draw
 from solver import catalog
 from solver.physics import megatron
