@@ -60,6 +60,31 @@ def test_a_shape_and_tokens_per_second_are_read(tmp_path):
     assert run.workload.parameters - tied.workload.parameters == 128256 * 4096
 
 
+def test_moe_and_latent_attention_shapes_are_read_and_counted(tmp_path):
+    """An MoE shape is an MoE workload, its total and active parameters counted from the
+    shape: Mixtral 8x7B's published 46.7B / 12.9B, DeepSeek-V2-Lite's (multi-head latent
+    attention, queries projected directly) 15.7B."""
+    cols = ("layers,hidden_dim,heads,kv_heads,ffn_hidden_dim,vocab_size,gated_mlp,tied_embeddings,"
+            "experts,active_experts_per_token,moe_ffn_hidden_dim,shared_experts,dense_layers,"
+            "kv_lora_rank,qk_nope_head_dim,qk_rope_head_dim,v_head_dim,node,num_gpus,ep_size,"
+            "batch_size,seq_len,tokens_per_s_per_gpu")
+    path = _write(tmp_path, [
+        cols,
+        "32,4096,32,8,14336,32000,yes,no,8,2,14336,,,,,,,DGX_H100_MC,64,8,256,4096,3000",
+        "27,2048,16,,10944,102400,yes,no,64,6,1408,2,1,512,128,64,128,DGX_H100_MC,64,8,256,4096,9000"])
+    mixtral, lite = read_measurements(path).runs
+    assert mixtral.workload.kind == "moe" and lite.workload.kind == "moe"
+    assert mixtral.workload.parameters == pytest.approx(46.7e9, rel=0.002)
+    assert mixtral.workload.active_parameters == pytest.approx(12.9e9, rel=0.005)
+    assert lite.workload.kv_lora_rank == 512 and lite.workload.q_lora_rank is None
+    assert lite.workload.parameters == pytest.approx(15.7e9, rel=0.002)
+    bad = _write(tmp_path, [cols, "27,2048,16,,10944,102400,yes,no,64,6,1408,2,1,512,128,64,,"
+                                  "DGX_H100_MC,64,8,256,4096,9000"], name="bad.csv")
+    with pytest.raises(MeasurementError, match=r"bad.csv line 2: expected a shape a model can "
+                                               r"have.*v_head_dim must be a whole number >= 1"):
+        read_measurements(bad)
+
+
 @pytest.mark.parametrize("line, message", [
     ("d,Llama3_8B_MC,EOS_H100_MC,128,4096,x,1,16,2.0",
      "runs.csv line 5, column tp_size: expected a whole number >= 1, but got 'x'"),

@@ -20,6 +20,11 @@ sweep catalog workloads``), or its shape:
 ``parameters``             total parameters (default: counted from the shape)
 ``experts``, ``active_experts_per_token``, ``moe_ffn_hidden_dim``, ``shared_experts``,
 ``dense_layers``           MoE shape (optional)
+``kv_lora_rank``,          multi-head latent attention (DeepSeek-V2/V3's ``config.json``
+``q_lora_rank``,           keys; optional, ``q_lora_rank`` too where queries are
+``qk_nope_head_dim``,      projected down)
+``qk_rope_head_dim``,
+``v_head_dim``
 =========================  ==============================================================
 
 The hardware: ``fleet``, a catalog fleet name (``EOS_H100_MC``), or ``node`` (a
@@ -67,7 +72,7 @@ import numpy as np
 from solver import catalog
 from solver.catalog import CatalogError
 from solver.physics import megatron
-from solver.specs import Fleet, Workload
+from solver.specs import MLA_KEYS, Fleet, Workload
 
 __all__ = ["MeasurementError", "Run", "Measurements", "read_measurements", "COLUMNS",
            "MEASURED", "DEFAULT_FABRIC"]
@@ -79,7 +84,7 @@ MEASURED = ("step_time_s", "tokens_per_s_per_gpu")
 
 _SHAPE_INT = ("layers", "hidden_dim", "heads", "kv_heads", "ffn_hidden_dim", "vocab_size",
               "head_dim", "experts", "active_experts_per_token", "moe_ffn_hidden_dim",
-              "shared_experts", "dense_layers")
+              "shared_experts", "dense_layers", *MLA_KEYS)
 _SHAPE = _SHAPE_INT + ("gated_mlp", "tied_embeddings", "parameters")
 _HARDWARE = ("fleet", "node", "fabric", "num_gpus")
 #: Every column the format knows (name -> what it holds).
@@ -232,10 +237,15 @@ def _catalog(where, column, text, getter):
 
 # ------------------------------------------------------------------ rows
 
-def _shape_params(l, h, heads, kv, ffn, vocab, gated, head_dim, tied=False):
-    """Parameters of a dense transformer counted from its shape [1] (one embedding matrix if tied)."""
-    attn = h * head_dim * (heads + 2 * kv) + heads * head_dim * h
-    return l * (attn + (3 if gated else 2) * h * ffn + 2 * h) + (1 if tied else 2) * vocab * h
+def _shape_params(shape):
+    """(total, active) parameters counted from a ``megatron._Shape`` [1]: its layers, dense and
+    MoE (every expert, and the top-k and shared ones a token meets), and one embedding matrix
+    if tied, two if not."""
+    dense = shape.dense_layer_params * shape.dense_layers
+    embedding = shape.single_stage_embedding
+    total = dense + (shape.moe_layer_nonexpert + shape.expert_params * shape.experts) * shape.moe_layers
+    active = dense + (shape.moe_layer_nonexpert + shape.expert_params * shape.top_k) * shape.moe_layers
+    return float(total + embedding), float(active + embedding)
 
 
 def _workload(where, row):
@@ -258,14 +268,21 @@ def _workload(where, row):
     gated = _boolean(where, "gated_mlp", shape["gated_mlp"]) if "gated_mlp" in shape else False
     tied = (_boolean(where, "tied_embeddings", shape["tied_embeddings"])
             if "tied_embeddings" in shape else True)
-    l, h, heads = ints["layers"], ints["hidden_dim"], ints["heads"]
-    kv, ffn = ints.get("kv_heads", heads), ints.get("ffn_hidden_dim", 4 * h)
-    vocab, head_dim = ints.get("vocab_size", megatron.DEFAULT_VOCAB), ints.get("head_dim", h / heads)
+    l, h = ints["layers"], ints["hidden_dim"]
+    name = row.get("run_id") or f"h{h} l{l}"
+    fields = dict(ints, gated_mlp=gated, tied_embeddings=tied)
+    try:  # the shape as the megatron physics reads it, counted (kind and size stated below)
+        counted = megatron._Shape(Workload(name=name, kind="transformer", parameters=1.0, **fields))
+    except ValueError as error:  # a shape no one could build: the spec's message names the key
+        key = next((k for k in shape if repr(k) in str(error) or f" {k} " in str(error)), None)
+        where.fail(key, "a shape a model can have", shape.get(key, ""), hint=f" ({error})")
+    total, active = _shape_params(counted)
     params = (_positive(where, "parameters", shape["parameters"]) if "parameters" in shape
-              else _shape_params(l, h, heads, kv, ffn, vocab, gated, head_dim, tied))
-    fields = dict(ints, gated_mlp=gated, tied_embeddings=tied, parameters=float(params))
-    kind = "moe" if ints.get("experts", 1) > 1 else "transformer"
-    workload = Workload(name=row.get("run_id") or f"h{h} l{l}", kind=kind,
+              else total)
+    fields["parameters"] = float(params)
+    moe = counted.moe
+    workload = Workload(name=name, kind="moe" if moe else "transformer",
+                        active_parameters=min(active, params) if moe else None,
                         inference_flops=2.0 * params, **fields)
     return workload, ("shape",) + tuple(sorted((k, v) for k, v in fields.items()))
 
