@@ -55,3 +55,19 @@ def test_top_k_without_experts_is_refused():
 def test_every_catalog_workload_is_consistent():
     for name in solver.catalog.names("workloads"):
         solver.catalog.workload(name)  # raises if not
+
+
+@pytest.mark.parametrize("name", sorted(n for n in solver.catalog.names("workloads") if n.endswith("_MC")))
+def test_megatron_catalog_shapes_count_their_published_parameters(name):
+    """Each workload's shape, as the megatron physics reads it, counts the parameters its
+    source publishes (within 0.2 %; active ones within 2 % where it states them): a shape
+    typo or an attention priced as another kind would show here (DeepSeek-V3 with its
+    multi-head latent attention read as 128-wide multi-head attention counted 2.6 % more)."""
+    from solver.physics.megatron import _Shape
+    from sweep.calibration.measurements import _shape_params
+
+    workload = solver.catalog.workload(name)
+    total, active = _shape_params(_Shape(workload))
+    assert total == pytest.approx(workload.parameters, rel=2e-3)
+    if workload.active_parameters:
+        assert active == pytest.approx(workload.active_parameters, rel=2e-2)
