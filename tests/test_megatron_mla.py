@@ -139,3 +139,42 @@ def test_mla_prices_less_attention_work_than_the_multi_head_approximation():
 def test_mla_keys_are_checked(change, key):
     with pytest.raises(ValueError, match=key):
         dataclasses.replace(DSV3, **change)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_a_pipelined_deepseek_v3_is_paced_by_a_stage_of_moe_layers_only(engine):
+    """Megatron-Core gives stages consecutive layers: DeepSeek-V3's 3 dense layers sit on the
+    first stage, and a stage of MoE layers only paces the pipeline and holds the most expert
+    weights. Pipelined, it is priced as the same model with no dense layers (but for the
+    model FLOPs); without a pipeline the one stage holds the model's mix."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    all_moe = dataclasses.replace(DSV3, dense_layers=0)
+    fleet = catalog.fleet("GB200_NVL72_8_MC")
+    kw = dict(batch_size=1152, seq_len=4096, tp_size=[1, 2, 4], pp_size=[[1], [2], [4], [8]],
+              ep_size=8, micro_batch_size=1, sequence_parallel=True, recompute="full",
+              dp_size=16, engine=engine)
+    if engine == "fused":  # flat knobs
+        grid = np.broadcast_arrays(np.array(kw["tp_size"]), np.array(kw["pp_size"]))
+        kw["tp_size"], kw["pp_size"] = grid[0].ravel(), grid[1].ravel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mixed, moe = M.solve(DSV3, fleet, **kw), M.solve(all_moe, fleet, **kw)
+    pp = np.broadcast_to(np.asarray(kw["pp_size"]), mixed["valid"].shape)
+    assert mixed["valid"].all()
+    for name in ("step_latency_total", "memory_footprint", "memory_weights", "ep_communication_latency",
+                 "dp_communication_latency"):
+        np.testing.assert_array_equal(mixed[name][pp > 1], moe[name][pp > 1], err_msg=name)
+        # (the gradient reduction hides behind the backward without a pipeline: 0 in both)
+        assert (mixed[name][pp == 1] < moe[name][pp == 1]).all() or name.startswith("dp"), name
+
+
+def test_dense_layers_filling_the_stages_leave_the_heaviest_stage_mixed():
+    """Where the leading dense layers fill every stage but part of the last, no stage is all
+    MoE: the heaviest stage is priced at the model's mix (6 dense of 8 layers on 2 stages)."""
+    from solver.physics.megatron_steps import heaviest_moe_share, heavy_moe_stage
+    shape = M._Shape(dataclasses.replace(DSV3, layers=8, dense_layers=6))
+    assert not heavy_moe_stage(shape, np.array(2)) and heavy_moe_stage(shape, np.array(4))
+    np.testing.assert_array_equal(heaviest_moe_share(shape, np.array([1, 2, 4, 8])),
+                                  [2 / 8, 2 / 8, 1.0, 1.0])
+    assert heaviest_moe_share(M._Shape(DSV3), 1) == 58 / 61

@@ -140,11 +140,19 @@ def _gemm_flops(w, s, tp, cp, ep, mbs, flash, sp):
 
 
 @njit(**_INLINE)
+def _heavy(w, pp):
+    """megatron_steps.heavy_moe_stage: the heaviest stage holds MoE layers only."""
+    return (w[6] != 0.0 and w[21] != 0.0 and pp > 1.0
+            and w[0] - w[21] >= np.ceil(w[0] / (pp * 1.0)))
+
+
+@njit(**_INLINE)
 def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau, plateau16,
-                 lg):
-    """megatron_steps.layer_times (``lg``: the logs of the GEMMs' ideal durations, by G_* row)."""
+                 lg, moe_share):
+    """megatron_steps.layer_times (``lg``: the logs of the GEMMs' ideal durations, by G_* row;
+    ``moe_share``: megatron_steps.heaviest_moe_share)."""
     h, d, moe, gated = w[1], w[4], w[6], w[7]
-    top_k, moe_ffn, shared, moe_share = w[9], w[10], w[11], w[12]
+    top_k, moe_ffn, shared = w[9], w[10], w[11]
     hbm, flash_eff = f[4], f[5]
     log_shift, k_overhead, attn_eff, elem_bytes = c[2], c[3], c[4], c[5]
     s_local, tokens, heads_t, kv_t, ffn_t = _local(w, s, tp, cp, mbs)
@@ -204,9 +212,9 @@ def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, 
 
 @njit(**_INLINE)
 def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
-                   t_core_f, t_core_b, low_bits, whole):
+                   t_core_f, t_core_b, low_bits, whole, moe_share):
     """megatron_steps.communication (``whole``: the job fits in one NVLink domain)."""
-    d, moe, top_k, shared, moe_share = w[4], w[6], w[9], w[11], w[12]
+    d, moe, top_k, shared = w[4], w[6], w[9], w[11]
     domain, up_bw0, out_bw0, up_lat, out_lat = f[6], f[7], f[8], f[9], f[10]
     up_bw, out_bw = up_bw0 * c[7], out_bw0 * c[8]
     call_lat, overlap_eff = c[11], c[9]
@@ -323,7 +331,9 @@ def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, la
                    window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q):
     """megatron_compose.data_parallel (with _stage_params; ``q``: the domain over tp x group,
     the stages per domain :func:`_pipeline` has)."""
-    moe, dense_scale, expert_scale, emb = w[6], w[14], w[15], w[16]
+    moe, emb = w[6], w[16]
+    heavy_stage = _heavy(w, pp)
+    dense_scale, expert_scale = (w[35], w[36]) if heavy_stage else (w[14], w[15])
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
     eta = c[9]
     # _stage_params
@@ -426,7 +436,8 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
             layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes,
             p2p_split, prec):
     """megatron_compose.memory."""
-    h, heads, moe, top_k, moe_share, vocab, emb = w[1], w[2], w[6], w[9], w[12], w[13], w[16]
+    h, heads, moe, top_k, vocab, emb = w[1], w[2], w[6], w[9], w[13], w[16]
+    moe_share = 1.0 if _heavy(w, pp) else w[12]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
     weights, grads, optim, copy = _model_state(
         dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0), group, zero, grad_bytes)

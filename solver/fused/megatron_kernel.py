@@ -62,7 +62,7 @@ from .megatron_primitives import _INLINE as _INLINE_STEP
 from .megatron_primitives import COMPILED_CONSTANTS, _ideal
 from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_KVDOWN, G_KVUP, G_MOE1, G_MOE2,
                                    G_PROJ, G_QKV, G_QUP, G_ROUTER, G_SH1, G_SH2, N_GEMMS, _communication,
-                                   _data_parallel, _gemm_flops, _hardware, _head, _layer_times,
+                                   _data_parallel, _gemm_flops, _hardware, _head, _heavy, _layer_times,
                                    _low_bits, _memory, _model_flops, _p2p_split, _p2p_steady_sends,
                                    _pipeline, _split)
 
@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "c4166440a9803728"
+SOURCES_DIGEST = "2e95ee7f38180b1a"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -158,16 +158,17 @@ def _whole(f, has_dp, tp, pp, cp, dp):
 
 
 @njit(**_INLINE_STEP)
-def _memo_key(s, mbs, tp, cp, ep, sp, rc, flash, prec, tco, whole):
+def _memo_key(s, mbs, tp, cp, ep, sp, rc, flash, prec, tco, whole, heavy):
     """Two words that pack the knobs steps 3-4 and the LM head depend on, exactly
     (each field within its width), and whether they fit (else: no memo for this one).
-    ``whole``: the job fits in one NVLink domain (:func:`_whole`)."""
+    ``whole``: the job fits in one NVLink domain (:func:`_whole`); ``heavy``: the heaviest
+    stage holds MoE layers only (megatron_fused_steps._heavy)."""
     fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 31 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
             and 0 <= ep < 1 << 16 and 0 <= rc < 4 and 0 <= prec < 4)
     k1 = np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) if fits else _NO_SLOT
     flags = np.uint64(sp) | (np.uint64(rc) << np.uint64(1)) | (np.uint64(flash) << np.uint64(3)) \
         | (np.uint64(prec) << np.uint64(4)) | (np.uint64(tco) << np.uint64(6)) \
-        | (np.uint64(whole) << np.uint64(7))
+        | (np.uint64(whole) << np.uint64(7)) | (np.uint64(heavy) << np.uint64(8))
     k2 = (np.uint64(tp) | (np.uint64(cp) << np.uint64(16)) | (np.uint64(ep) << np.uint64(32))
           | (flags << np.uint64(48))) if fits else _NO_SLOT
     return fits, k1, k2
@@ -340,16 +341,17 @@ def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v
 
 
 @njit(**_INLINE_STEP)
-def _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, lgs, r):
+def _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, heavy, lgs, r):
     """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), into the row ``r``."""
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
+    moe_share = 1.0 if heavy else w[12]
     s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
         _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
-                     plateau16, lgs)
+                     plateau16, lgs, moe_share)
     (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
      ep_layer_f, ep_layer_b) = _communication(
         w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b,
-        _low_bits(prec), whole)
+        _low_bits(prec), whole, moe_share)
     t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
     r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total
@@ -427,8 +429,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             sp = spk_a[i] and tp > 1.0  # as _split has it
             rc, prec = choice_code(rc_a, i, rc_keys), choice_code(prec_a, i, prec_keys)
             whole = _whole(f, has_dp, tp, float(pp_a[i]), float(cp_a[i]), float(dp_a[i]))
+            heavy = _heavy(w, float(pp_a[i]))
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc,
-                                     flash_a[i], prec, tco_a[i], whole)
+                                     flash_a[i], prec, tco_a[i], whole, heavy)
             # mode 0's probe, written out again: as a helper function the scalar pass ran
             # about 2x slower (an earlier session's A/B, unsaved)
             row = -1
@@ -488,13 +491,14 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                     tco, flash = tco_a[i], flash_a[i]
                     sp = spk_a[i] and tp > 1.0  # as _split has it
                     whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
+                    heavy = _heavy(w, float(pp_a[i]))
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
                            ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
                            ext[10, col], ext[11, col], ext[12, col], ext[13, col])
                     row = plan[1, col]
                     row = MEMO_KEYS + (i - b0) if row < 0 else row
-                    _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, lgs,
-                              values[row])
+                    _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, heavy,
+                              lgs, values[row])
                 rows[i - b0] = row
             _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
                           v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
@@ -514,8 +518,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             spk, tco, flash = spk_a[i], tco_a[i], flash_a[i]
             sp = spk and tp > 1.0  # as _split has it
             whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
+            heavy = _heavy(w, float(pp_a[i]))
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc, flash, prec,
-                                     tco, whole)
+                                     tco, whole, heavy)
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
@@ -531,7 +536,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                     kept += 1
                 else:
                     row = MEMO_KEYS + (i - b0)
-                _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole,
+                _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, heavy,
                           _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec, sp), values[row])
             rows[i - b0] = row
             out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
@@ -574,7 +579,9 @@ def workload_scalars(w):
         float(w.ffn) / float(w.hidden), float(mlp_moe_width) / float(w.hidden),
         # multi-head latent attention (megatron._Shape; zeros and GQA's values otherwise)
         1.0 if w.mla else 0.0, w.q_lora, w.kv_lora, w.rope, w.qk_dim, w.core_dim, w.attn_pair,
-        w.latent_act, w.context_ratio, w.attn_params))
+        w.latent_act, w.context_ratio, w.attn_params,
+        # megatron_compose._stage_params on a stage of MoE layers only (heavy_moe_stage)
+        float(w.moe_layer_nonexpert), float(w.expert_params * w.experts)))
 
 
 def fleet_scalars(fleet, total_accelerators=None, constants=None):

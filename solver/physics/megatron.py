@@ -9,8 +9,10 @@ named steps, like pvlib's ModelChain:
    does [6]); microbatches ``m = batch / (dp * micro_batch)``. Without
    interleaving, stages may be uneven [13] (126 layers on 16 stages, as Llama 3
    405B trained [14]): any ``pp_size`` up to the layer count is realizable and the
-   heaviest stage, ``ceil(layers / pp_size)`` layers, is priced; interleaved
-   schedules need ``layers`` divisible by ``pp_size * v_stages``.
+   heaviest stage, ``ceil(layers / pp_size)`` layers, is priced (MoE layers only where
+   a model's leading dense layers leave a stage of them:
+   ``megatron_steps.heavy_moe_stage``); interleaved schedules need ``layers``
+   divisible by ``pp_size * v_stages``.
 2. **layer**: GEMM by GEMM FLOPs (:mod:`solver.flops`) timed on the accelerator's
    efficiency curve (:mod:`solver.gemm`: size curve times the depth term
    ``K / (K + K0)`` of each GEMM's local reduction dimension after the TP split),

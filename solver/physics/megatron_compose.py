@@ -15,7 +15,7 @@ from .. import gemm
 from .. import megatron_memory as mem
 from .. import network as net
 from .megatron_steps import (OPTIMIZER_BYTES_TOUCHED, Communication, Hardware, Layer, Pipeline,
-                             Split, _exposed)
+                             Split, _exposed, heavy_moe_stage)
 
 
 # ---------------------------------------------------------- 6. data parallel
@@ -35,11 +35,17 @@ class DataParallel:
 def _stage_params(w, sp: Split, layers_stage):
     """(dense, expert, heavy) parameters per rank of the heaviest stage (heavy: + LM head on the last)."""
     tp, pp = sp.tp, sp.pp
-    dense_stage_params = (w.dense_layer_params * w.dense_layers / w.layers
-                          + w.moe_layer_nonexpert * w.moe_layers / w.layers) * layers_stage / tp \
+    # per layer: the model's mix, or MoE layers only on a stage of them (heavy_moe_stage)
+    dense_scale = (w.dense_layer_params * w.dense_layers / w.layers
+                   + w.moe_layer_nonexpert * w.moe_layers / w.layers)
+    expert_scale = w.expert_params * w.experts * w.moe_layers / w.layers
+    heavy = heavy_moe_stage(w, pp)
+    if heavy is not False:
+        dense_scale = np.where(heavy, float(w.moe_layer_nonexpert), dense_scale)
+        expert_scale = np.where(heavy, float(w.expert_params * w.experts), expert_scale)
+    dense_stage_params = dense_scale * layers_stage / tp \
         + w.single_stage_embedding / tp * (pp == 1)
-    expert_stage_params = (w.expert_params * w.experts * w.moe_layers / w.layers) * layers_stage \
-        / (tp * sp.ep * 1.0) if w.moe else 0.0
+    expert_stage_params = expert_scale * layers_stage / (tp * sp.ep * 1.0) if w.moe else 0.0
     heavy_params = dense_stage_params + w.embedding_params / tp * (pp > 1)  # + LM head on last
     return dense_stage_params, expert_stage_params, heavy_params
 

@@ -321,6 +321,30 @@ class Layer:
     layer_b: object
 
 
+def heavy_moe_stage(w, pp):
+    """Where the heaviest pipeline stage is all MoE layers (a model with leading dense layers).
+
+    Megatron-Core gives each stage consecutive layers [13], so the leading dense layers sit
+    on the first stage(s) and, once the MoE layers fill a stage (``ceil(layers / pp)`` of
+    them), some stage holds MoE layers only: it paces the pipeline (an MoE layer does the
+    dense one's attention, its experts' work and the token exchanges) and holds the most
+    expert weights. Without a pipeline the one stage holds the model's mix.
+    """
+    if not (w.moe and w.dense_layers):
+        return False
+    return (np.asarray(pp) > 1) & (w.moe_layers >= np.ceil(w.layers / (pp * 1.0)))
+
+
+def heaviest_moe_share(w, pp):
+    """The MoE layers' share of the heaviest stage's layers (see :func:`heavy_moe_stage`);
+    the model's own share where no stage is all MoE (the dense layers fill all stages but
+    one, or more: a mix there, priced at the model's)."""
+    share = w.moe_layers / w.layers
+    if not (w.moe and w.dense_layers):
+        return share
+    return np.where(heavy_moe_stage(w, pp), 1.0, share)
+
+
 def _mlp_time(w, hw: Hardware, tok, width, calls=1.0):
     h = float(w.hidden)
     fc1 = 2.0 * tok * h * width * (1.0 + w.gated)
@@ -386,7 +410,7 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
         t_moe_f = attn_gemms_f + t_moe + elementwise
     else:
         t_moe_f = 0.0
-    moe_share = w.moe_layers / w.layers
+    moe_share = heaviest_moe_share(w, sp.pp)
     layer_f = (1 - moe_share) * t_dense_f + moe_share * t_moe_f  # GEMMs + memory-bound + overhead
     # Backward: 2x the forward GEMMs and memory-bound kernels [3]; recompute adds
     # the forward (full) or the attention core (selective) again.
