@@ -120,7 +120,8 @@ def gradient_copy(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_B
 def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn_hidden, gated,
                            tp_size, sequence_parallel, recompute_code, flash_attention,
                            moe_top_k=0.0, moe_ffn_hidden=0.0, low_bits=False,
-                           attention_bytes=None, latent_bytes=0.0, context_ratio=1.0):
+                           attention_bytes=None, latent_bytes=0.0, context_ratio=1.0,
+                           routed_gather=1.0):
     """Bytes one layer stores for the backward pass of one microbatch, on one rank [B].
 
     Parameters
@@ -150,6 +151,10 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
         replicated over TP unless SP splits them (0 for other attention).
     context_ratio : array_like [1]
         The output projection's input width over h (1 with heads ``h/a`` wide).
+    routed_gather : array_like [1]
+        The routed copies an expert rank keeps, over ``moe_top_k`` copies of the layer's
+        tokens: ``etp / tp``, its expert TP group's SP slices gathered (1 where the experts'
+        TP is the layer's).
 
     Returns
     -------
@@ -180,10 +185,10 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     attention = (4.0 + 4.0 * kv_heads / heads if attention_bytes is None else attention_bytes) / t
     mlp = ((4.0 + 2.0 * np.asarray(gated, dtype=np.float64)) * mlp_width / h - fp8_split) / t
     # Routed tokens are permuted copies of the MLP input (2 bytes per element per expert;
-    # 1 under FP8). With TP the dispatcher all-gathers them over the (expert) TP group
-    # before the experts' first GEMM, which keeps its input whole on every TP rank [7]:
-    # not divided by TP, with or without SP.
-    mlp = mlp + np.asarray(moe_top_k) * np.where(low, 1.0, 2.0)
+    # 1 under FP8). With TP the dispatcher all-gathers them over the expert TP group
+    # before the experts' first GEMM, which keeps its input whole on every rank of it [7]:
+    # not divided by TP, with or without SP (etp / tp of the layer's tokens: routed_gather).
+    mlp = mlp + np.asarray(moe_top_k) * routed_gather * np.where(low, 1.0, 2.0)
     # Sec. 4.1 of [1]: 5 a s / h for scores, softmax, dropout mask and output.
     scores = np.where(np.asarray(flash_attention) | (np.asarray(recompute_code) >= 1), 0.0,
                       5.0 * heads * s / (h * t))

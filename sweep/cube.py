@@ -119,6 +119,9 @@ MASKS = {
     "admissible": "valid, within the memory limit and the accelerator bounds, realizable",
 }
 _SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "cp_size", "dp_size")
+#: The knobs validity depends on: the split's, and the expert TP degree (megatron's expert
+#: grid must tile the ranks), which sizes nothing.
+_VALIDITY_DIMS = _SPLIT_DIMS + ("etp_size",)
 _BOOL_OUTPUTS = frozenset(name for name, output in REGISTRY.items() if output.is_boolean)
 
 
@@ -268,8 +271,8 @@ def layout(spec: Spec) -> CubeLayout:
                       attrs=_attrs(spec))
 
 
-def _split_mesh(spec: Spec, dims: tuple) -> dict:
-    """Open mesh over ``dims`` of the split knobs (axis values, else fixed or 1).
+def _split_mesh(spec: Spec, dims: tuple, names: tuple = _SPLIT_DIMS) -> dict:
+    """Open mesh over ``dims`` of the split knobs ``names`` (axis values, else fixed or 1).
 
     With ``physics`` among ``dims``, ``mesh["physics"]`` holds the model names.
     """
@@ -278,7 +281,7 @@ def _split_mesh(spec: Spec, dims: tuple) -> dict:
         shape = [1] * len(dims)
         shape[dims.index("physics")] = len(spec.physics)
         mesh["physics"] = np.array(spec.physics).reshape(shape)
-    for name in _SPLIT_DIMS:
+    for name in names:
         if name in dims:
             values = np.asarray(spec.axis(name).values, dtype=np.int64)
             shape = [1] * len(dims)
@@ -332,11 +335,11 @@ def check_some_valid(spec: Spec) -> None:
     """Raise :class:`SpecError` if no point of the space is a valid split.
 
     Validity depends only on the ``tp_size``, ``pp_size``, ``ep_size``,
-    ``cp_size`` and ``dp_size`` values and the fleet, so this prices that small
-    mesh alone, with each of the spec's physics models.
+    ``cp_size``, ``dp_size`` and ``etp_size`` values and the fleet, so this prices that
+    small mesh alone, with each of the spec's physics models.
     """
-    dims = tuple(d for d in spec.dims if d in _SPLIT_DIMS)
-    mesh = _split_mesh(spec, dims)
+    dims = tuple(d for d in spec.dims if d in _VALIDITY_DIMS)
+    mesh = _split_mesh(spec, dims, _VALIDITY_DIMS)
     for label, fleet in spec.fleets.items():
         workload = next(iter(spec.workloads.values()))
         constants = physics_.calibrated(spec)
@@ -355,6 +358,8 @@ def check_some_valid(spec: Spec) -> None:
     else:
         need = (f"{label} to divide the fleet's accelerators: "
                 + ", ".join(f"{f.total_accelerators} ({k})" for k, f in spec.fleets.items()))
+    if "etp_size" in mesh:
+        need += " (and etp_size * ep_size to divide tp_size * cp_size * dp_size)"
     raise SpecError(f"{spec.source}: no point of the space is a valid split: expected {need}, "
                     f"but the axes give {label} in {{{shown}}}")
 

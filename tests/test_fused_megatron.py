@@ -37,7 +37,7 @@ def _no_shape(w):
                                **{key: None for key in MLA_KEYS})
 
 
-def _draw(rng, n, *, dp_given):
+def _draw(rng, n, *, dp_given, etp_given=False):
     pick = lambda values: rng.choice(values, n)  # noqa: E731
     knobs = dict(
         batch_size=pick([1, 7, 64, 256, 1024, 4096]),
@@ -62,6 +62,8 @@ def _draw(rng, n, *, dp_given):
     )
     if dp_given:
         knobs["dp_size"] = pick([1, 2, 4, 8, 16, 64])
+    if etp_given:
+        knobs["etp_size"] = pick([1, 2, 3, 4, 8, 200])  # 200: past the memo key's 7 bits
     return knobs
 
 
@@ -98,7 +100,7 @@ def test_fused_is_numpy_bitwise(case):
     wl, fl = catalog.workload(wl_name), catalog.fleet(fl_name)
     if case % 5 == 4:
         wl = _no_shape(wl)
-    knobs = _draw(rng, 3000, dp_given=case % 2 == 0)
+    knobs = _draw(rng, 3000, dp_given=case % 2 == 0, etp_given=case % 3 == 1)
     # scalar knobs and scalar constant overrides ride along on some cases
     if case % 3 == 0:
         knobs["seq_len"] = 4096
@@ -128,7 +130,8 @@ V2_LITE = dataclasses.replace(
 @pytest.mark.parametrize("fl_name", ["HGX_H100_1K_MC", "GB200_NVL72_8_MC"])
 def test_fused_is_numpy_bitwise_mla_without_q_lora(fl_name):
     assert M._Shape(V2_LITE).mla and not M._Shape(V2_LITE).q_lora
-    knobs = _draw(np.random.default_rng(1700 + len(fl_name)), 3000, dp_given=fl_name.startswith("G"))
+    knobs = _draw(np.random.default_rng(1700 + len(fl_name)), 3000, dp_given=fl_name.startswith("G"),
+                  etp_given=True)
     fast = M.solve(V2_LITE, catalog.fleet(fl_name), engine="fused", **knobs)
     ref = M.solve(V2_LITE, catalog.fleet(fl_name), engine="numpy", **knobs)
     _assert_same(fast, ref)
@@ -141,7 +144,8 @@ def test_every_branch_is_reached_somewhere():
     seen = {}
     for seed, name in enumerate(("DeepSeek_V3_MC", "Mixtral_8x7B_MC")):
         wl = catalog.workload(name)
-        knobs = _draw(np.random.default_rng(16 + seed), 20000, dp_given=bool(seed))
+        knobs = _draw(np.random.default_rng(16 + seed), 20000, dp_given=bool(seed),
+                      etp_given=not seed)
         fast = M.solve(wl, fl, engine="fused", **knobs)
         ref = M.solve(wl, fl, engine="numpy", **knobs)
         _assert_same(fast, ref)
@@ -265,7 +269,7 @@ def test_the_kernels_range_checks_refuse_what_the_converter_refuses(name):
     wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
     n = 3 * M.FUSED_MIN_POINTS  # three threads' worth of configurations where threads exist
     rng = np.random.default_rng(11)
-    knobs = _draw(rng, n, dp_given=True)
+    knobs = _draw(rng, n, dp_given=True, etp_given=name == "etp_size")
     knob = M.KNOBS[name]
     wrong = knob.low - 1 if knob.high is None else knob.high + 1
     at = int(rng.integers(n))

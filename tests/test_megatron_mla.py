@@ -178,3 +178,52 @@ def test_dense_layers_filling_the_stages_leave_the_heaviest_stage_mixed():
     np.testing.assert_array_equal(heaviest_moe_share(shape, np.array([1, 2, 4, 8])),
                                   [2 / 8, 2 / 8, 1.0, 1.0])
     assert heaviest_moe_share(M._Shape(DSV3), 1) == 58 / 61
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_mla_turns_tp_comm_overlap_off(engine):
+    """TELinear turns tp_comm_overlap off on the shared config for any buffer but qkv, proj,
+    fc1 and fc2, and MLA's projections have others [33]: the knob hides nothing for
+    DeepSeek-V3, and hides TP traffic for the same model with multi-head attention."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    fleet = catalog.fleet("GB200_NVL72_8_MC")
+    kw = dict(batch_size=1152, seq_len=4096, tp_size=8, pp_size=9, ep_size=8, micro_batch_size=1,
+              sequence_parallel=True, tp_comm_overlap=np.array([False, True]), engine=engine)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mla, mha = M.solve(DSV3, fleet, **kw), M.solve(DSV3_MHA, fleet, **kw)
+    assert mla["realizable"].all() and mha["realizable"].all()
+    assert mla["tp_communication_latency"][0] == mla["tp_communication_latency"][1] > 0
+    assert mha["tp_communication_latency"][1] < mha["tp_communication_latency"][0]
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_mla_down_projections_are_whole_on_every_tp_rank(engine):
+    """The down projections and the latents' norms are duplicated (15,140,864 weights a
+    layer): from TP 4 to TP 8 the weights a rank holds fall by an eighth of the rest (the
+    experts kept whole on each rank, etp_size 1, so they do not move)."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    shape = M._Shape(DSV3)
+    assert shape.attn_dup == 1536 * 7168 + 1536 + 7168 * (512 + 64) + 512 == 15_140_864
+    fleet = catalog.fleet("GB200_NVL72_8_MC")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = M.solve(DSV3, fleet, batch_size=1152, seq_len=4096, tp_size=np.array([4, 8]),
+                      dp_size=8, ep_size=8, etp_size=1, micro_batch_size=1, recompute="full",
+                      sequence_parallel=True, zero_stage=0, engine=engine)
+    split = (3 * (shape.dense_layer_params - shape.attn_dup)
+             + 58 * (shape.moe_layer_nonexpert - shape.attn_dup) + 2 * shape.embedding_params)
+    drop = out["memory_weights"][0] - out["memory_weights"][1]
+    assert drop == pytest.approx(2.0 * split * (1 / 4 - 1 / 8), rel=1e-12)
+
+
+def test_interleaved_stages_leave_every_device_a_dense_layer_where_chunks_are_short():
+    """Device r holds chunks r, r + pp, ...: with 3 dense layers in 92 and pp 2, chunks of 2
+    (v 23) put a dense layer on both devices; chunks of 23 (v 2) leave device 1 MoE only."""
+    from solver.physics.megatron_steps import heavy_moe_stage
+    shape = M._Shape(dataclasses.replace(DSV3, layers=92, dense_layers=3))
+    assert not heavy_moe_stage(shape, np.array(2), np.array(23))
+    assert heavy_moe_stage(shape, np.array(2), np.array(2))
+    assert heavy_moe_stage(shape, np.array(2), np.array(1))

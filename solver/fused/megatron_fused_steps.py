@@ -22,8 +22,8 @@ from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _
 # ------------------------------------------------------------------ 1. split
 
 @njit(**_INLINE)
-def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco, prec, flash, ogr,
-           opg, zero, supported):
+def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, prec, flash,
+           ogr, opg, zero, supported):
     """megatron_steps.split (``supported``: the fleet's 4-tuple of 1.0 where it has the precision)."""
     layers, heads, kv_heads, experts, moe = w[0], w[2], w[3], w[5], w[6]
     sp = spk and tp > 1.0
@@ -38,7 +38,7 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco, 
         valid = fits and q * safe == n_total
         dp = q if valid else 1.0
     group = dp * cp
-    valid = valid and _divides(group, ep)
+    valid = valid and _divides(tp * group, etp * ep)
     n_acc = model_parallel * dp
     m_exact = batch / (dp * 1.0 * mbs)
     fm = np.floor(m_exact)
@@ -53,6 +53,7 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, dpk, v, mbs, spk, tco, 
                   and (not sp or _divides(s, tp * cp))
                   and (_divides(experts, ep) if moe != 0.0 else ep == 1.0)
                   and (ep == 1.0 or prec != _FP16)
+                  and (moe == 0.0 or _divides(w[10], etp))
                   and (tp == 1.0 or sp or moe == 0.0)
                   and not (tco and not sp)
                   and not (opg and not ogr and zero >= 1)
@@ -102,7 +103,7 @@ def _local(w, s, tp, cp, mbs):
 
 
 @njit(**_INLINE)
-def _gemm_flops(w, s, tp, cp, ep, mbs, flash, sp):
+def _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp):
     """(FLOPs, calls) of every GEMM of layer_times and of the LM head (pipeline), as they compute them.
 
     Both kernel passes call this, so the durations whose logs the first pass takes are
@@ -131,7 +132,7 @@ def _gemm_flops(w, s, tp, cp, ep, mbs, flash, sp):
     calls_core = mbs * heads_t
     f_fc1, f_fc2 = _mlp_flops(tokens, ffn_t, h, gated)
     calls_moe = experts / (ep * 1.0)
-    f_moe1, f_moe2 = _mlp_flops(tokens * top_k, moe_ffn / tp, h, gated)
+    f_moe1, f_moe2 = _mlp_flops(tokens * top_k * (etp / (tp * 1.0)), moe_ffn / etp, h, gated)
     f_sh1, f_sh2 = _mlp_flops(tokens, shared * moe_ffn / tp, h, gated)
     f_router = 2.0 * tokens * h * experts
     f_head = 2.0 * tokens * h * (vocab / tp)
@@ -140,15 +141,18 @@ def _gemm_flops(w, s, tp, cp, ep, mbs, flash, sp):
 
 
 @njit(**_INLINE)
-def _heavy(w, pp):
+def _heavy(w, pp, v):
     """megatron_steps.heavy_moe_stage: the heaviest stage holds MoE layers only."""
+    if v > 1.0:
+        return (w[6] != 0.0 and w[21] != 0.0 and pp > 1.0
+                and (pp - 1.0) * (w[0] / (pp * 1.0 * v)) >= w[21])
     return (w[6] != 0.0 and w[21] != 0.0 and pp > 1.0
             and w[0] - w[21] >= np.ceil(w[0] / (pp * 1.0)))
 
 
 @njit(**_INLINE)
-def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau, plateau16,
-                 lg, moe_share):
+def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
+                 plateau16, lg, moe_share):
     """megatron_steps.layer_times (``lg``: the logs of the GEMMs' ideal durations, by G_* row;
     ``moe_share``: megatron_steps.heaviest_moe_share)."""
     h, d, moe, gated = w[1], w[4], w[6], w[7]
@@ -157,7 +161,7 @@ def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, 
     log_shift, k_overhead, attn_eff, elem_bytes = c[2], c[3], c[4], c[5]
     s_local, tokens, heads_t, kv_t, ffn_t = _local(w, s, tp, cp, mbs)
     (f_qkv, f_proj, core_flops, calls_core, _f1, _f2, _m1, _m2, local_experts, _s1, _s2, f_router,
-     _fh, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, mbs, flash, sp)
+     _fh, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp)
     norm_split = tp if sp else 1.0
     t_qkv = _gemm(f_qkv, 1.0, peak_gemm, plateau, h, lg[G_QKV], log_shift, k_overhead)
     if w[25] != 0.0:  # multi-head latent attention: its four projections, summed as layer_times does
@@ -185,8 +189,8 @@ def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, 
     attn_gemms_f = t_qkv + t_proj
     t_dense_f = attn_gemms_f + t_mlp_dense + elementwise
     if moe != 0.0:
-        routed = tokens * top_k
-        t_moe = _mlp_time(routed, moe_ffn / tp, local_experts, h, gated, hbm, peak_gemm, plateau,
+        routed = tokens * top_k * (etp / (tp * 1.0))
+        t_moe = _mlp_time(routed, moe_ffn / etp, local_experts, h, gated, hbm, peak_gemm, plateau,
                           log_shift, k_overhead, lg[G_MOE1], lg[G_MOE2])
         if shared != 0.0:
             t_moe = t_moe + _mlp_time(tokens, shared * moe_ffn / tp, 1.0, h, gated, hbm, peak_gemm,
@@ -211,7 +215,7 @@ def _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, 
 # ---------------------------------------------------------- 4. communication
 
 @njit(**_INLINE)
-def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
+def _communication(w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
                    t_core_f, t_core_b, low_bits, whole, moe_share):
     """megatron_steps.communication (``whole``: the job fits in one NVLink domain)."""
     d, moe, top_k, shared = w[4], w[6], w[9], w[11]
@@ -227,7 +231,7 @@ def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, a
     mlp_pairs = ((1.0 - moe_share) + moe_share * (1.0 if shared != 0.0 else 0.0)) if moe != 0.0 else 1.0
     tp_calls = (w[31] + mlp_pairs) * (2.0 + (1.0 if full else 0.0))
     tp_total = tp_calls * t_ar
-    tp_hidden = overlap_eff if (tco and sp) else 0.0
+    tp_hidden = overlap_eff if (tco and sp and w[25] == 0.0) else 0.0
     tp_layer = tp_total * (1.0 - tp_hidden)
     kv_bytes = 2.0 * 2.0 * tokens * kv_t * w[30]
     inside = _within(tp * cp, domain, whole)
@@ -239,14 +243,17 @@ def _communication(w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, a
     cp_layer_b = _exposed(2.0 * cp_f, t_core_b, 1.0) + (_exposed(cp_f, t_core_f, 1.0) if full else 0.0)
     cp_layer = cp_layer_f + cp_layer_b
     if moe != 0.0:
-        span = tp * ep
+        span = etp * ep
         near = ep if _within(span, domain, whole) else _min(_max(
-            float(math.gcd(int(domain), int(span)) // int(tp)), 1.0), ep)
+            float(math.gcd(int(domain), int(span)) // int(etp)), 1.0), ep)
         a2a = _a2a_split(act_bytes * top_k / norm_split, ep, near, up_bw, up_lat, out_bw, out_lat) \
             + (call_lat if ep > 1.0 else 0.0)
-        routed_bytes = act_bytes * top_k
-        dispatch_tp = (_coll_1(routed_bytes, tp, tp_bw, tp_lat) + _coll_1(routed_bytes, tp, tp_bw, tp_lat)
-                       + (2.0 * call_lat if tp > 1.0 else 0.0))
+        routed_bytes = act_bytes * top_k * (etp / (tp * 1.0))
+        inside = _within(etp, domain, whole)
+        etp_bw, etp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
+        dispatch_tp = (_coll_1(routed_bytes, etp, etp_bw, etp_lat)
+                       + _coll_1(routed_bytes, etp, etp_bw, etp_lat)
+                       + (2.0 * call_lat if etp > 1.0 else 0.0))
         moe_f = 2.0 * a2a + dispatch_tp
         ep_layer = moe_share * (2.0 + (1.0 if full else 0.0)) * moe_f
         ep_layer_f = moe_share * moe_f
@@ -327,23 +334,24 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
 # ---------------------------------------------------------- 6. data parallel
 
 @njit(**_INLINE)
-def _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes, layers_stage,
+def _data_parallel(w, f, c, tp, pp, v, ep, etp, group, zero, m, ogr, opg, grad_bytes, layers_stage,
                    window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q):
     """megatron_compose.data_parallel (with _stage_params; ``q``: the domain over tp x group,
     the stages per domain :func:`_pipeline` has)."""
     moe, emb = w[6], w[16]
-    heavy_stage = _heavy(w, pp)
+    heavy_stage = _heavy(w, pp, v)
     dense_scale, expert_scale = (w[35], w[36]) if heavy_stage else (w[14], w[15])
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
     eta = c[9]
     # _stage_params
-    dense_stage_params = dense_scale * layers_stage / tp + w[22] / tp * (1.0 if pp == 1.0 else 0.0)
-    expert_stage_params = expert_scale * layers_stage / (tp * ep * 1.0) if moe != 0.0 else 0.0
+    dense_stage_params = (dense_scale - w[37]) * layers_stage / tp + w[37] * layers_stage \
+        + w[22] / tp * (1.0 if pp == 1.0 else 0.0)
+    expert_stage_params = expert_scale * layers_stage / (etp * ep * 1.0) if moe != 0.0 else 0.0
     heavy = dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0)
     ranks_up = _max(np.floor(domain / tp), 1.0)
     ranks_up = _min(ranks_up, group)
-    ranks_up_expert = _max(np.floor(domain / (tp * ep)), 1.0)
-    expert_group = _max(np.floor(group / ep), 1.0)
+    ranks_up_expert = _max(np.floor(domain / (etp * ep)), 1.0)
+    expert_group = _max(np.floor(tp * group / (etp * ep)), 1.0)
     grads_dense = heavy * grad_bytes
     grads_expert = expert_stage_params * grad_bytes
     sharded = zero >= 1
@@ -414,7 +422,7 @@ def _model_state(p, group, zero, grad_bytes):
 
 @njit(**_PRIM)
 def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc, flash,
-                      low_bits, width_over_h, latent, context_ratio):
+                      low_bits, width_over_h, latent, context_ratio, gather):
     """megatron_memory.layer_activation_bytes (``attention0``: its ``attention_bytes``,
     ``mlp_scale`` = (4 + 2 gated) * mlp_width: the workload-only parts, computed in Python)."""
     sbh = mbs * s * h
@@ -424,7 +432,7 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
     replicated = (10.0 - fp8_replicated + latent) / spt
     attention = attention0 / t
     mlp = (mlp_scale / h - fp8_split) / t
-    mlp = mlp + top_k * (1.0 if low_bits else 2.0)
+    mlp = mlp + top_k * gather * (1.0 if low_bits else 2.0)
     scores = 0.0 if (flash or rc >= 1) else 5.0 * heads * s / (h * t)
     per_layer = sbh * (replicated + attention + mlp + scores)
     full = 2.0 * sbh / spt
@@ -432,12 +440,12 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
 
 
 @njit(**_INLINE)
-def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
+def _memory(w, tp, etp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
             layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes,
             p2p_split, prec):
     """megatron_compose.memory."""
     h, heads, moe, top_k, vocab, emb = w[1], w[2], w[6], w[9], w[13], w[16]
-    moe_share = 1.0 if _heavy(w, pp) else w[12]
+    moe_share = 1.0 if _heavy(w, pp, v) else w[12]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
     weights, grads, optim, copy = _model_state(
         dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0), group, zero, grad_bytes)
@@ -446,10 +454,10 @@ def _memory(w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_loca
         weights, grads, optim, copy = weights + we, grads + ge, optim + oe, copy + ce
     low_bits = _low_bits(prec)
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash,
-                                  low_bits, w[23], w[32], w[33])
+                                  low_bits, w[23], w[32], w[33], 1.0)
     if moe != 0.0:
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
-                                    low_bits, w[24], w[32], w[33])
+                                    low_bits, w[24], w[32], w[33], etp / (tp * 1.0))
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense

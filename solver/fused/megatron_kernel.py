@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "2e95ee7f38180b1a"
+SOURCES_DIGEST = "7766214f5c5fdb4f"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -158,24 +158,26 @@ def _whole(f, has_dp, tp, pp, cp, dp):
 
 
 @njit(**_INLINE_STEP)
-def _memo_key(s, mbs, tp, cp, ep, sp, rc, flash, prec, tco, whole, heavy):
+def _memo_key(s, mbs, tp, cp, ep, etp, sp, rc, flash, prec, tco, whole, heavy):
     """Two words that pack the knobs steps 3-4 and the LM head depend on, exactly
     (each field within its width), and whether they fit (else: no memo for this one).
     ``whole``: the job fits in one NVLink domain (:func:`_whole`); ``heavy``: the heaviest
-    stage holds MoE layers only (megatron_fused_steps._heavy)."""
+    stage holds MoE layers only (megatron_fused_steps._heavy); ``etp`` (below 128 to fit)
+    the expert TP degree."""
     fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 31 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
-            and 0 <= ep < 1 << 16 and 0 <= rc < 4 and 0 <= prec < 4)
+            and 0 <= ep < 1 << 16 and 0 <= etp < 1 << 7 and 0 <= rc < 4 and 0 <= prec < 4)
     k1 = np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) if fits else _NO_SLOT
     flags = np.uint64(sp) | (np.uint64(rc) << np.uint64(1)) | (np.uint64(flash) << np.uint64(3)) \
         | (np.uint64(prec) << np.uint64(4)) | (np.uint64(tco) << np.uint64(6)) \
-        | (np.uint64(whole) << np.uint64(7)) | (np.uint64(heavy) << np.uint64(8))
+        | (np.uint64(whole) << np.uint64(7)) | (np.uint64(heavy) << np.uint64(8)) \
+        | (np.uint64(etp) << np.uint64(9))
     k2 = (np.uint64(tp) | (np.uint64(cp) << np.uint64(16)) | (np.uint64(ep) << np.uint64(32))
           | (flags << np.uint64(48))) if fits else _NO_SLOT
     return fits, k1, k2
 
 
 @njit(**_INLINE_STEP)
-def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec, sp):
+def _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp):
     """np.log of every GEMM's ideal duration the numpy path takes it of (gemm.gemm_size_efficiency;
     libm's log, as numpy's loop calls it here); 0.0 for GEMMs the workload does not have.
 
@@ -185,7 +187,7 @@ def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec, sp):
     moe, shared, mla, q_lora = w[6], w[11], w[25], w[26]
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
     (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
-     f_router, f_head, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, mbs, flash, sp)
+     f_router, f_head, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp)
     has_moe, has_shared = moe != 0.0, moe != 0.0 and shared != 0.0
     has_mla, has_qup = mla != 0.0, mla != 0.0 and q_lora != 0.0
     return (math.log(_ideal(f_qkv, 1.0, peak_gemm)),
@@ -205,7 +207,7 @@ def _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec, sp):
 
 
 @njit(**_INLINE_STEP)
-def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                  values, rows, b0, b1):
     """Steps 1, 2 and 5-8 of configurations ``b0:b1``, steps 3-4 read from ``values[rows]``
@@ -230,12 +232,13 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
     for i in range(b0, b1):
         batch, s = float(batch_a[i]), float(s_a[i])
         tp, pp, cp, ep = float(tp_a[i]), float(pp_a[i]), float(cp_a[i]), float(ep_a[i])
+        etp = float(etp_a[i])
         v, mbs = float(v_a[i]), float(mbs_a[i])
         rc, zero, prec = rc_b[i - b0], zero_a[i], prec_b[i - b0]  # (the names' codes: by block)
         spk, tco, ogr, opg, flash = spk_a[i], tco_a[i], ogr_a[i], opg_a[i], flash_a[i]
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
-            w, n_total, has_dp, batch, s, tp, pp, cp, ep, float(dp_a[i]), v, mbs, spk, tco, prec,
-            flash, ogr, opg, zero, f[13])
+            w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
+            prec, flash, ogr, opg, zero, f[13])
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
         grad_bytes = 2.0 if gbf_a[i] else grad_bytes  # grad_reduce_in_bf16 [25]
         r = values[rows[i - b0]]
@@ -253,11 +256,11 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
             1.0 * ((not sp) and split > 1.0), n_acc)
         # 6. data parallel
         (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
-         t_opt) = _data_parallel(w, f, c, tp, pp, ep, group, zero, m, ogr, opg, grad_bytes,
+         t_opt) = _data_parallel(w, f, c, tp, pp, v, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                                  layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
-            w, tp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
+            w, tp, etp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
             layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes, split,
             prec)
         # 8. compose (megatron_compose.compose and _mask)
@@ -299,17 +302,17 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_
 
 
 @kernel(cache=_CACHE)
-def _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+def _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                  values, rows, b0, b1):
     """:func:`_price_steps` of any workload."""
-    _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+    _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                  values, rows, b0, b1)
 
 
 @kernel(cache=_CACHE)
-def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
+def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
                        v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
                        fo, bo, values, rows, b0, b1):
     """:func:`_price_steps` of a workload without experts (``w[6]``, the MoE flag, is 0.0).
@@ -321,36 +324,36 @@ def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp
     Where the flag is 0.0 the two give the same bits.
     """
     _price_steps(w[:6] + (0.0,) + w[7:], f, c, has_dp, batch_a, s_a, tp_a, pp_a,
-                 cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
+                 cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
                  flash_a, gbf_a, p2p_a, fo, bo, values, rows, b0, b1)
 
 
 @njit(**_INLINE_STEP)
-def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                   mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                   values, rows, b0, b1):
     """:func:`_price_block_dense` for a workload without experts, else :func:`_price_block`."""
     if w[6] == 0.0:
-        _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a,
+        _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a,
                            dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
                            flash_a, gbf_a, p2p_a, fo, bo, values, rows, b0, b1)
     else:
-        _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
+        _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
                      v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
                      fo, bo, values, rows, b0, b1)
 
 
 @njit(**_INLINE_STEP)
-def _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, heavy, lgs, r):
+def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, lgs, r):
     """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), into the row ``r``."""
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
     moe_share = 1.0 if heavy else w[12]
     s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
-        _layer_times(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
+        _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
                      plateau16, lgs, moe_share)
     (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
      ep_layer_f, ep_layer_b) = _communication(
-        w, f, c, tp, cp, ep, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b,
+        w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b,
         _low_bits(prec), whole, moe_share)
     t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
     r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
@@ -360,17 +363,18 @@ def _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, heav
 
 
 @njit(**_INLINE_STEP)
-def _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, zero_a):
+def _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, zero_a):
     """Whether configuration ``i``'s integer knobs leave ``bounds`` (see :func:`_kernel`)."""
     return (_outside(batch_a[i], bounds[0], bounds[1]) | _outside(s_a[i], bounds[2], bounds[3])
             | _outside(tp_a[i], bounds[4], bounds[5]) | _outside(pp_a[i], bounds[6], bounds[7])
             | _outside(cp_a[i], bounds[8], bounds[9]) | _outside(ep_a[i], bounds[10], bounds[11])
             | _outside(dp_a[i], bounds[12], bounds[13]) | _outside(v_a[i], bounds[14], bounds[15])
-            | _outside(mbs_a[i], bounds[16], bounds[17]) | _outside(zero_a[i], bounds[18], bounds[19]))
+            | _outside(mbs_a[i], bounds[16], bounds[17]) | _outside(zero_a[i], bounds[18], bounds[19])
+            | _outside(etp_a[i], bounds[20], bounds[21]))
 
 
 @kernel(cache=_CACHE)
-def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mbs_a, spk_a, rc_a,
+def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a, rc_a,
             zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, lo, hi, ext, plan, mode, bounds,
             slot_k1, slot_k2, slot_row, values, rows, rc_b, prec_b, rc_keys, prec_keys):
     """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
@@ -429,8 +433,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             sp = spk_a[i] and tp > 1.0  # as _split has it
             rc, prec = choice_code(rc_a, i, rc_keys), choice_code(prec_a, i, prec_keys)
             whole = _whole(f, has_dp, tp, float(pp_a[i]), float(cp_a[i]), float(dp_a[i]))
-            heavy = _heavy(w, float(pp_a[i]))
-            fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc,
+            heavy = _heavy(w, float(pp_a[i]), float(v_a[i]))
+            fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc,
                                      flash_a[i], prec, tco_a[i], whole, heavy)
             # mode 0's probe, written out again: as a helper function the scalar pass ran
             # about 2x slower (an earlier session's A/B, unsaved)
@@ -444,11 +448,12 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                     slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
             if row < 0:
                 s, cp, ep, mbs = float(s_a[i]), float(cp_a[i]), float(ep_a[i]), float(mbs_a[i])
+                etp = float(etp_a[i])
                 flash = flash_a[i]
                 peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
                 (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1,
-                 f_sh2, f_router, f_head, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, mbs,
-                                                                                 flash, sp)
+                 f_sh2, f_router, f_head, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, etp,
+                                                                                 mbs, flash, sp)
                 ext[G_QKV, col] = _ideal(f_qkv, 1.0, peak_gemm)
                 ext[G_PROJ, col] = _ideal(f_proj, 1.0, peak_gemm)
                 ext[G_CORE, col] = _ideal(f_core, calls_core, peak16)
@@ -474,7 +479,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
             plan[0, i - lo] = row
             plan[2, i - lo] = rc
             plan[3, i - lo] = prec
-            out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+            out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                                           mbs_a, zero_a) | (rc < 0) | (prec < 0)
         return 2 * col + (0 if out_of_bounds else 1)
     if mode == 2:  # mode 1's plan: each configuration's row, and the misses to price
@@ -487,20 +492,20 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                 if row < 0:  # 3, 4 and the LM head, computed (and kept where mode 1 kept the key)
                     col = -1 - row
                     s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
-                    mbs = float(mbs_a[i])
+                    etp, mbs = float(etp_a[i]), float(mbs_a[i])
                     tco, flash = tco_a[i], flash_a[i]
                     sp = spk_a[i] and tp > 1.0  # as _split has it
                     whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
-                    heavy = _heavy(w, float(pp_a[i]))
+                    heavy = _heavy(w, float(pp_a[i]), float(v_a[i]))
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
                            ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
                            ext[10, col], ext[11, col], ext[12, col], ext[13, col])
                     row = plan[1, col]
                     row = MEMO_KEYS + (i - b0) if row < 0 else row
-                    _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, heavy,
-                              lgs, values[row])
+                    _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
+                              heavy, lgs, values[row])
                 rows[i - b0] = row
-            _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a,
+            _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
                           v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
                          fo, bo, values, rows, np.uint64(b0), np.uint64(b1))
         return 1
@@ -512,14 +517,14 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
         b1 = min(b0 + BLOCK, hi)
         for i in range(b0, b1):
             s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
-            mbs = float(mbs_a[i])
+            etp, mbs = float(etp_a[i]), float(mbs_a[i])
             rc, prec = choice_code(rc_a, i, rc_keys), choice_code(prec_a, i, prec_keys)
             rc_b[i - b0], prec_b[i - b0] = rc, prec
             spk, tco, flash = spk_a[i], tco_a[i], flash_a[i]
             sp = spk and tp > 1.0  # as _split has it
             whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
-            heavy = _heavy(w, float(pp_a[i]))
-            fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], sp, rc, flash, prec,
+            heavy = _heavy(w, float(pp_a[i]), float(v_a[i]))
+            fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc, flash, prec,
                                      tco, whole, heavy)
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
@@ -536,12 +541,12 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a, mb
                     kept += 1
                 else:
                     row = MEMO_KEYS + (i - b0)
-                _memo_row(w, f, c, s, tp, cp, ep, mbs, sp, rc, flash, prec, tco, whole, heavy,
-                          _logs(w, f, c, s, tp, cp, ep, mbs, flash, prec, sp), values[row])
+                _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
+                          _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp), values[row])
             rows[i - b0] = row
-            out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+            out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                                           mbs_a, zero_a) | (rc < 0) | (prec < 0)
-        _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, dp_a, v_a,
+        _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                       mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                       values, rows, np.uint64(b0), np.uint64(b1))
     return 0 if out_of_bounds else 1
@@ -581,7 +586,9 @@ def workload_scalars(w):
         1.0 if w.mla else 0.0, w.q_lora, w.kv_lora, w.rope, w.qk_dim, w.core_dim, w.attn_pair,
         w.latent_act, w.context_ratio, w.attn_params,
         # megatron_compose._stage_params on a stage of MoE layers only (heavy_moe_stage)
-        float(w.moe_layer_nonexpert), float(w.expert_params * w.experts)))
+        float(w.moe_layer_nonexpert), float(w.expert_params * w.experts),
+        # multi-head latent attention's duplicated weights a layer (megatron._Shape.attn_dup)
+        float(w.attn_dup)))
 
 
 def fleet_scalars(fleet, total_accelerators=None, constants=None):
@@ -637,7 +644,7 @@ def pipeline_flags(scatter_gather, overlap_p2p):
             | (np.asarray(overlap_p2p, dtype=np.uint8) << np.uint8(1)))
 
 
-def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
+def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
         opg, flash, gbf, p2p, bounds, choices):
     """Price ``n`` configurations: the knobs as 1-D arrays of length ``n`` (int64 / bool).
 
@@ -650,7 +657,9 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     million layouts in an interleaved A/B of the two revisions (commit c242baa;
     ``benchmarks/bench_grid_compare.py --case megatron_flat``).
 
-    ``bounds``: 20 ints, the least and the largest value each of ``batch`` ... ``zero`` may
+    ``etp``: the expert TP degree of each configuration (``tp`` where the knob is not given).
+
+    ``bounds``: 22 ints, the least and the largest value each of ``batch`` ... ``zero``, then ``etp``, may
     take (see :func:`_kernel`).
 
     Returns
@@ -666,7 +675,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
     # earlier call that nothing refers to any more, already faulted in.
     fo = tuple(buffers.empty(n, np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)
-    args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
+    args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
             opg, flash, gbf, p2p, fo, bo)
     _compile(args, keys)
     if libm_is_numpy_log():
@@ -699,7 +708,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, dp, v, mbs, spk, rc, zero,
 
 _NUMPY_LOG_CHUNK = 1 << 16
 _NO_PLAN = np.empty((4, 1), dtype=np.int64)  # mode 0 reads no plan
-_ANY_INT64 = (np.iinfo(np.int64).min, np.iinfo(np.int64).max) * 10
+_ANY_INT64 = (np.iinfo(np.int64).min, np.iinfo(np.int64).max) * 11
 _LIBM_IS_NUMPY_LOG = None
 #: Lanes :func:`_price_block`'s loop is compiled with (four float64 in AVX2's 256 bits).
 VECTOR_WIDTH = 4
@@ -733,7 +742,7 @@ def _compile(args, keys):
         knobs, (fo, bo) = args[4:-2], args[-2:]
         memo = _memo_scratch()
         # the names' codes come by block (memo[5], memo[6]), from the kernel's first pass
-        block_knobs = knobs[:10] + knobs[11:12] + (memo[5], memo[6]) + knobs[13:]
+        block_knobs = knobs[:11] + knobs[12:13] + (memo[5], memo[6]) + knobs[14:]
         with forced_vector_width(VECTOR_WIDTH):  # this loop only: LLVM warns of each it cannot
             for block in (_price_block, _price_block_dense):
                 block(w, f, c, has_dp, *block_knobs, fo, bo, memo[3], memo[4],

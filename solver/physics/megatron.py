@@ -175,7 +175,8 @@ References
     received copies by local expert), called by the all-to-all dispatcher around its
     exchanges: copies at HBM bandwidth, no arithmetic to speak of.
 [33] Megatron-Core ``transformer/multi_latent_attention.py`` (``MLASelfAttention``) and
-    ``models/gpt/gpt_layer_specs.py`` (its Transformer Engine spec): multi-head latent
+    ``models/gpt/gpt_layer_specs.py`` (its Transformer Engine spec), with
+    ``extensions/transformer_engine.py`` (``TELinear``): multi-head latent
     attention (DeepSeek-AI (2024), "DeepSeek-V2", arXiv:2405.04434, Sec. 2.1). The down
     projections ``linear_q_down_proj`` (h -> q_lora_rank) and ``linear_kv_down_proj``
     (h -> kv_lora_rank + qk_pos_emb_head_dim) are ``TELinear`` in ``"duplicated"`` mode:
@@ -186,6 +187,11 @@ References
     key) over the sequence under SP where a GQA layer gathers the h-wide input; the
     output projection is row-parallel from ``heads x v_head_dim``; the core attention
     has key width ``qk_head_dim + qk_pos_emb_head_dim`` and value width ``v_head_dim``.
+    ``TELinear`` turns ``tp_comm_overlap`` off ("The user buffer name ... is not
+    supported") on the shared config for any buffer but qkv, proj, fc1 and fc2, and the
+    MLA projections' are q_down_proj, kv_down_proj, q_up_proj and kv_up_proj: an MLA
+    model's TP communication is not overlapped. A duplicated layer's weights are whole on
+    every TP rank.
 """
 
 from __future__ import annotations
@@ -285,6 +291,9 @@ KNOBS = {k.name: k for k in (
     _K("pp_size", "int", 1, low=1, why="pipeline-parallel degree"),
     _K("cp_size", "int", 1, low=1, why="context-parallel degree"),
     _K("ep_size", "int", 1, low=1, why="expert-parallel degree (folded into DP x CP)"),
+    _K("etp_size", "int", None, low=1,
+       why="expert tensor-parallel degree (Megatron-Core's expert_tensor_parallel_size; "
+           "None: tp_size)"),
     _K("dp_size", "int", None, low=1, why="data-parallel degree when it sizes the cluster"),
     _K("v_stages", "int", 1, low=1, why="virtual pipeline stages per device"),
     _K("micro_batch_size", "int", 1, low=1, why="sequences per microbatch"),
@@ -304,6 +313,7 @@ KNOBS = {k.name: k for k in (
 REALIZABLE_RULES = (
     "heads and KV heads divisible by tp_size, layers by pp_size x v_stages, seq_len by "
     "2 x cp_size (and by tp_size x cp_size under sequence_parallel), experts by ep_size, an "
+    "expert's width by etp_size, an "
     "interleaved schedule's microbatches by pp_size; tp_comm_overlap and MoE with tp_size > 1 "
     "need sequence_parallel, cp_size > 1 flash_attention, overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
@@ -487,6 +497,10 @@ class _Shape:
             # inputs replicated over TP unless SP splits the sequence.
             self.attn_act = 4.0 * self.heads * (self.qk_dim + self.head_dim) / h
             self.latent_act = (4.0 * (self.q_lora + self.kv_lora) + 2.0 * self.rope) / h
+            # The down projections and the latents' norms, ``duplicated`` [33]: whole on
+            # every TP rank (the rest of the layer's weights split over TP).
+            self.attn_dup = ((self.q_lora * (h + 1) if self.q_lora else 0.0)
+                             + h * (self.kv_lora + self.rope) + self.kv_lora)
         else:
             self.q_lora = self.kv_lora = self.rope = 0.0
             self.qk_dim = self.core_dim = self.head_dim
@@ -496,6 +510,7 @@ class _Shape:
             # each, at their widths (a h, kv d, kv d, a d) over h
             self.attn_act = 4.0 * (self.heads * self.head_dim + self.kv_heads * self.head_dim) / h
             self.latent_act = 0.0
+            self.attn_dup = 0.0
         self.attn_params = attn
         # the output projection's input width over h (kept in one byte under FP8)
         self.context_ratio = self.heads * self.head_dim / h
@@ -511,7 +526,7 @@ class _Shape:
 # ------------------------------------------------------------------- solve
 
 def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_size=1, pp_size=1,
-          cp_size=1, ep_size=1, dp_size=None, v_stages=1, micro_batch_size=1,
+          cp_size=1, ep_size=1, dp_size=None, etp_size=None, v_stages=1, micro_batch_size=1,
           sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, grad_reduce_in_bf16=False,
@@ -534,7 +549,14 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     seq_len : int [1]
     tp_size, pp_size, cp_size, ep_size : int [1]
         Tensor, pipeline, context and expert-parallel degrees. EP is folded
-        into DP x CP [6]: it must divide ``dp_size * cp_size``.
+        into DP x CP [6]: it must divide ``dp_size * cp_size`` (with ``etp_size``, ``etp_size
+        * ep_size`` must divide ``tp_size * cp_size * dp_size``).
+    etp_size : int [1], optional
+        Expert tensor-parallel degree, Megatron-Core's ``expert_tensor_parallel_size``
+        (``--expert-tensor-parallel-size``) [6]: the routed experts split over ``etp_size``
+        ranks, the expert grid ``etp x ep x edp x pp`` (``etp_size * ep_size`` must divide
+        ``tp_size * cp_size * dp_size``). None (default): ``tp_size``, as Megatron-Core's.
+        A dense model has no experts to split (the grid's rule still holds).
     dp_size : int [1], optional
         Data-parallel degree. If given, the cluster is ``tp*pp*cp*dp``
         accelerators of the fleet's node type; else ``dp`` is derived from the
@@ -608,6 +630,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   overlap_p2p_comm=overlap_p2p_comm)
     if dp_size is not None:
         values["dp_size"] = dp_size
+    if etp_size is not None:
+        values["etp_size"] = etp_size
     unchecked = []  # range checks left to the fused kernel, or made before the numpy path
     k = _normalize(values, fast=engine != "numpy", unchecked=unchecked)
     return _price(_Shape(workload), fleet, k, constants, engine, {"unchecked": unchecked})
@@ -647,9 +671,10 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
         raise TypeError(f"prepare() got an unexpected keyword argument {unknown[0]!r} (knobs: "
                         f"{', '.join(KNOBS)}; the constants go to the callable it returns)")
     values = {name: knobs.get(name, default) for name, default in DEFAULTS.items()
-              if name != "dp_size"}
-    if knobs.get("dp_size") is not None:
-        values["dp_size"] = knobs["dp_size"]
+              if default is not None}
+    for name in ("dp_size", "etp_size"):  # None: absent (the fleet sizes dp; etp is tp)
+        if knobs.get(name) is not None:
+            values[name] = knobs[name]
     # copies: an array the caller changes later must not reach the physics unchecked
     k = {name: np.array(v) for name, v in _normalize(values, fast=engine != "numpy").items()}
     w = _Shape(workload)
@@ -713,7 +738,7 @@ def _check_deferred(k, memo):
 #: The least and the largest value of each integer knob the fused kernel reads, in the
 #: order of its arrays (batch_size ... zero_stage), within +-(2**53 - 1) (solver.knobs).
 _KERNEL_INTS = ("batch_size", "seq_len", "tp_size", "pp_size", "cp_size", "ep_size", "dp_size",
-                "v_stages", "micro_batch_size", "zero_stage")
+                "v_stages", "micro_batch_size", "zero_stage", "etp_size")
 _KERNEL_BOUNDS = tuple(
     int(bound) for name in _KERNEL_INTS
     for bound in (max(KNOBS[name].low if KNOBS[name].low is not None else -knobs_.MAX_INTEGER,
@@ -777,7 +802,8 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
     has_dp = "dp_size" in a
     fo, bo, ok = fk.run(memo["w"], f, fk.constant_scalars(c, fleet.node.accelerator), n,
                         has_dp, a["batch_size"], a["seq_len"], a["tp_size"], a["pp_size"],
-                        a["cp_size"], a["ep_size"], a["dp_size"] if has_dp else a["tp_size"],
+                        a["cp_size"], a["ep_size"], a.get("etp_size", a["tp_size"]),
+                        a["dp_size"] if has_dp else a["tp_size"],
                         a["v_stages"], a["micro_batch_size"], a["sequence_parallel"],
                         a["recompute"], a["zero_stage"], a["precision"], a["tp_comm_overlap"],
                         a["overlap_grad_reduce"], a["overlap_param_gather"],

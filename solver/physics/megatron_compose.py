@@ -39,13 +39,14 @@ def _stage_params(w, sp: Split, layers_stage):
     dense_scale = (w.dense_layer_params * w.dense_layers / w.layers
                    + w.moe_layer_nonexpert * w.moe_layers / w.layers)
     expert_scale = w.expert_params * w.experts * w.moe_layers / w.layers
-    heavy = heavy_moe_stage(w, pp)
+    heavy = heavy_moe_stage(w, pp, sp.v)
     if heavy is not False:
         dense_scale = np.where(heavy, float(w.moe_layer_nonexpert), dense_scale)
         expert_scale = np.where(heavy, float(w.expert_params * w.experts), expert_scale)
-    dense_stage_params = dense_scale * layers_stage / tp \
+    # (a multi-head latent attention's duplicated weights whole on every TP rank [33])
+    dense_stage_params = (dense_scale - w.attn_dup) * layers_stage / tp + w.attn_dup * layers_stage \
         + w.single_stage_embedding / tp * (pp == 1)
-    expert_stage_params = expert_scale * layers_stage / (tp * sp.ep * 1.0) if w.moe else 0.0
+    expert_stage_params = expert_scale * layers_stage / (sp.etp * sp.ep * 1.0) if w.moe else 0.0
     heavy_params = dense_stage_params + w.embedding_params / tp * (pp > 1)  # + LM head on last
     return dense_stage_params, expert_stage_params, heavy_params
 
@@ -57,18 +58,18 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     layers_stage = pl.layers_stage
     dense_stage_params, expert_stage_params, heavy_params = _stage_params(w, sp, layers_stage)
     # Data-parallel peers (with CP's) are tp ranks apart [6]: domain / tp of them share a
-    # domain. Expert data-parallel peers are tp ep apart in the expert grid [6], so fewer
+    # domain. Expert data-parallel peers are etp ep apart in the expert grid [6], so fewer
     # of them do (none but itself where the EP group fills the domain).
     ranks_up = np.clip(hw.domain // sp.tp, 1, None)
     ranks_up = np.minimum(ranks_up, group)
-    ranks_up_expert = np.clip(hw.domain // (sp.tp * sp.ep), 1, None)
+    ranks_up_expert = np.clip(hw.domain // (sp.etp * sp.ep), 1, None)
 
     def dp_coll(kind, nbytes, n, up=ranks_up):
         return net.two_level_time(kind, nbytes, n, np.minimum(up, n),
                                   scale_up_bandwidth=hw.up_bw, scale_up_latency=hw.up_lat,
                                   scale_out_bandwidth=hw.out_bw, scale_out_latency=hw.out_lat)
 
-    expert_group = np.maximum(group // sp.ep, 1)
+    expert_group = np.maximum((sp.tp * group) // (sp.etp * sp.ep), 1)
     grads_dense = heavy_params * grad_bytes
     grads_expert = expert_stage_params * grad_bytes
     sharded = zero >= 1
@@ -167,7 +168,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
             tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
             moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
             low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=w.latent_act,
-            context_ratio=w.context_ratio)
+            context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0))
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense

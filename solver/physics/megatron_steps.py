@@ -126,6 +126,8 @@ class Split:
     pp: object
     cp: object
     ep: object
+    #: the expert tensor-parallel degree (tp where the knob is not given)
+    etp: object
     v: object
     mbs: object
     batch: object
@@ -148,6 +150,7 @@ class Split:
 def split(w, fleet, k) -> Split:
     """TP x CP x DP x PP ranks (EP folded into DP x CP [6]) and microbatches."""
     tp, pp, cp, ep = k["tp_size"], k["pp_size"], k["cp_size"], k["ep_size"]
+    etp = k.get("etp_size", tp)
     v, mbs, batch, s = k["v_stages"], k["micro_batch_size"], k["batch_size"], k["seq_len"]
     sp = k["sequence_parallel"] & (tp > 1)
     model_parallel = tp * 1.0 * pp * cp
@@ -161,7 +164,9 @@ def split(w, fleet, k) -> Split:
         valid = fits & (n_total % safe == 0)
         dp = np.where(valid, n_total // safe, 1).astype(np.int64)
     group = dp * cp  # gradient / optimizer-shard group [6]
-    valid = valid & (group % ep == 0)
+    # the expert grid etp x ep x edp x pp tiles the same ranks [6]: etp ep divides tp cp dp
+    # (at etp = tp, ep divides the group)
+    valid = valid & ((tp * group) % (etp * ep) == 0)
     n_acc = model_parallel * dp
     m_exact = batch / (dp * 1.0 * mbs)
     # A batch that does not split into whole microbatches runs its last one partly
@@ -181,13 +186,15 @@ def split(w, fleet, k) -> Split:
                   & ((cp == 1) | k["flash_attention"])  # [18]
                   & (~sp | (s % (tp * cp) == 0))  # [19]
                   & ((ep == 1) | (prec != _FP16))  # [15]
+                  # an expert's width splits evenly over its TP ranks [6]
+                  & ((not w.moe) | (w.moe_ffn % etp == 0))
                   & ((tp == 1) | sp | (not w.moe))  # [20]
                   & ~(k["tp_comm_overlap"] & ~sp)  # [15]: needs SP, which tp 1 turns off
                   & ~(k["overlap_param_gather"] & ~k["overlap_grad_reduce"] & (k["zero_stage"] >= 1))
                   # sharded gradients or parameters (ZeRO-2/3, FSDP) with a pipeline [30]
                   & ~((k["zero_stage"] >= 2) & (pp > 1))
                   & np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec])
-    return Split(tp=tp, pp=pp, cp=cp, ep=ep, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
+    return Split(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
                  rc=k["recompute"], zero=k["zero_stage"], prec=prec, dp=dp, group=group,
                  valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable,
                  p2p_split=p2p_split(tp, sp, k["scatter_gather_tensors_in_pipeline"]),
@@ -321,28 +328,33 @@ class Layer:
     layer_b: object
 
 
-def heavy_moe_stage(w, pp):
+def heavy_moe_stage(w, pp, v=1):
     """Where the heaviest pipeline stage is all MoE layers (a model with leading dense layers).
 
     Megatron-Core gives each stage consecutive layers [13], so the leading dense layers sit
     on the first stage(s) and, once the MoE layers fill a stage (``ceil(layers / pp)`` of
     them), some stage holds MoE layers only: it paces the pipeline (an MoE layer does the
     dense one's attention, its experts' work and the token exchanges) and holds the most
-    expert weights. Without a pipeline the one stage holds the model's mix.
+    expert weights. Without a pipeline the one stage holds the model's mix. Interleaved
+    (``v`` chunks of ``layers / (pp v)`` a device, device ``r`` holding chunks ``r, r + pp,
+    ...``), the last device's first chunk starts at layer ``(pp - 1) layers / (pp v)``: it
+    holds MoE layers only where that is past the dense ones.
     """
     if not (w.moe and w.dense_layers):
         return False
-    return (np.asarray(pp) > 1) & (w.moe_layers >= np.ceil(w.layers / (pp * 1.0)))
+    pp, v = np.asarray(pp), np.asarray(v)
+    return (pp > 1) & np.where(v > 1, (pp - 1) * (w.layers / (pp * 1.0 * v)) >= w.dense_layers,
+                               w.moe_layers >= np.ceil(w.layers / (pp * 1.0)))
 
 
-def heaviest_moe_share(w, pp):
+def heaviest_moe_share(w, pp, v=1):
     """The MoE layers' share of the heaviest stage's layers (see :func:`heavy_moe_stage`);
     the model's own share where no stage is all MoE (the dense layers fill all stages but
     one, or more: a mix there, priced at the model's)."""
     share = w.moe_layers / w.layers
     if not (w.moe and w.dense_layers):
         return share
-    return np.where(heavy_moe_stage(w, pp), 1.0, share)
+    return np.where(heavy_moe_stage(w, pp, v), 1.0, share)
 
 
 def _mlp_time(w, hw: Hardware, tok, width, calls=1.0):
@@ -355,7 +367,7 @@ def _mlp_time(w, hw: Hardware, tok, width, calls=1.0):
 
 def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
     """GEMMs on the efficiency curve, attention core, memory-bound kernels; forward and backward."""
-    tp, ep, mbs, s, rc = sp.tp, sp.ep, sp.mbs, sp.s, sp.rc
+    tp, ep, etp, mbs, s, rc = sp.tp, sp.ep, sp.etp, sp.mbs, sp.s, sp.rc
     g, hbm = hw.gemm, hw.hbm
     h, d = float(w.hidden), w.head_dim
     s_local = s / (sp.cp * 1.0)
@@ -395,22 +407,25 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
     t_dense_f = attn_gemms_f + t_mlp_dense + elementwise
     if w.moe:
         local_experts = w.experts / (ep * 1.0)
-        routed = tokens * w.top_k
+        # The routed copies an expert rank computes: its expert TP group's (etp ranks, each
+        # with its SP slice of tokens / tp; every token at tp 1) gathered [31], k x tokens
+        # at etp = tp; the experts split their width over etp [6].
+        routed = tokens * w.top_k * (etp / (tp * 1.0))
         # The dispatcher's token permutes [32], 16 bits at HBM bandwidth, in elements of h:
         # the permute gathers k copies of the rank's tokens (its SP slice) and writes them (2k),
         # the unpermute reads them back and scatter-adds them into zeroed tokens (k + 2),
-        # and with more than one local expert the received copies (all k x tokens, gathered
-        # over TP) are sorted by expert after dispatch and back before combine (2 x 2).
+        # and with more than one local expert the received copies (gathered over the
+        # expert TP group) are sorted by expert after dispatch and back before combine (2 x 2).
         permutes = ((3.0 * w.top_k + 2.0) * (tokens / norm_split)
                     + np.where(local_experts > 1.0, 4.0 * routed, 0.0))
-        t_moe = (_mlp_time(w, hw, routed, w.moe_ffn / tp, calls=local_experts)
+        t_moe = (_mlp_time(w, hw, routed, w.moe_ffn / etp, calls=local_experts)
                  + (_mlp_time(w, hw, tokens, w.shared * w.moe_ffn / tp) if w.shared else 0.0)
                  + g(fl.router_flops(tokens, h, w.experts), k=h)
                  + gemm.memory_bound_time(2.0 * permutes * h, hbm))
         t_moe_f = attn_gemms_f + t_moe + elementwise
     else:
         t_moe_f = 0.0
-    moe_share = heaviest_moe_share(w, sp.pp)
+    moe_share = heaviest_moe_share(w, sp.pp, sp.v)
     layer_f = (1 - moe_share) * t_dense_f + moe_share * t_moe_f  # GEMMs + memory-bound + overhead
     # Backward: 2x the forward GEMMs and memory-bound kernels [3]; recompute adds
     # the forward (full) or the attention core (selective) again.
@@ -441,7 +456,7 @@ class Communication:
 
 def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     """TP all-reduces [3] [2], the CP K/V ring [4] and the EP all-to-all of one layer."""
-    tp, cp, ep, rc = sp.tp, sp.cp, sp.ep, sp.rc
+    tp, cp, ep, etp, rc = sp.tp, sp.cp, sp.ep, sp.etp, sp.rc
     call_lat = hw.call_lat
     # TP: 2 all-reduces forward, 2 backward per layer [3] (RS + AG under SP [2], same bus
     # bytes), 2 more when the forward is recomputed in full; over NVLink in the domain.
@@ -460,7 +475,8 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     # one of its two collectives: ``attn_pair`` of a pair's bytes [33].)
     tp_calls = (w.attn_pair + mlp_pairs) * (2.0 + (rc == 2))
     tp_total = tp_calls * t_ar
-    tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp, c["overlap_efficiency"], 0.0)
+    # (none for multi-head latent attention, whose projections turn the overlap off [33])
+    tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp & (not w.mla), c["overlap_efficiency"], 0.0)
     tp_layer = tp_total * (1.0 - tp_hidden)
     # CP: cp-1 ring steps of the local K and V, forward; K, V and their gradients backward
     # (3x in all), hidden behind the attention core [4].
@@ -483,17 +499,20 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     # fewest peers beside it (gcd(domain, span) ranks of a span straddling a domain's edge:
     # 8 of 64 in a rack of 72; a domain's worth of a span of whole domains), paces it.
     if w.moe:
-        span = tp * ep
+        # (the expert grid's order is etp-ep-edp-pp [6]: EP peers etp apart, spanning etp ep,
+        # the expert TP group etp consecutive ranks)
+        span = etp * ep
         near = np.where(hw.within(span, sp.n_acc), ep,
-                        np.clip(np.gcd(hw.domain, span) // tp, 1, ep))
+                        np.clip(np.gcd(hw.domain, span) // etp, 1, ep))
         a2a = net.split_all_to_all_time(
             ly.act_bytes * w.top_k / ly.norm_split, ep, near, scale_up_bandwidth=hw.up_bw,
             scale_up_latency=hw.up_lat, scale_out_bandwidth=hw.out_bw,
             scale_out_latency=hw.out_lat) + call_lat * (ep > 1)
-        routed_bytes = ly.act_bytes * w.top_k
-        dispatch_tp = (net.all_gather_time(routed_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat)
-                       + net.reduce_scatter_time(routed_bytes, tp, bus_bandwidth=tp_bw,
-                                                 latency=tp_lat) + 2.0 * call_lat * (tp > 1))
+        routed_bytes = ly.act_bytes * w.top_k * (etp / (tp * 1.0))
+        etp_bw, etp_lat = hw.link(hw.within(etp, sp.n_acc))
+        dispatch_tp = (net.all_gather_time(routed_bytes, etp, bus_bandwidth=etp_bw, latency=etp_lat)
+                       + net.reduce_scatter_time(routed_bytes, etp, bus_bandwidth=etp_bw,
+                                                 latency=etp_lat) + 2.0 * call_lat * (etp > 1))
         moe_f = 2.0 * a2a + dispatch_tp
         ep_layer = ly.moe_share * (2.0 + (rc == 2)) * moe_f
         ep_layer_f = ly.moe_share * moe_f

@@ -318,6 +318,8 @@ def _knobs(where, row):
         else:
             choices = megatron.RECOMPUTE if name == "recompute" else megatron.PRECISIONS
             knobs[name] = _choice(where, name, text, choices)
+    if knobs.get("etp_size") is None:  # Megatron-Core's default: the dense TP (stated, so
+        knobs["etp_size"] = knobs["tp_size"]  # a group's runs stack into one int array)
     model_parallel = knobs["tp_size"] * knobs["pp_size"] * knobs["cp_size"]
     n_gpus = _whole(where, "num_gpus", row["num_gpus"]) if row.get("num_gpus") else None
     if knobs["dp_size"] is None:
@@ -379,7 +381,9 @@ def _check_priced(measurements: Measurements) -> None:
             out = megatron.solve(workload, fleet, **knobs)
         except ValueError as err:
             raise MeasurementError(f"{measurements.source}: {err}") from None
-        for name, why in (("valid", "a possible split (ep_size must divide dp_size * cp_size)"),
+        for name, why in (("valid", "a possible split (ep_size must divide dp_size * cp_size, "
+                                    "and etp_size * ep_size must divide tp_size * cp_size * "
+                                    "dp_size)"),
                           ("realizable", "a layout Megatron-Core can run (whole microbatches: "
                            "batch_size a multiple of dp_size * micro_batch_size; "
                            f"{megatron.REALIZABLE_RULES})")):
