@@ -103,7 +103,7 @@ def megatron_normalization(mknobs, n):
     """What megatron.solve(engine="fused") does to the knobs before its kernel: checks the
     bools, spreads the scalars to arrays (the integer range checks and, for names of up
     to 9 characters, the names' matching are the kernel's)."""
-    values = {name: default for name, default in megatron.DEFAULTS.items() if name != "dp_size"}
+    values = {name: default for name, default in megatron.DEFAULTS.items() if default is not None}
     values.update(mknobs, seq_len=8192)
     k = megatron._normalize(values, fast=True, unchecked=[])
     return {name: megatron._flat(name, k[name], n) for name in k}
