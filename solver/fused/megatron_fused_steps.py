@@ -334,12 +334,11 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
 # ---------------------------------------------------------- 6. data parallel
 
 @njit(**_INLINE)
-def _data_parallel(w, f, c, tp, pp, v, ep, etp, group, zero, m, ogr, opg, grad_bytes, layers_stage,
-                   window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q):
+def _data_parallel(w, f, c, tp, pp, heavy_stage, ep, etp, group, zero, m, ogr, opg, grad_bytes,
+                   layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q):
     """megatron_compose.data_parallel (with _stage_params; ``q``: the domain over tp x group,
-    the stages per domain :func:`_pipeline` has)."""
+    the stages per domain :func:`_pipeline` has; ``heavy_stage``: :func:`_heavy`)."""
     moe, emb = w[6], w[16]
-    heavy_stage = _heavy(w, pp, v)
     dense_scale, expert_scale = (w[35], w[36]) if heavy_stage else (w[14], w[15])
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
     eta = c[9]
@@ -440,12 +439,12 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
 
 
 @njit(**_INLINE)
-def _memory(w, tp, etp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
-            layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes,
-            p2p_split, prec):
-    """megatron_compose.memory."""
+def _memory(w, tp, etp, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local,
+            act_bytes, layers_stage, dense_stage_params, expert_stage_params, expert_group,
+            params_bytes, p2p_split, prec):
+    """megatron_compose.memory (``heavy_stage``: :func:`_heavy`)."""
     h, heads, moe, top_k, vocab, emb = w[1], w[2], w[6], w[9], w[13], w[16]
-    moe_share = 1.0 if _heavy(w, pp, v) else w[12]
+    moe_share = 1.0 if heavy_stage else w[12]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
     weights, grads, optim, copy = _model_state(
         dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0), group, zero, grad_bytes)

@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "7766214f5c5fdb4f"
+SOURCES_DIGEST = "83645e21c3273eab"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -246,6 +246,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             r[0], r[1], r[2], r[3], r[4], r[5], r[6]
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head = \
             r[7], r[8], r[9], r[10], r[11], r[12], r[13]
+        heavy = _heavy(w, pp, v)  # a heaviest stage of MoE layers only (6 and 7)
         # 5. pipeline
         p2p = p2p_a[i]  # the two pipeline bools in one byte (run): one array, not two
         split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
@@ -256,11 +257,11 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             1.0 * ((not sp) and split > 1.0), n_acc)
         # 6. data parallel
         (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
-         t_opt) = _data_parallel(w, f, c, tp, pp, v, ep, etp, group, zero, m, ogr, opg, grad_bytes,
+         t_opt) = _data_parallel(w, f, c, tp, pp, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                                  layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
-            w, tp, etp, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
+            w, tp, etp, pp, v, heavy, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
             layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes, split,
             prec)
         # 8. compose (megatron_compose.compose and _mask)
