@@ -87,3 +87,14 @@ def test_a_sweep_over_etp_refuses_a_space_with_no_valid_expert_grid(tmp_path):
     from sweep.cube import check_some_valid
     with pytest.raises(SpecError, match="etp_size \\* ep_size to divide"):
         check_some_valid(load_spec(path))
+
+
+def test_the_moe_example_spec_sweeps_the_experts_tp():
+    import sweep
+    spec = load_spec("megatron_moe")
+    assert spec.physics == ("megatron",) and "etp_size" in spec.dims
+    cube = sweep.run(spec, progress=False)
+    assert cube.sizes["etp_size"] == 4 and bool(cube["admissible"].any())
+    # every etp value is valid somewhere, and the grid rule leaves some splits invalid
+    valid = cube["valid"].any([d for d in cube.dims if d != "etp_size"])
+    assert bool(valid.all()) and not bool(cube["valid"].all())
