@@ -227,3 +227,26 @@ def test_interleaved_stages_leave_every_device_a_dense_layer_where_chunks_are_sh
     assert not heavy_moe_stage(shape, np.array(2), np.array(23))
     assert heavy_moe_stage(shape, np.array(2), np.array(2))
     assert heavy_moe_stage(shape, np.array(2), np.array(1))
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_the_first_stage_counts_where_its_dense_layers_outweigh_moe_ones(engine):
+    """At EP 64 a DeepSeek-V3 MoE layer holds 4 experts a rank, fewer weights than a dense
+    layer: on 16 stages (4 layers each) the first stage's 3 dense layers, 1 MoE layer and
+    embedding outweigh 4 MoE layers and the output layer, and its memory is the one priced
+    (DDP, zero_stage 0: every parameter's state whole on every rank, so weights decide)."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    shape = M._Shape(DSV3)
+    fleet = catalog.fleet("GB200_NVL72_8_MC")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = M.solve(DSV3, fleet, batch_size=1024, seq_len=4096, tp_size=1, pp_size=np.array([16, 8]),
+                      dp_size=64, ep_size=64, micro_batch_size=1, recompute="full", zero_stage=0,
+                      engine=engine)
+    assert out["valid"].all()
+    first = (3 * shape.dense_layer_params + shape.moe_layer_nonexpert + shape.embedding_params
+             + shape.expert_params * 256 / 64)
+    moe_only = 4 * (shape.moe_layer_nonexpert + shape.expert_params * 256 / 64) + shape.embedding_params
+    assert first > 1.15 * moe_only
+    assert out["memory_weights"][0] == pytest.approx(2.0 * first, rel=1e-12)

@@ -439,7 +439,7 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
 
 
 @njit(**_INLINE)
-def _memory(w, tp, etp, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local,
+def _memory(w, tp, etp, ep, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local,
             act_bytes, layers_stage, dense_stage_params, expert_stage_params, expert_group,
             params_bytes, p2p_split, prec):
     """megatron_compose.memory (``heavy_stage``: :func:`_heavy`)."""
@@ -469,6 +469,18 @@ def _memory(w, tp, etp, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, flash, 
     buffers = (bucket + 2.0 * act_bytes / p2p_split * (1.0 if pp > 1.0 else 0.0)
                + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
     footprint = weights + grads + optim + activations + buffers - _min(copy, activations + buffers)
+    if heavy_stage:  # the first stage, with the leading dense layers: the larger counts
+        nd = _min(w[21], layers_stage)
+        dense_a = ((nd * w[38] + (layers_stage - nd) * w[35] - layers_stage * w[37]) / tp
+                   + w[37] * layers_stage + emb / tp)
+        expert_a = w[36] * (layers_stage - nd) / (etp * ep * 1.0)
+        wa, ga, oa, ca = _model_state(dense_a, group, zero, grad_bytes)
+        we, ge, oe, ce = _model_state(expert_a, expert_group, zero, grad_bytes)
+        wa, ga, oa, ca = wa + we, ga + ge, oa + oe, ca + ce
+        act_a = (nd * act_dense + (layers_stage - nd) * act_moe) * (in_flight / layers_stage)
+        foot_a = wa + ga + oa + act_a + buffers - _min(ca, act_a + buffers)
+        if foot_a > footprint:
+            weights, grads, optim, activations, footprint = wa, ga, oa, act_a, foot_a
     return weights, grads, optim, activations, buffers, footprint
 
 

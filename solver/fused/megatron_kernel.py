@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "83645e21c3273eab"
+SOURCES_DIGEST = "19f61ffbb5ce6dde"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -261,7 +261,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
                                  layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
-            w, tp, etp, pp, v, heavy, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
+            w, tp, etp, ep, pp, v, heavy, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
             layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes, split,
             prec)
         # 8. compose (megatron_compose.compose and _mask)
@@ -589,7 +589,9 @@ def workload_scalars(w):
         # megatron_compose._stage_params on a stage of MoE layers only (heavy_moe_stage)
         float(w.moe_layer_nonexpert), float(w.expert_params * w.experts),
         # multi-head latent attention's duplicated weights a layer (megatron._Shape.attn_dup)
-        float(w.attn_dup)))
+        float(w.attn_dup),
+        # a dense layer's weights (megatron_compose.memory's first stage)
+        float(w.dense_layer_params)))
 
 
 def fleet_scalars(fleet, total_accelerators=None, constants=None):

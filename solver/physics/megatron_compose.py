@@ -182,6 +182,33 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # the optimizer's FP32 copy of 16-bit gradients (in optim) and the activations and
     # buffers are never held at once (megatron_memory [5]): the larger of them counts
     footprint = weights + grads + optim + activations + buffers - np.minimum(copy, activations + buffers)
+    heavy = heavy_moe_stage(w, pp, sp.v)
+    if heavy is not False:
+        # Priced above: a stage of MoE layers only, with the first stage's embedding and
+        # microbatches in flight. The first stage itself holds the leading dense layers,
+        # which at a large EP hold more weights a rank than MoE layers (DeepSeek-V3 at
+        # pp 16, ep 64: 3.09B against 2.56B a rank): the larger footprint counts.
+        nd = np.minimum(w.dense_layers, layers_stage)
+        dense_a = ((nd * w.dense_layer_params + (layers_stage - nd) * w.moe_layer_nonexpert
+                    - layers_stage * w.attn_dup) / tp + w.attn_dup * layers_stage
+                   + w.embedding_params / tp)
+        expert_a = w.expert_params * w.experts * (layers_stage - nd) / (sp.etp * sp.ep * 1.0)
+        wa, ga, oa = mem.model_state(dense_a, shard_group=group, zero_stage=zero,
+                                     grad_bytes=hw.grad_bytes)
+        we, ge, oe = mem.model_state(expert_a, shard_group=dpr.expert_group, zero_stage=zero,
+                                     grad_bytes=hw.grad_bytes)
+        wa, ga, oa = wa + we, ga + ge, oa + oe
+        copy_a = (mem.gradient_copy(dense_a, shard_group=group, zero_stage=zero,
+                                    grad_bytes=hw.grad_bytes)
+                  + mem.gradient_copy(expert_a, shard_group=dpr.expert_group, zero_stage=zero,
+                                      grad_bytes=hw.grad_bytes))
+        act_a = ((nd * act_dense + (layers_stage - nd) * act_moe)
+                 * (mem.in_flight_layers(layers_stage, pp, sp.v, sp.m) / layers_stage))
+        foot_a = wa + ga + oa + act_a + buffers - np.minimum(copy_a, act_a + buffers)
+        first = heavy & (foot_a > footprint)
+        weights, grads, optim = (np.where(first, wa, weights), np.where(first, ga, grads),
+                                 np.where(first, oa, optim))
+        activations, footprint = np.where(first, act_a, activations), np.where(first, foot_a, footprint)
     return Memory(weights=weights, grads=grads, optim=optim, activations=activations,
                   buffers=buffers, footprint=footprint)
 
