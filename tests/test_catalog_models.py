@@ -64,10 +64,9 @@ def test_megatron_catalog_shapes_count_their_published_parameters(name):
     typo or an attention priced as another kind would show here (DeepSeek-V3 with its
     multi-head latent attention read as 128-wide multi-head attention counted 2.6 % more)."""
     from solver.physics.megatron import _Shape
-    from sweep.calibration.measurements import _shape_params
 
     workload = solver.catalog.workload(name)
-    total, active = _shape_params(_Shape(workload))
+    total, active = _Shape(workload).parameter_counts()
     assert total == pytest.approx(workload.parameters, rel=2e-3)
     if workload.active_parameters:
         assert active == pytest.approx(workload.active_parameters, rel=2e-2)

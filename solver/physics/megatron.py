@@ -522,6 +522,14 @@ class _Shape:
         tied = True if w.tied_embeddings is None else bool(w.tied_embeddings)
         self.single_stage_embedding = self.embedding_params * (1.0 if tied else 2.0)
 
+    def parameter_counts(self):
+        """(total, active) parameters of the shape: its layers, dense and MoE (every expert;
+        the top-k and shared ones a token meets), and one embedding matrix if tied, two if not."""
+        dense = self.dense_layer_params * self.dense_layers
+        total = dense + (self.moe_layer_nonexpert + self.expert_params * self.experts) * self.moe_layers
+        active = dense + (self.moe_layer_nonexpert + self.expert_params * self.top_k) * self.moe_layers
+        return float(total + self.single_stage_embedding), float(active + self.single_stage_embedding)
+
 
 # ------------------------------------------------------------------- solve
 

@@ -237,16 +237,6 @@ def _catalog(where, column, text, getter):
 
 # ------------------------------------------------------------------ rows
 
-def _shape_params(shape):
-    """(total, active) parameters counted from a ``megatron._Shape`` [1]: its layers, dense and
-    MoE (every expert, and the top-k and shared ones a token meets), and one embedding matrix
-    if tied, two if not."""
-    dense = shape.dense_layer_params * shape.dense_layers
-    embedding = shape.single_stage_embedding
-    total = dense + (shape.moe_layer_nonexpert + shape.expert_params * shape.experts) * shape.moe_layers
-    active = dense + (shape.moe_layer_nonexpert + shape.expert_params * shape.top_k) * shape.moe_layers
-    return float(total + embedding), float(active + embedding)
-
 
 def _workload(where, row):
     shape = {k: row[k] for k in _SHAPE if row.get(k) not in (None, "")}
@@ -276,7 +266,7 @@ def _workload(where, row):
     except ValueError as error:  # a shape no one could build: the spec's message names the key
         key = next((k for k in shape if repr(k) in str(error) or f" {k} " in str(error)), None)
         where.fail(key, "a shape a model can have", shape.get(key, ""), hint=f" ({error})")
-    total, active = _shape_params(counted)
+    total, active = counted.parameter_counts()
     params = (_positive(where, "parameters", shape["parameters"]) if "parameters" in shape
               else total)
     fields["parameters"] = float(params)
