@@ -454,6 +454,7 @@ def _memory(w, tp, etp, ep, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, fla
     low_bits = _low_bits(prec)
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash,
                                   low_bits, w[23], w[32], w[33], 1.0)
+    act_moe = 0.0  # (defined on every path: a value left from the last iteration otherwise)
     if moe != 0.0:
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
                                     low_bits, w[24], w[32], w[33], etp / (tp * 1.0))
