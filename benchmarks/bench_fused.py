@@ -13,7 +13,11 @@
    HGX_H100_1K_MC: numpy against ``engine="fused"`` (reported as not available
    where the megatron model takes no ``engine``); then ``--pairs`` adjacent calls of
    the two physics' fused kernels, mlsysim then megatron, whose median time ratio is
-   the figure of megatron against mlsysim.
+   the figure of megatron against mlsysim. Then the same draw of Mixtral_8x7B_MC with
+   ``ep_size`` drawn from 1, 2, 4, 8: an MoE workload compiles a loop of its own (the
+   dense one drops the expert terms), and this draw has about 5,200 distinct keys of the
+   kernel's step memo, past its 2,048 (``megatron_kernel.MEMO_KEYS``): the rest are priced
+   one by one.
 3. an open-mesh grid (6.45M layouts, the mlsysim grid of ``bench_megatron.py``),
    numpy path (a grid is not flat): all outputs; with two outputs (``solve``
    has no output selection: it computes them all, and the two are then made
@@ -322,6 +326,30 @@ def main(argv=None):
     res["megatron_flat"]["floor"] = row("  floor: bytes in + out at the bandwidth", n, mg_floor,
                                         ref_rate)
 
+    # 2b. megatron physics, flat, an MoE workload: its kernel compiles a loop of its own
+    # (the dense one drops the expert terms), which once went scalar unnoticed here
+    if isinstance(res["megatron_flat"].get("fused"), dict):
+        ewl = catalog.workload("Mixtral_8x7B_MC")
+        eknobs = dict(mknobs, ep_size=np.random.default_rng(2).choice([1, 2, 4, 8], n))
+        e_np_s, e_np = best(lambda: megatron.solve(ewl, mfl, seq_len=8192, engine="numpy",
+                                                   **eknobs), repeat)
+        e_floor = n * (nbytes_per(eknobs.values(), n) + nbytes_per(e_np.values(), n)) / bw
+        e_fu_s, e_fu = best(lambda: megatron.solve(ewl, mfl, seq_len=8192, engine="fused",
+                                                   **eknobs), repeat + 2)
+        e_fu1_s, _ = best(one_thread(lambda: megatron.solve(
+            ewl, mfl, seq_len=8192, engine="fused", **eknobs)), repeat + 2)
+        res["megatron_moe_flat"] = {
+            "workload": ewl.name, "fleet": mfl.name, "seq_len": 8192,
+            "knobs": "the megatron draw, and ep_size drawn from 1, 2, 4, 8",
+            "numpy": row("megatron MoE, flat, numpy path", n, e_np_s, ref_rate, e_floor),
+            "fused": row(f"megatron MoE, flat, fused kernel, {fused.threads()} threads", n,
+                         e_fu_s, ref_rate, e_floor),
+            "fused_one_thread": row("megatron MoE, flat, fused kernel, 1 thread", n, e_fu1_s,
+                                    ref_rate, e_floor),
+            "fused_bitwise_equal_numpy": same(e_fu, e_np),
+            "floor": row("  floor: bytes in + out at the bandwidth", n, e_floor, ref_rate)}
+        del e_fu, e_np
+
     # 3. an open-mesh grid (numpy path: not flat)
     grid = mlsysim_grid()
     g_n = int(np.prod(np.broadcast_shapes(*(np.shape(v) for v in grid.values()))))
@@ -407,6 +435,14 @@ def markdown(res):
         add(f"megatron, flat, fused kernel, {m['threads']} threads, fresh output arrays",
             res["megatron_flat"]["fused_fresh_outputs"])
     add("megatron, flat, floor (bytes in + out)", res["megatron_flat"]["floor"])
+    if "megatron_moe_flat" in res:
+        e = res["megatron_moe_flat"]
+        add(f"megatron, {e['workload']} (MoE), flat, numpy path", e["numpy"])
+        add(f"megatron, {e['workload']} (MoE), flat, fused kernel, {m['threads']} threads",
+            e["fused"])
+        add(f"megatron, {e['workload']} (MoE), flat, fused kernel, 1 thread",
+            e["fused_one_thread"])
+        add(f"megatron, {e['workload']} (MoE), flat, floor (bytes in + out)", e["floor"])
     add("grid (open mesh), all outputs, numpy", res["grid"]["all_outputs"])
     add("grid (open mesh), two outputs, numpy", res["grid"]["two_outputs"])
     f = res["mlsysim_flat"]
