@@ -66,25 +66,39 @@ def test_mla_model_flops_are_six_per_weight_and_the_core_at_its_widths():
     assert got == pytest.approx(expected, rel=1e-12)
 
 
+def _tp_bytes_and_latency(workload, fleet, **kw):
+    """The TP time's bandwidth part and its latency part, apart: priced at two NVLink
+    efficiencies (the time is B / efficiency + L)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        half = M.solve(workload, fleet, scale_up_efficiency=0.5, **kw)["tp_communication_latency"]
+        whole = M.solve(workload, fleet, scale_up_efficiency=1.0, **kw)["tp_communication_latency"]
+    return half - whole, 2.0 * whole - half
+
+
 @pytest.mark.parametrize("engine", ["numpy", "fused"])
 @pytest.mark.parametrize("recompute", ["none", "full"])
 def test_mla_tp_pair_moves_its_latents_where_gqa_moves_h(engine, recompute):
     """Per layer, one of the attention's two collectives carries (q_lora + kv_lora + rope)
-    elements a token instead of h; the MLP's pair (dense or shared experts) is unchanged."""
+    elements a token instead of h; the MLP's pair (dense or shared experts) is unchanged.
+    Under SP the attention makes four collectives a direction (three all-gathers and a
+    reduce-scatter) where GQA makes two, so its latency is two pairs'; without SP, one."""
     if engine == "fused":
         pytest.importorskip("numba")
     h = 7168
     attn_pair = (h + 1536 + 512 + 64) / (2 * h)
     assert M._Shape(DSV3).attn_pair == attn_pair
     fleet = catalog.fleet("GB200_NVL72_8_MC")
-    kw = dict(batch_size=1152, seq_len=4096, tp_size=[8, 4], pp_size=9, ep_size=8,
-              micro_batch_size=1, sequence_parallel=True, recompute=recompute, engine=engine)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        mla, mha = M.solve(DSV3, fleet, **kw), M.solve(DSV3_MHA, fleet, **kw)
-    ratio = mla["tp_communication_latency"] / mha["tp_communication_latency"]
+    kw = dict(batch_size=1152, seq_len=4096, tp_size=[8, 4, 8, 4], pp_size=9, ep_size=8,
+              micro_batch_size=1, sequence_parallel=[True, True, False, False],
+              recompute=recompute, engine=engine)
+    mla_bytes, mla_latency = _tp_bytes_and_latency(DSV3, fleet, **kw)
+    mha_bytes, mha_latency = _tp_bytes_and_latency(DSV3_MHA, fleet, **kw)
+    assert (mha_latency > 0.05 * mha_bytes).all() and (mha_bytes > mha_latency).all()  # both count
     # every DeepSeek-V3 layer has an MLP pair: dense MLP or shared expert
-    np.testing.assert_allclose(ratio, (attn_pair + 1.0) / 2.0, rtol=1e-12)
+    np.testing.assert_allclose(mla_bytes / mha_bytes, (attn_pair + 1.0) / 2.0, rtol=1e-9)
+    np.testing.assert_allclose(mla_latency / mha_latency,
+                               [(2.0 + 1.0) / 2.0] * 2 + [(attn_pair + 1.0) / 2.0] * 2, rtol=1e-6)
 
 
 def test_mla_activations_keep_q_k_v_and_context_at_their_widths():

@@ -231,6 +231,9 @@ def _communication(w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_spl
     mlp_pairs = ((1.0 - moe_share) + moe_share * (1.0 if shared != 0.0 else 0.0)) if moe != 0.0 else 1.0
     tp_calls = (w[31] + mlp_pairs) * (2.0 + (1.0 if full else 0.0))
     tp_total = tp_calls * t_ar
+    if w[25] != 0.0 and sp:  # multi-head latent attention's four collectives a direction
+        t_lat = _coll_ar(0.0, tp, tp_bw, tp_lat) + (call_lat if tp > 1.0 else 0.0)
+        tp_total = tp_total + ((2.0 - w[31]) * (2.0 + (1.0 if full else 0.0))) * t_lat
     tp_hidden = overlap_eff if (tco and sp and w[25] == 0.0) else 0.0
     tp_layer = tp_total * (1.0 - tp_hidden)
     kv_bytes = 2.0 * 2.0 * tokens * kv_t * w[30]

@@ -475,6 +475,15 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     # one of its two collectives: ``attn_pair`` of a pair's bytes [33].)
     tp_calls = (w.attn_pair + mlp_pairs) * (2.0 + (rc == 2))
     tp_total = tp_calls * t_ar
+    if w.mla:
+        # Under SP a multi-head latent attention makes four collectives a direction where
+        # GQA makes two [33]: all-gathers of the query latent, of the key/value latent
+        # (inside the up projections) and of the positional key, and the output's
+        # reduce-scatter. ``attn_pair`` above scales a pair's bytes, and with them its
+        # latency; the rest of two pairs' latency (ring steps and launches) is added here.
+        t_lat = (net.allreduce_time(0.0, tp, bus_bandwidth=tp_bw, latency=tp_lat)
+                 + call_lat * (tp > 1))
+        tp_total = tp_total + sp.sp * ((2.0 - w.attn_pair) * (2.0 + (rc == 2))) * t_lat
     # (none for multi-head latent attention, whose projections turn the overlap off [33])
     tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp & (not w.mla), c["overlap_efficiency"], 0.0)
     tp_layer = tp_total * (1.0 - tp_hidden)
