@@ -264,3 +264,38 @@ def test_the_first_stage_counts_where_its_dense_layers_outweigh_moe_ones(engine)
     moe_only = 4 * (shape.moe_layer_nonexpert + shape.expert_params * 256 / 64) + shape.embedding_params
     assert first > 1.15 * moe_only
     assert out["memory_weights"][0] == pytest.approx(2.0 * first, rel=1e-12)
+
+
+@pytest.mark.parametrize("sp, tp", [(True, 4), (False, 4), (False, 1)])
+def test_mla_latent_norms_rope_and_concatenations_stream_their_bytes(sp, tp, monkeypatch):
+    """Besides the layer's elementwise work, an MLA layer streams, 16 bits read and written:
+    the two latents' norms on the down projections' tokens, RoPE on the positional query
+    (every local head) and key (one), and the query's and key's concatenations (local
+    heads x qk_head_dim each). DeepSeek-V3's widths, written out from its config."""
+    from solver import gemm
+    from solver.physics import megatron_steps
+    seen = []
+    real = gemm.memory_bound_time
+
+    def record(nbytes, bandwidth, **kw):
+        seen.append(np.asarray(nbytes, dtype=float).copy())
+        return real(nbytes, bandwidth, **kw)
+
+    monkeypatch.setattr(megatron_steps.gemm, "memory_bound_time", record)
+    mbs, s = 1, 4096
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        M.solve(DSV3, catalog.fleet("GB200_NVL72_8_MC"), batch_size=1152, seq_len=s, tp_size=tp,
+                pp_size=8, ep_size=8, micro_batch_size=mbs, sequence_parallel=sp, engine="numpy")
+    tokens, heads_t = mbs * s, 128 / tp
+    norm_tokens = tokens / (tp if sp else 1)
+    expected = (4 * (1536 + 512) * norm_tokens + 4 * 64 * (heads_t + 1) * tokens
+                + 8 * heads_t * (128 + 64) * tokens)
+    assert any(np.size(b) == 1 and float(b) == pytest.approx(expected, rel=1e-12) for b in seen)
+    # and the multi-head approximation has no such term
+    seen.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        M.solve(DSV3_MHA, catalog.fleet("GB200_NVL72_8_MC"), batch_size=1152, seq_len=s, tp_size=tp,
+                pp_size=8, ep_size=8, micro_batch_size=mbs, sequence_parallel=sp, engine="numpy")
+    assert not any(np.size(b) == 1 and float(b) == pytest.approx(expected, rel=1e-12) for b in seen)

@@ -187,6 +187,10 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
                             k_overhead, lg[G_FC1], lg[G_FC2])
     elementwise = _mbt(elem_bytes * tokens * h / norm_split, hbm)
     attn_gemms_f = t_qkv + t_proj
+    if w[25] != 0.0:  # multi-head latent attention's norms, RoPE and concatenations
+        attn_gemms_f = attn_gemms_f + _mbt(
+            4.0 * (w[26] + w[27]) * (tokens / norm_split) + 4.0 * w[28] * (heads_t + 1.0) * tokens
+            + 8.0 * heads_t * w[29] * tokens, hbm)
     t_dense_f = attn_gemms_f + t_mlp_dense + elementwise
     if moe != 0.0:
         routed = tokens * top_k * (etp / (tp * 1.0))

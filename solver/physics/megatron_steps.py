@@ -385,8 +385,16 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
                  if w.q_lora else g(2.0 * tokens * h * heads_t * w.qk_dim, k=h))
         t_qkv = t_qkv + (g(2.0 * down_tok * h * (w.kv_lora + w.rope), k=h)
                          + g(2.0 * tokens * w.kv_lora * heads_t * (w.qk_dim - w.rope + d), k=w.kv_lora))
+        # Its memory-bound work besides the layer's [33], 16 bits read and written: the
+        # latents' RMSNorms (q_layernorm, kv_layernorm) on the down projections' tokens,
+        # RoPE on the positional query (each head) and key (one, gathered over the
+        # sequence), and the concatenations of the query's and the key's parts.
+        t_latent = gemm.memory_bound_time(
+            4.0 * (w.q_lora + w.kv_lora) * down_tok + 4.0 * w.rope * (heads_t + 1.0) * tokens
+            + 8.0 * heads_t * w.qk_dim * tokens, hbm)
     else:
         t_qkv = g(fl.qkv_flops(tokens, h, heads=heads_t, kv_heads=kv_t, head_dim=d), k=h)
+        t_latent = 0.0
     t_proj = g(fl.attention_output_flops(tokens, h, heads=heads_t, head_dim=d), k=heads_t * d)
     flash = k["flash_attention"]
     # Attention core: a fused causal kernel skips masked blocks [5] at its own efficiency;
@@ -403,7 +411,7 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
 
     t_mlp_dense = _mlp_time(w, hw, tokens, ffn_t)
     elementwise = gemm.memory_bound_time(c["elementwise_bytes"] * tokens * h / norm_split, hbm)
-    attn_gemms_f = t_qkv + t_proj
+    attn_gemms_f = t_qkv + t_proj + t_latent
     t_dense_f = attn_gemms_f + t_mlp_dense + elementwise
     if w.moe:
         local_experts = w.experts / (ep * 1.0)
