@@ -299,3 +299,30 @@ def test_mla_latent_norms_rope_and_concatenations_stream_their_bytes(sp, tp, mon
         M.solve(DSV3_MHA, catalog.fleet("GB200_NVL72_8_MC"), batch_size=1152, seq_len=s, tp_size=tp,
                 pp_size=8, ep_size=8, micro_batch_size=mbs, sequence_parallel=sp, engine="numpy")
     assert not any(np.size(b) == 1 and float(b) == pytest.approx(expected, rel=1e-12) for b in seen)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_mla_under_fp8_keeps_two_copies_of_the_norm_output_and_its_latents_in_one_byte(engine):
+    """Under FP8 each of MLA's two down projections keeps its own one-byte copy of the
+    layer's norm output (one more byte a token and h than GQA's fused norm and QKV), and
+    the up projections keep the latents' norm outputs in one byte, not two. Against the
+    multi-head approximation (whose FP8 saving is the rest of the layer's, the same), the
+    activations FP8 adds are h - q_lora - kv_lora bytes a token, a layer, split by TP
+    under SP."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    fleet = catalog.fleet("GB200_NVL72_8_MC")
+    mbs, s, tp = 2, 4096, 4
+    kw = dict(batch_size=1152, seq_len=s, tp_size=tp, pp_size=1, ep_size=8,
+              micro_batch_size=mbs, sequence_parallel=np.array([True, False]), engine=engine)
+
+    def activations(workload, precision):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = M.solve(workload, fleet, precision=precision, **kw)
+        return np.asarray(out["memory_activations"], dtype=float)
+
+    added = ((activations(DSV3, "fp8") - activations(DSV3, "bf16"))
+             - (activations(DSV3_MHA, "fp8") - activations(DSV3_MHA, "bf16")))
+    per_layer = mbs * s * (7168 - 1536 - 512) / np.array([tp, 1.0])
+    np.testing.assert_allclose(added, 61 * per_layer, rtol=1e-9)

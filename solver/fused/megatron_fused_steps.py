@@ -459,12 +459,13 @@ def _memory(w, tp, etp, ep, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, fla
         we, ge, oe, ce = _model_state(expert_stage_params, expert_group, zero, grad_bytes)
         weights, grads, optim, copy = weights + we, grads + ge, optim + oe, copy + ce
     low_bits = _low_bits(prec)
+    latent = w[39] if low_bits else w[32]  # multi-head latent attention's, by precision
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash,
-                                  low_bits, w[23], w[32], w[33], 1.0)
+                                  low_bits, w[23], latent, w[33], 1.0)
     act_moe = 0.0  # (defined on every path: a value left from the last iteration otherwise)
     if moe != 0.0:
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
-                                    low_bits, w[24], w[32], w[33], etp / (tp * 1.0))
+                                    low_bits, w[24], latent, w[33], etp / (tp * 1.0))
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense

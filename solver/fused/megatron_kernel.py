@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "1b3a00616921f442"
+SOURCES_DIGEST = "b7761f314effc619"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -591,7 +591,9 @@ def workload_scalars(w):
         # multi-head latent attention's duplicated weights a layer (megatron._Shape.attn_dup)
         float(w.attn_dup),
         # a dense layer's weights (megatron_compose.memory's first stage)
-        float(w.dense_layer_params)))
+        float(w.dense_layer_params),
+        # multi-head latent attention's latents kept under FP8 (megatron._Shape.latent_act_fp8)
+        float(w.latent_act_fp8)))
 
 
 def fleet_scalars(fleet, total_accelerators=None, constants=None):

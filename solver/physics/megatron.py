@@ -497,6 +497,11 @@ class _Shape:
             # inputs replicated over TP unless SP splits the sequence.
             self.attn_act = 4.0 * self.heads * (self.qk_dim + self.head_dim) / h
             self.latent_act = (4.0 * (self.q_lora + self.kv_lora) + 2.0 * self.rope) / h
+            # Under FP8 [6] the up projections keep the latents' norm outputs in one byte,
+            # and the layer's norm output is kept once more: each down projection (a
+            # TELinear of its own [33]) keeps its own FP8 copy of it, where GQA's fused
+            # norm and QKV keep one.
+            self.latent_act_fp8 = (3.0 * (self.q_lora + self.kv_lora) + 2.0 * self.rope) / h + 1.0
             # The down projections and the latents' norms, ``duplicated`` [33]: whole on
             # every TP rank (the rest of the layer's weights split over TP).
             self.attn_dup = ((self.q_lora * (h + 1) if self.q_lora else 0.0)
@@ -509,7 +514,7 @@ class _Shape:
             # Table 2 of Korthikanti et al.: Q, K, V and the output projection's input, 2 bytes
             # each, at their widths (a h, kv d, kv d, a d) over h
             self.attn_act = 4.0 * (self.heads * self.head_dim + self.kv_heads * self.head_dim) / h
-            self.latent_act = 0.0
+            self.latent_act = self.latent_act_fp8 = 0.0
             self.attn_dup = 0.0
         self.attn_params = attn
         # the output projection's input width over h (kept in one byte under FP8)

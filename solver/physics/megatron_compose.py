@@ -157,17 +157,18 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         weights, grads, optim = weights + we, grads + ge, optim + oe
         copy = copy + mem.gradient_copy(dpr.expert_stage_params, shard_group=dpr.expert_group,
                                         zero_stage=zero, grad_bytes=hw.grad_bytes)
+    latent = np.where(hw.low_bits, w.latent_act_fp8, w.latent_act)
     act_dense = mem.layer_activation_bytes(
         mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
         tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
-        low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=w.latent_act,
+        low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
         context_ratio=w.context_ratio)
     if w.moe:
         act_moe = mem.layer_activation_bytes(
             mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
             tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
             moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
-            low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=w.latent_act,
+            low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
             context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0))
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
