@@ -167,6 +167,27 @@ def test_interleaved_sends_wait_per_chunk_without_overlap_p2p_comm(engine):
                                x_off - x_on, rtol=1e-9)
 
 
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_interleaved_chunks_leave_one_chunks_dp_traffic_exposed(engine):
+    """Megatron-Core launches each model chunk's gradient reduction as its last backward
+    ends, and each chunk's parameter gather before its first forward ([17] of the model):
+    under interleaving only one chunk's share, 1/v, is left exposed; without the overlaps
+    the whole traffic waits, whatever v. The layout puts 80 layers on 4 stages, DP 32 over
+    the fabric, so the exposed traffic is well above zero."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    v = np.array([1, 2, 4, 5, 10, 20])
+    kw = dict(BASE, dp_size=32, batch_size=2560, v_stages=v, zero_stage=1, engine=engine)
+    on = M.solve(WL, FL, overlap_grad_reduce=True, overlap_param_gather=True, **kw)
+    off = M.solve(WL, FL, overlap_grad_reduce=False, overlap_param_gather=False, **kw)
+    exposed = np.asarray(on["dp_communication_latency"])
+    assert exposed[0] > 0.05
+    np.testing.assert_allclose(exposed * v, exposed[0], rtol=1e-12)
+    whole = np.asarray(off["dp_communication_latency"])
+    np.testing.assert_allclose(whole, whole[0], rtol=0)
+    assert (whole > exposed).all()
+
+
 def test_bubble_is_narayanan_eq1():
     for v in (1, 5):
         out = M.solve(WL, FL, **{**BASE, "v_stages": v})

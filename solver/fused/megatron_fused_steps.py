@@ -341,7 +341,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
 # ---------------------------------------------------------- 6. data parallel
 
 @njit(**_INLINE)
-def _data_parallel(w, f, c, tp, pp, heavy_stage, ep, etp, group, zero, m, ogr, opg, grad_bytes,
+def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                    layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q):
     """megatron_compose.data_parallel (with _stage_params; ``q``: the domain over tp x group,
     the stages per domain :func:`_pipeline` has; ``heavy_stage``: :func:`_heavy`)."""
@@ -402,10 +402,11 @@ def _data_parallel(w, f, c, tp, pp, heavy_stage, ep, etp, group, zero, m, ogr, o
                 t_gather = t_gather + 0.0
         stage_b = layers_stage * window_b
         stage_f = layers_stage * window_f
+        chunk = 1.0 / v  # the one model chunk's share left exposed under interleaving
         per_microbatch = m if zero == 2 else 1.0
-        exp_grad = per_microbatch * (_exposed(t_grad, stage_b, eta) if ogr else t_grad)
+        exp_grad = per_microbatch * ((_exposed(t_grad, stage_b, eta) * chunk) if ogr else t_grad)
         t_grad = per_microbatch * t_grad
-        exp_gather = _exposed(t_gather, stage_f, eta) if opg else t_gather
+        exp_gather = (_exposed(t_gather, stage_f, eta) * chunk) if opg else t_gather
     local_params = heavy / (group if sharded else 1.0) + (
         expert_stage_params / (expert_group if sharded else 1.0) if moe != 0.0 else 0.0)
     t_opt = _mbt(_OPT_BYTES * local_params, hbm)

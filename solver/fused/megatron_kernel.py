@@ -88,7 +88,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "b7761f314effc619"
+SOURCES_DIGEST = "1a91e467da648706"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -257,7 +257,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             1.0 * ((not sp) and split > 1.0), n_acc)
         # 6. data parallel
         (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
-         t_opt) = _data_parallel(w, f, c, tp, pp, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
+         t_opt) = _data_parallel(w, f, c, tp, pp, v, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                                  layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(

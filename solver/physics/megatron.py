@@ -99,7 +99,10 @@ References
 [17] Megatron-Core ``pipeline_parallel/schedules.py``
     (``forward_backward_pipelining_with_interleaving``): the interleaved schedule
     runs microbatches in groups of ``microbatch_group_size_per_vp_stage``, pp by
-    default; a microbatch count below pp, or not a multiple of it, raises.
+    default; a microbatch count below pp, or not a multiple of it, raises. Each model
+    chunk's gradient reduction is launched when its last microbatch's backward is done
+    (``enable_grad_sync`` / ``grad_sync_func`` per chunk, ``synchronized_model_chunks``),
+    and each chunk's parameter all-gather before its first forward (``param_sync_func``).
 [18] Megatron-Core ``transformer/dot_product_attention.py``: the unfused attention
     asserts "Context parallelism is only supported by TEDotProductAttention!".
 [19] Megatron-Core ``tensor_parallel/mappings.py``: sequence parallelism scatters

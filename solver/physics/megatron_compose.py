@@ -83,17 +83,24 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
                         + (dp_coll("all_gather", mem.WEIGHT_BYTES * expert_stage_params,
                                    expert_group, ranks_up_expert) if w.moe else 0.0), 0.0)
     # Last microbatch's backward hides the bucketed gradient reduction; the first forward
-    # hides the parameter all-gather [7].
+    # hides the parameter all-gather [7]. With interleaved stages each model chunk's are
+    # launched on their own [17]: a chunk's gradients as its last backward ends, which
+    # leaves the rest of the cooldown (the other chunks' last backwards) to hide all but
+    # the last chunk's; a chunk's parameters before its first forward, all but the first
+    # chunk's behind the forwards before it. The exposed share is the one chunk's, 1/v
+    # (its bytes over its own layers' backward, or forward).
     stage_b = layers_stage * pl.window_b
     stage_f = layers_stage * pl.window_f
     eta = c["overlap_efficiency"]
+    chunk = 1.0 / sp.v
     # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters them after every
     # microbatch's backward, each behind that backward [24]; the other stages once.
     per_microbatch = np.where(zero == 2, m, 1.0)
-    exp_grad = per_microbatch * np.where(k["overlap_grad_reduce"], _exposed(t_grad, stage_b, eta),
-                                         t_grad)
+    exp_grad = per_microbatch * np.where(k["overlap_grad_reduce"],
+                                         _exposed(t_grad, stage_b, eta) * chunk, t_grad)
     t_grad = per_microbatch * t_grad
-    exp_gather = np.where(k["overlap_param_gather"], _exposed(t_gather, stage_f, eta), t_gather)
+    exp_gather = np.where(k["overlap_param_gather"], _exposed(t_gather, stage_f, eta) * chunk,
+                          t_gather)
     # FSDP [9]: gather forward and backward, reduce-scatter gradients, every microbatch,
     # prefetched behind the whole compute under overlap_param_gather (else [29], below).
     # The gathers run as one flat ring per rank over its own NIC (DeepSpeed ZeRO-3 and
