@@ -47,6 +47,18 @@ def builtin_spec(name: str):
     return _specs_dir() / f"{stem}.toml"
 
 
+def missing_spec_hint(path: Path) -> str:
+    """What to say of a spec file ``path`` that does not exist: the built-in specs, and the
+    closest of them where ``path`` looks like a misspelled one (a bare name, or the
+    README's ``configs/sweeps/<name>.toml``); ``""`` for other paths."""
+    parts = path.parts
+    if path.is_absolute() or not (len(parts) == 1 or parts[-3:-1] == ("configs", "sweeps")
+                                  and len(parts) == 3):
+        return ""
+    stem = path.name[:-5] if path.name.endswith(".toml") else path.name
+    return f" (built-in specs: {', '.join(builtin_specs())}){suggest(stem, builtin_specs())}"
+
+
 def _builtin_for(path: Path):
     """The built-in spec a missing relative ``path`` names, if any.
 

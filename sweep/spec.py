@@ -73,7 +73,7 @@ from solver.specs import Fleet, Workload
 
 from . import physics as physics_
 from ._reader import Reader, SpecError, suggest
-from .examples import SPECS_PACKAGE, _builtin_for, builtin_spec, builtin_specs
+from .examples import SPECS_PACKAGE, _builtin_for, builtin_spec, builtin_specs, missing_spec_hint
 from .axes import (MAX_AXIS_VALUES, Axis, divisors, knob_of, knob_value, parse_axis,
                    powers_of_two)
 from .limits import MemoryLimit, MemoryLimitError, parse_memory_limit
@@ -286,9 +286,19 @@ def load_spec(spec, *, source: Optional[str] = None, physics=None) -> Spec:
         Naming the file and key, what was expected and what came.
     """
     def parse(raw, where, base):
-        if physics is not None:
-            raw = {**raw, "physics": list(physics) if isinstance(physics, tuple) else physics}
-        return _parse(raw, where, base)
+        if physics is None:
+            return _parse(raw, where, base)
+        own = raw.get("physics", physics_.DEFAULT_PHYSICS)
+        raw = {**raw, "physics": list(physics) if isinstance(physics, tuple) else physics}
+        try:
+            return _parse(raw, where, base)
+        except SpecError as err:
+            if "expected a knob of the physics" not in str(err):
+                raise
+            raise SpecError(f"{err}; the physics {physics!r} was asked for in place of the "
+                            f"spec's own {own!r} (--physics, or physics=): the spec's axes are "
+                            f"knobs of its own model, so run it without that, or a spec "
+                            f"written for {physics!r}") from None
 
     if isinstance(spec, Spec):
         if physics is None:
@@ -302,6 +312,8 @@ def load_spec(spec, *, source: Optional[str] = None, physics=None) -> Spec:
             raw = catalog.read_toml(builtin, f"configs/sweeps/{builtin.name}", error=SpecError,
                                     what="spec file")
             return parse(raw, source or f"configs/sweeps/{builtin.name}", base=Path.cwd())
+        if not path.exists() and missing_spec_hint(path):
+            raise SpecError(f"{path}: no such spec file{missing_spec_hint(path)}")
         raw = catalog.read_toml(path, str(path), error=SpecError, what="spec file")
         return parse(raw, source or str(path), base=path.parent)
     if isinstance(spec, Mapping):

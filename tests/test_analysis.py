@@ -208,6 +208,35 @@ def test_pareto_front_needs_two_objectives():
         sweep.pareto_front(_random_cube(0), {"mfu": "up", "memory_footprint": "min"})
 
 
+def test_pareto_front_takes_a_list_of_outputs_in_their_own_directions():
+    cube = _random_cube(1)
+    listed = sweep.pareto_front(cube, ["mfu", "memory_footprint"])
+    spelled = sweep.pareto_front(cube, {"mfu": "maximize", "memory_footprint": "minimize"})
+    assert listed.sizes["point"] == spelled.sizes["point"] > 0
+    for name in listed.data_vars:
+        np.testing.assert_array_equal(listed[name].values, spelled[name].values)
+    with pytest.raises(ValueError, match=r"'tp_size' is no output with a direction of better; "
+                                         r"give a dict such as \{'tp_size': 'maximize'"):
+        sweep.pareto_front(cube, ["mfu", "tp_size"])
+    with pytest.raises(ValueError, match=r"'mfuu' is no output .*did you mean 'mfu'\?"):
+        sweep.pareto_front(cube, ("mfuu", "memory_footprint"))
+    with pytest.raises(ValueError, match="at least 2"):
+        sweep.pareto_front(cube, ["mfu"])
+
+
+def test_a_ranking_across_physics_models_warns_unless_one_is_selected():
+    cube = _random_cube(2).expand_dims(physics=["mlsysim", "megatron"])
+    with pytest.warns(sweep.analysis.ModelMixWarning, match="spans the physics models megatron, mlsysim"):
+        sweep.top_k(cube, objective="mfu", k=3)
+    with pytest.warns(sweep.analysis.ModelMixWarning):
+        sweep.pareto_front(cube, ["mfu", "memory_footprint"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sweep.analysis.ModelMixWarning)
+        sweep.top_k(cube.sel(physics="megatron"), objective="mfu", k=3)
+        one = (cube.physics == "megatron") & (cube.mfu > -1.0)
+        sweep.top_k(cube, objective="mfu", k=3, where=one)
+
+
 def test_deprecated_spellings_give_the_same_answers():
     cube = _random_cube(3)
     with pytest.warns(DeprecationWarning, match="by= is deprecated; use objective="):

@@ -259,6 +259,16 @@ def test_refusal_names_the_toml_file(tmp_path):
         load_spec(tmp_path / "missing.toml")
 
 
+@pytest.mark.parametrize("name,closest", [("megatron_mo", "megatron_moe"), ("defalt", "default"),
+                                          ("configs/sweeps/defaults.toml", "default")])
+def test_a_misspelled_spec_name_names_the_built_in_specs_and_the_closest(name, closest, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no such file here: the name is read as a built-in spec's
+    with pytest.raises(SpecError, match=rf"no such spec file \(built-in specs: .*default.*\); "
+                                        rf"did you mean '{closest}'\?"):
+        load_spec(name)
+
+
 def test_continuous_axis_is_refused_by_a_sweep():
     spec = load_spec({**BASE, "axes": {"efficiency": {"from": 0.3, "to": 0.6}}})
     assert spec.axis("efficiency").is_continuous  # a search may sample it
@@ -295,3 +305,10 @@ def test_memory_limit_goes_through_the_one_parser():
         load_spec({**base, "constraints": {"memory_limit": 80}})
     with pytest.raises(SpecError, match=r"constraints\.memory_limit: expected a bytes quantity"):
         load_spec({**base, "constraints": {"memory_limit": "72 parsecs"}})
+
+
+def test_physics_asked_for_over_a_spec_of_the_other_model_says_where_it_came_from():
+    with pytest.raises(SpecError, match=r"axes\.microbatch_count: expected a knob of the physics "
+                                        r"megatron.*; the physics 'megatron' was asked for in "
+                                        r"place of the spec's own 'mlsysim' \(--physics"):
+        load_spec("default", physics="megatron")

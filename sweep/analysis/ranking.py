@@ -14,14 +14,15 @@ import numpy as np
 import xarray as xr
 
 from solver.blocks import BLOCK_POINTS
-from solver.outputs import MAXIMIZE, better
+from solver.outputs import MAXIMIZE, better, objective_names
 
+from .._reader import suggest
 from ..pareto import nondominated
 from ._aliases import OLD_DIRECTIONS, checked_direction, direction_of, renamed
 from .empty import admissible_counts, explain_empty
 from .masks import _check_complete, _require, aligned, mask
 from .ties import collapse
-from .utilization import warn_across_precisions
+from .utilization import warn_across_models, warn_across_precisions
 
 __all__ = ["top_k", "best_along", "pareto_front", "DEFAULT_OBJECTIVES", "BLOCK_POINTS"]
 
@@ -156,6 +157,18 @@ def _aligned_where(cube, where):
     return where
 
 
+def _warn_models(cube, where) -> None:
+    """:func:`warn_across_models` for the physics models a ranking's points span (those
+    ``where``, a boolean DataArray over them, keeps any point of)."""
+    if "physics" not in cube.dims:
+        return
+    models = cube["physics"].values
+    if isinstance(where, xr.DataArray) and "physics" in where.dims:
+        keep = where.any(dim=[d for d in where.dims if d != "physics"])
+        models = keep["physics"].values[np.asarray(keep.values, dtype=bool)]
+    warn_across_models(models, stacklevel=4)
+
+
 def _sign(direction):
     return -1.0 if direction == MAXIMIZE else 1.0
 
@@ -229,6 +242,7 @@ def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
                          f"{objective!r} (pass it as where= to select points)")
     if "precision" in cube.dims:
         warn_across_precisions([objective], cube["precision"].values)
+    _warn_models(cube, where)
     sign = _sign(direction)
     if not collapse_ties:
         best_values, best_flat = _best_flat(cube, objective, sign, k, where, constraints,
@@ -383,7 +397,21 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
 
 
 def _objectives(objectives) -> dict:
-    """``objectives`` (default :data:`DEFAULT_OBJECTIVES`) with optuna's direction words."""
+    """``objectives`` (default :data:`DEFAULT_OBJECTIVES`) with optuna's direction words; a
+    list of names takes each output's own direction of better."""
+    if isinstance(objectives, (list, tuple)):
+        names = list(objectives)
+        for name in names:
+            if not isinstance(name, str):
+                raise ValueError(f"objectives: expected output names or a dict of name -> "
+                                 f"'maximize' / 'minimize', but got {objectives!r}")
+        undirected = [n for n in names if n not in objective_names()]
+        if undirected:
+            raise ValueError(
+                f"objectives: {undirected[0]!r} is no output with a direction of better; give a dict "
+                f"such as {{{undirected[0]!r}: 'maximize', ...}} (outputs with one: "
+                f"{', '.join(objective_names())}){suggest(undirected[0], objective_names())}")
+        objectives = {name: better(name) for name in names}
     objectives = dict(DEFAULT_OBJECTIVES if objectives is None else objectives)
     if len(objectives) < 2:
         raise ValueError(f"objectives must name at least 2 variables, but got {objectives!r}")
@@ -409,8 +437,9 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
     Parameters
     ----------
     cube : xarray.Dataset
-    objectives : mapping of str -> "maximize" or "minimize"
-        Data variables and their directions; by default :data:`DEFAULT_OBJECTIVES`
+    objectives : mapping of str -> "maximize" or "minimize", or a list of output names
+        Data variables and their directions (a list: each output's own direction of
+        better, e.g. ``["mfu", "memory_footprint"]``); by default :data:`DEFAULT_OBJECTIVES`
         (``mfu`` maximized, ``n_accelerators`` and ``memory_footprint``
         minimized). ``"max"`` and ``"min"`` are deprecated spellings.
     where, constraints
@@ -441,6 +470,7 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
     where = _aligned_where(cube, where)
     slab_points = _block_points(block_points, slab_points)
     objectives = _objectives(objectives)
+    _warn_models(cube, where)
     names = list(objectives)
     signs = [_sign(objectives[n]) for n in names]
     all_values, all_flat = [], []

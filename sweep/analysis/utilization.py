@@ -14,7 +14,8 @@ import warnings
 
 import solver.knobs
 
-__all__ = ["PER_PRECISION_PEAK", "UtilizationWarning", "warn_across_precisions"]
+__all__ = ["PER_PRECISION_PEAK", "UtilizationWarning", "warn_across_precisions",
+           "ModelMixWarning", "warn_across_models"]
 
 class UtilizationWarning(UserWarning):
     """A utilization objective ranks layouts of different precisions (filter it by class)."""
@@ -39,4 +40,28 @@ def warn_across_precisions(objectives, precisions, *, stacklevel: int = 3) -> bo
                   f"FP8 layout can have the lower {names[0]}. To rank by speed, make the "
                   f"objective effective_throughput (or step_latency_total), or fix the "
                   f"precision", UtilizationWarning, stacklevel=stacklevel)
+    return True
+
+
+class ModelMixWarning(UserWarning):
+    """A ranking or search spans both physics models (filter it by class)."""
+
+
+def warn_across_models(models, *, stacklevel: int = 3) -> bool:
+    """Warn (:class:`ModelMixWarning`) when a ranking spans more than one physics model
+    (a ``physics`` axis of several values); returns whether it warned. Each point's
+    outputs are one model's prediction, so such a ranking puts the models' predictions
+    of the same layout side by side: the best point is whichever model is the more
+    optimistic about it, not the best layout."""
+    if models is None:
+        return False
+    values = sorted({str(v) for v in models})
+    if len(values) < 2:
+        return False
+    warnings.warn(f"the ranking spans the physics models {', '.join(values)}: each point is one "
+                  f"model's prediction of its layout, so it ranks the models' optimism, not the "
+                  f"layouts; rank one model's points (cube.sel(physics={values[0]!r}), a where= "
+                  f"mask of one model's; on the command line top --select physics={values[0]}, "
+                  f"run and search --physics {values[0]})",
+                  ModelMixWarning, stacklevel=stacklevel)
     return True

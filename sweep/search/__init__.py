@@ -131,7 +131,7 @@ import optuna
 
 from solver.blocks import BLOCK_POINTS
 
-from ..analysis.utilization import warn_across_precisions
+from ..analysis.utilization import warn_across_models, warn_across_precisions
 from ..calibration.profile import with_calibration
 from ..spec import SpecError, load_spec
 from .auto import DEFAULT_TIME_BUDGET, MODES, Probe, duration, mode_name
@@ -375,6 +375,8 @@ def _warn_utilization_across_precisions(spec, objs) -> None:
     axis = next((a for a in spec.axes if a.name == "precision"), None)
     warn_across_precisions([name for name, _ in objs], None if axis is None else axis.values,
                            stacklevel=4)
+    models = next((a for a in spec.axes if a.name == "physics"), None)
+    warn_across_models(None if models is None else models.values, stacklevel=4)
 
 
 def _check_storage(storage) -> None:
