@@ -59,6 +59,7 @@ def _draw(rng, n, *, dp_given, etp_given=False):
         grad_reduce_in_bf16=rng.random(n) < 0.5,
         scatter_gather_tensors_in_pipeline=rng.random(n) < 0.5,
         overlap_p2p_comm=rng.random(n) < 0.5,
+        mtp_num_layers=pick([0, 0, 1, 2, 63]),  # 63: the most the kernel's byte packs
     )
     if dp_given:
         knobs["dp_size"] = pick([1, 2, 4, 8, 16, 64])

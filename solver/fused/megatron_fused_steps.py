@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _MAX_INTEGER, _MGB,
-    _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _gemm, _gemm_nok,
+    _MTP_BYTES, _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _gemm, _gemm_nok,
     _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _two_level, _within,
     _a2a_split)
 
@@ -86,8 +86,8 @@ def _hardware(f, c, prec):
 #: Rows of the kernel's log scratch: one per GEMM whose size-curve log it takes.
 #: (A multi-head latent attention's q down projection, or its direct q projection, is G_QKV's.)
 (G_QKV, G_PROJ, G_CORE, G_FC1, G_FC2, G_MOE1, G_MOE2, G_SH1, G_SH2, G_ROUTER, G_HEAD,
- G_QUP, G_KVDOWN, G_KVUP) = range(14)
-N_GEMMS = 14
+ G_QUP, G_KVDOWN, G_KVUP, G_EH) = range(15)
+N_GEMMS = 15
 
 
 @njit(**_INLINE)
@@ -136,8 +136,9 @@ def _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp):
     f_sh1, f_sh2 = _mlp_flops(tokens, shared * moe_ffn / tp, h, gated)
     f_router = 2.0 * tokens * h * experts
     f_head = 2.0 * tokens * h * (vocab / tp)
+    f_eh = 4.0 * tokens * h * h / tp  # a multi-token prediction module's projection
     return (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
-            f_router, f_head, f_qup, f_kvdown, f_kvup)
+            f_router, f_head, f_qup, f_kvdown, f_kvup, f_eh)
 
 
 @njit(**_INLINE)
@@ -161,7 +162,7 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
     log_shift, k_overhead, attn_eff, elem_bytes = c[2], c[3], c[4], c[5]
     s_local, tokens, heads_t, kv_t, ffn_t = _local(w, s, tp, cp, mbs)
     (f_qkv, f_proj, core_flops, calls_core, _f1, _f2, _m1, _m2, local_experts, _s1, _s2, f_router,
-     _fh, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp)
+     _fh, f_qup, f_kvdown, f_kvup, f_eh) = _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp)
     norm_split = tp if sp else 1.0
     t_qkv = _gemm(f_qkv, 1.0, peak_gemm, plateau, h, lg[G_QKV], log_shift, k_overhead)
     if w[25] != 0.0:  # multi-head latent attention: its four projections, summed as layer_times does
@@ -213,7 +214,9 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
     layer_b = layer_b + ((layer_f + t_core_f) if rc == 2 else (t_core_f if rc == 1 else 0.0))
     layer_f = layer_f + t_core_f
     act_bytes = 2.0 * tokens * h
-    return s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b
+    t_mtp = 3.0 * (_gemm(f_eh, 1.0, peak_gemm, plateau, 2.0 * h, lg[G_EH], log_shift, k_overhead)
+                   + _mbt(_MTP_BYTES * tokens * h / norm_split, hbm))
+    return s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b, t_mtp
 
 
 # ---------------------------------------------------------- 4. communication
@@ -300,7 +303,7 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
 @njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
               cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, p2p_split,
-              p2p_steady, p2p_gather, n_acc):
+              p2p_steady, p2p_gather, n_acc, mtp, t_mtp_module):
     """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``p2p_split``: the TP split
     of a p2p send, :func:`_p2p_split`; ``p2p_steady``: :func:`_p2p_steady_sends`;
     ``p2p_gather``: 1.0 where the split slices are all-gathered over TP on arrival (no
@@ -314,8 +317,9 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
                     layer_overhead * (2.0 + (1.0 if rc == 2 else 0.0)))
     per_layer = window_f + window_b
     t_layers = layers_stage * per_layer
-    stage_max = t_layers + t_head
-    stage_mean = t_layers + t_head / pp
+    t_mtp = mtp * (per_layer + t_head + t_mtp_module)
+    stage_max = t_layers + (t_head + t_mtp)
+    stage_mean = t_layers + (t_head + t_mtp) / pp
     bubble = (pp - 1.0) / (v * 1.0) * stage_mean
     t_pipe = m * stage_max + bubble
     whole = n_acc <= domain
@@ -342,7 +346,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
 
 @njit(**_INLINE)
 def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr, opg, grad_bytes,
-                   layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q):
+                   layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp):
     """megatron_compose.data_parallel (with _stage_params; ``q``: the domain over tp x group,
     the stages per domain :func:`_pipeline` has; ``heavy_stage``: :func:`_heavy`)."""
     moe, emb = w[6], w[16]
@@ -350,10 +354,11 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
     eta = c[9]
     # _stage_params
-    dense_stage_params = (dense_scale - w[37]) * layers_stage / tp + w[37] * layers_stage \
+    layers_mtp = layers_stage + mtp
+    dense_stage_params = ((dense_scale - w[37]) * layers_mtp + mtp * w[40]) / tp + w[37] * layers_mtp \
         + w[22] / tp * (1.0 if pp == 1.0 else 0.0)
-    expert_stage_params = expert_scale * layers_stage / (etp * ep * 1.0) if moe != 0.0 else 0.0
-    heavy = dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0)
+    expert_stage_params = expert_scale * layers_mtp / (etp * ep * 1.0) if moe != 0.0 else 0.0
+    heavy = dense_stage_params + emb / tp * ((1.0 if pp > 1.0 else 0.0) * (1.0 + (1.0 if mtp > 0.0 else 0.0)))
     ranks_up = _max(np.floor(domain / tp), 1.0)
     ranks_up = _min(ranks_up, group)
     ranks_up_expert = _max(np.floor(domain / (etp * ep)), 1.0)
@@ -449,13 +454,14 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
 @njit(**_INLINE)
 def _memory(w, tp, etp, ep, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local,
             act_bytes, layers_stage, dense_stage_params, expert_stage_params, expert_group,
-            params_bytes, p2p_split, prec):
+            params_bytes, p2p_split, prec, mtp):
     """megatron_compose.memory (``heavy_stage``: :func:`_heavy`)."""
     h, heads, moe, top_k, vocab, emb = w[1], w[2], w[6], w[9], w[13], w[16]
     moe_share = 1.0 if heavy_stage else w[12]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
     weights, grads, optim, copy = _model_state(
-        dense_stage_params + emb / tp * (1.0 if pp > 1.0 else 0.0), group, zero, grad_bytes)
+        dense_stage_params + emb / tp * ((1.0 if pp > 1.0 else 0.0) * (1.0 + (1.0 if mtp > 0.0 else 0.0))),
+        group, zero, grad_bytes)
     if moe != 0.0:
         we, ge, oe, ce = _model_state(expert_stage_params, expert_group, zero, grad_bytes)
         weights, grads, optim, copy = weights + we, grads + ge, optim + oe, copy + ce
@@ -473,8 +479,8 @@ def _memory(w, tp, etp, ep, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, fla
     # megatron_memory.in_flight_layers
     chunks = pp * v + pp - 1 if v > 1.0 else pp
     in_flight = layers_stage / v * _min(chunks, m * v)
-    logits = 4.0 * mbs * s_local * vocab / tp if pp == 1.0 else 0.0
-    activations = act_layer * in_flight + logits
+    logits = 4.0 * mbs * s_local * vocab / tp * (1.0 + mtp) if pp == 1.0 else 0.0
+    activations = act_layer * (in_flight + mtp) + logits
     bucket = grad_bytes * _max(4e7, 1e6 * group) if zero >= 2 else 0.0
     buffers = (bucket + 2.0 * act_bytes / p2p_split * (1.0 if pp > 1.0 else 0.0)
                + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
@@ -495,6 +501,21 @@ def _memory(w, tp, etp, ep, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, fla
 
 
 # ---------------------------------------------------------------- 8. compose
+
+@njit(**_INLINE)
+def _mtp_flops_per_sequence(w, s):
+    """megatron_compose.mtp_flops_per_sequence."""
+    h, heads, kv_heads, d, moe, ffn, top_k = w[1], w[2], w[3], w[4], w[6], w[8], w[9]
+    moe_ffn, shared, vocab, gate = w[10], w[11], w[13], w[20]
+    mla, attn_params, core_dim = w[25], w[34], w[30]
+    if moe != 0.0:
+        one = _model_flops_one(1.0, s, 1.0, h, heads, kv_heads, moe_ffn, vocab, gate, top_k,
+                               shared * moe_ffn, d, mla, attn_params, core_dim)
+    else:
+        one = _model_flops_one(1.0, s, 1.0, h, heads, kv_heads, ffn, vocab, gate, 1.0,
+                               shared * moe_ffn, d, mla, attn_params, core_dim)
+    return one + 6.0 * s * (3.0 * h + 2.0 * h * h)
+
 
 @njit(**_INLINE)
 def _model_flops(w, batch, s):

@@ -60,10 +60,11 @@ from . import buffers, in_ranges
 from ._numba import cache_is_current, forced_vector_width, kernel
 from .megatron_primitives import _INLINE as _INLINE_STEP
 from .megatron_primitives import COMPILED_CONSTANTS, _ideal
-from .megatron_fused_steps import (G_CORE, G_FC1, G_FC2, G_HEAD, G_KVDOWN, G_KVUP, G_MOE1, G_MOE2,
-                                   G_PROJ, G_QKV, G_QUP, G_ROUTER, G_SH1, G_SH2, N_GEMMS, _communication,
-                                   _data_parallel, _gemm_flops, _hardware, _head, _heavy, _layer_times,
-                                   _low_bits, _memory, _model_flops, _p2p_split, _p2p_steady_sends,
+from .megatron_fused_steps import (G_CORE, G_EH, G_FC1, G_FC2, G_HEAD, G_KVDOWN, G_KVUP, G_MOE1,
+                                   G_MOE2, G_PROJ, G_QKV, G_QUP, G_ROUTER, G_SH1, G_SH2, N_GEMMS,
+                                   _communication, _data_parallel, _gemm_flops, _hardware, _head,
+                                   _heavy, _layer_times, _low_bits, _memory, _model_flops,
+                                   _mtp_flops_per_sequence, _p2p_split, _p2p_steady_sends,
                                    _pipeline, _split)
 
 __all__ = ["run", "workload_scalars", "fleet_scalars", "constant_scalars", "FLOAT_OUTPUTS",
@@ -88,7 +89,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "1a91e467da648706"
+SOURCES_DIGEST = "ae5f26dad2bf484f"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -98,8 +99,9 @@ MEMO_KEYS = 2048
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of the two key words
 _SLOT_SHIFT = np.uint64(52)  # 64 - log2(MEMO_SLOTS)
 _NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key has all 64 bits set
-#: Values the memo keeps per key: steps 3 and 4 and the LM head (see _kernel).
-_N_MEMO = 14
+#: Values the memo keeps per key: steps 3 and 4, the LM head, a multi-token prediction
+#: module's projection and norms and its model FLOPs a sequence (see _kernel).
+_N_MEMO = 16
 #: Configurations a block of the kernel's two passes (see _kernel).
 BLOCK = 1024
 
@@ -187,7 +189,7 @@ def _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp):
     moe, shared, mla, q_lora = w[6], w[11], w[25], w[26]
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
     (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
-     f_router, f_head, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp)
+     f_router, f_head, f_qup, f_kvdown, f_kvup, f_eh) = _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp)
     has_moe, has_shared = moe != 0.0, moe != 0.0 and shared != 0.0
     has_mla, has_qup = mla != 0.0, mla != 0.0 and q_lora != 0.0
     return (math.log(_ideal(f_qkv, 1.0, peak_gemm)),
@@ -203,7 +205,8 @@ def _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp):
             math.log(_ideal(f_head, 1.0, peak16)),
             math.log(_ideal(f_qup, 1.0, peak_gemm)) if has_qup else 0.0,
             math.log(_ideal(f_kvdown, 1.0, peak_gemm)) if has_mla else 0.0,
-            math.log(_ideal(f_kvup, 1.0, peak_gemm)) if has_mla else 0.0)
+            math.log(_ideal(f_kvup, 1.0, peak_gemm)) if has_mla else 0.0,
+            math.log(_ideal(f_eh, 1.0, peak_gemm)))
 
 
 @njit(**_INLINE_STEP)
@@ -246,32 +249,34 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             r[0], r[1], r[2], r[3], r[4], r[5], r[6]
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head = \
             r[7], r[8], r[9], r[10], r[11], r[12], r[13]
+        t_mtp_module, mtp_flops_sequence = r[14], r[15]
         heavy = _heavy(w, pp, v)  # a heaviest stage of MoE layers only (6 and 7)
         # 5. pipeline
-        p2p = p2p_a[i]  # the two pipeline bools in one byte (run): one array, not two
+        p2p = p2p_a[i]  # the two pipeline bools and mtp_num_layers in one byte (run)
+        mtp = float(p2p >> 2)
         split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
         steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
         layers_stage, bubble, t_pipe, t_pp, window_f, window_b, q = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
-            1.0 * ((not sp) and split > 1.0), n_acc)
+            1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module)
         # 6. data parallel
         (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, v, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
-                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q)
+                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, tp, etp, ep, pp, v, heavy, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
             layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes, split,
-            prec)
+            prec, mtp)
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
-        model_flops = _model_flops(w, batch, s)
+        model_flops = _model_flops(w, batch, s) + mtp * batch * mtp_flops_sequence
         per_acc = model_flops / (total * n_acc)
-        selective = 4.0 * s * h * layers / (model_flops / (batch * s))
+        selective = 4.0 * s * h * (layers + mtp) / (model_flops / (batch * s))
         recompute_extra = 1.0 / 3.0 if rc == 2 else (selective if rc == 1 else 0.0)
         mfu = per_acc / peak_gemm
-        ms = m * layers_stage
+        ms = m * (layers_stage + mtp)
         x = 0.0 if valid else nan
         fo[0][i] = dp * 1.0 + x
         fo[1][i] = m_exact + x
@@ -281,7 +286,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         fo[5][i] = per_acc + x
         fo[6][i] = mfu + x
         fo[7][i] = mfu * (1.0 + recompute_extra) + x
-        fo[8][i] = ms * (layer_f + layer_b) + m * t_head + x
+        fo[8][i] = ms * (layer_f + layer_b) + m * (t_head + mtp * (t_head + t_mtp_module)) + x
         fo[9][i] = ms * tp_layer + x
         fo[10][i] = ms * cp_layer + x
         fo[11][i] = ms * ep_layer + x
@@ -349,7 +354,7 @@ def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
     """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), into the row ``r``."""
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
     moe_share = 1.0 if heavy else w[12]
-    s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b = \
+    s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b, t_mtp = \
         _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
                      plateau16, lgs, moe_share)
     (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
@@ -361,6 +366,7 @@ def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total
     r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
+    r[14], r[15] = t_mtp, _mtp_flops_per_sequence(w, s)
 
 
 @njit(**_INLINE_STEP)
@@ -453,7 +459,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                 flash = flash_a[i]
                 peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
                 (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1,
-                 f_sh2, f_router, f_head, f_qup, f_kvdown, f_kvup) = _gemm_flops(w, s, tp, cp, ep, etp,
+                 f_sh2, f_router, f_head, f_qup, f_kvdown, f_kvup, f_eh) = _gemm_flops(w, s, tp, cp, ep, etp,
                                                                                  mbs, flash, sp)
                 ext[G_QKV, col] = _ideal(f_qkv, 1.0, peak_gemm)
                 ext[G_PROJ, col] = _ideal(f_proj, 1.0, peak_gemm)
@@ -469,6 +475,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                 ext[G_QUP, col] = _ideal(f_qup, 1.0, peak_gemm)
                 ext[G_KVDOWN, col] = _ideal(f_kvdown, 1.0, peak_gemm)
                 ext[G_KVUP, col] = _ideal(f_kvup, 1.0, peak_gemm)
+                ext[G_EH, col] = _ideal(f_eh, 1.0, peak_gemm)
                 if fits and kept < MEMO_KEYS:
                     slot_k1[slot], slot_k2[slot], slot_row[slot] = k1, k2, kept
                     plan[1, col] = kept
@@ -500,7 +507,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     heavy = _heavy(w, float(pp_a[i]), float(v_a[i]))
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
                            ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
-                           ext[10, col], ext[11, col], ext[12, col], ext[13, col])
+                           ext[10, col], ext[11, col], ext[12, col], ext[13, col], ext[14, col])
                     row = plan[1, col]
                     row = MEMO_KEYS + (i - b0) if row < 0 else row
                     _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
@@ -593,7 +600,9 @@ def workload_scalars(w):
         # a dense layer's weights (megatron_compose.memory's first stage)
         float(w.dense_layer_params),
         # multi-head latent attention's latents kept under FP8 (megatron._Shape.latent_act_fp8)
-        float(w.latent_act_fp8)))
+        float(w.latent_act_fp8),
+        # a multi-token prediction module's weights besides its layer (megatron._Shape)
+        float(w.mtp_module_params)))
 
 
 def fleet_scalars(fleet, total_accelerators=None, constants=None):
@@ -642,11 +651,13 @@ def constant_scalars(c, accelerator):
     return tuple(out)
 
 
-def pipeline_flags(scatter_gather, overlap_p2p):
+def pipeline_flags(scatter_gather, overlap_p2p, mtp_num_layers=0):
     """The ``p2p`` argument of :func:`run` (before it is spread to ``n`` values): the two
-    pipeline bools, scalars or arrays, packed into uint8."""
+    pipeline bools and ``mtp_num_layers`` (0-63, checked before), scalars or arrays,
+    packed into uint8: bit 0, bit 1, bits 2-7."""
     return (np.asarray(scatter_gather, dtype=np.uint8)
-            | (np.asarray(overlap_p2p, dtype=np.uint8) << np.uint8(1)))
+            | (np.asarray(overlap_p2p, dtype=np.uint8) << np.uint8(1))
+            | (np.asarray(mtp_num_layers).astype(np.uint8) << np.uint8(2)))
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
@@ -657,8 +668,8 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, 
     (:func:`name_characters`), matched exactly against ``choices`` (the recompute and the
     precision names, in code order) in the kernel's first pass.
 
-    ``p2p``: uint8, bit 0 ``scatter_gather_tensors_in_pipeline``, bit 1 ``overlap_p2p_comm``
-    (:func:`pipeline_flags`): a separate array for each slowed the vector pass on a
+    ``p2p``: uint8, bit 0 ``scatter_gather_tensors_in_pipeline``, bit 1 ``overlap_p2p_comm``,
+    bits 2-7 ``mtp_num_layers`` (:func:`pipeline_flags`): a separate array for each slowed the vector pass on a
     million layouts in an interleaved A/B of the two revisions (commit c242baa;
     ``benchmarks/bench_grid_compare.py --case megatron_flat``).
 

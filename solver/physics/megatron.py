@@ -195,6 +195,16 @@ References
     MLA projections' are q_down_proj, kv_down_proj, q_up_proj and kv_up_proj: an MLA
     model's TP communication is not overlapped. A duplicated layer's weights are whole on
     every TP rank.
+[34] Megatron-Core ``transformer/multi_token_prediction.py`` (``MultiTokenPredictionLayer``)
+    and ``models/gpt/gpt_model.py``: ``mtp_num_layers`` modules on the last pipeline stage
+    (``mtp_process``, which also builds the shared embedding there), each the embedding of
+    the tokens shifted by one more, RMSNorms of it and of the hidden state (``enorm``,
+    ``hnorm``), a projection of their concatenation ``eh_proj`` (2h -> h, column-parallel,
+    its input gathered under SP), one transformer layer of the decoder's last layer's kind,
+    a final norm and the shared output head with its loss (DeepSeek-AI (2024),
+    "DeepSeek-V3 Technical Report", arXiv:2412.19437, Sec. 2.2). Megatron-LM's model FLOPs
+    (``training.py``, ``num_floating_point_operations``) count each as one more layer of
+    that kind, 6 (3h + 2h^2) a token for its norms and projection, and one more logits.
 """
 
 from __future__ import annotations
@@ -311,6 +321,8 @@ KNOBS = {k.name: k for k in (
     _K("grad_reduce_in_bf16", "bool", False),
     _K("scatter_gather_tensors_in_pipeline", "bool", False),
     _K("overlap_p2p_comm", "bool", True),
+    _K("mtp_num_layers", "int", 0, low=0, high=63,
+       why="multi-token prediction modules on the last stage (Megatron-Core's mtp_num_layers)"),
 )}
 #: The rules of ``realizable`` beyond whole microbatches, in words (messages name them).
 REALIZABLE_RULES = (
@@ -386,6 +398,11 @@ def _choice_codes(name, value, fk=None):
     return codes if codes is not None else _codes(name, value)
 
 
+#: Integer knobs the fused kernel receives packed into a byte (megatron_kernel.pipeline_flags),
+#: so their range is checked before it, never left to its first pass.
+_PACKED_KNOBS = ("mtp_num_layers",)
+
+
 def _normalize(values, fast=False, unchecked=None):
     """The knobs checked and converted (int64, bool, int64 codes of the choices).
 
@@ -413,7 +430,8 @@ def _normalize(values, fast=False, unchecked=None):
             unchecked.append(name)
         elif knob.kind == "choice":
             out[name] = _choice_codes(name, value, fk if big else None)
-        elif big and knob.kind == "int" and unchecked is not None and value.dtype == np.int64:
+        elif big and knob.kind == "int" and unchecked is not None and value.dtype == np.int64 \
+                and name not in _PACKED_KNOBS:
             out[name] = value
             unchecked.append(name)
         elif big and knob.kind == "int" and fk.int_in_bounds(value, knob.low, knob.high,
@@ -526,6 +544,9 @@ class _Shape:
         self.expert_params = mats * h * self.moe_ffn
         self.moe_layer_nonexpert = attn + 2 * h + h * self.experts + self.shared * self.expert_params
         self.embedding_params = self.vocab * h
+        # A multi-token prediction module's weights besides its transformer layer [34]: the
+        # projection (2h -> h) and three norms (of the embedding, the hidden state, the output).
+        self.mtp_module_params = 2.0 * h * h + 3.0 * h
         # One pipeline stage holds the input embedding and, untied, the output layer too [22].
         tied = True if w.tied_embeddings is None else bool(w.tied_embeddings)
         self.single_stage_embedding = self.embedding_params * (1.0 if tied else 2.0)
@@ -546,7 +567,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, grad_reduce_in_bf16=False,
-          scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True, engine="auto",
+          scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True, mtp_num_layers=0,
+          engine="auto",
           **constants):
     """Megatron-Core training step of ``workload`` on ``fleet``, for every configuration at once.
 
@@ -611,6 +633,16 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         compute (Megatron-LM's default; ``--no-overlap-p2p-communication`` turns it off,
         and Megatron-LM before 2023 had no overlap) [27]. False: each microbatch and
         chunk waits on its exchange. 1F1B (``v_stages=1``) waits either way.
+    mtp_num_layers : int [1]
+        Multi-token prediction modules (Megatron-Core's ``--mtp-num-layers``; DeepSeek-V3
+        trains with 1), 0 to 63 [34]: each adds, on the last stage, a transformer layer
+        (priced as the heaviest stage's layers), a projection of 2h -> h with its norms and
+        the output head again, per microbatch, and its weights, gradients, optimizer state,
+        one microbatch's activations and (pipelined) an embedding copy; Megatron-LM's MFU
+        counts its FLOPs [34]. Priced on the heaviest stage: the stages are not rebalanced
+        (Megatron's ``--decoder-last-pipeline-num-layers`` is not a knob here), and with a
+        pipeline its memory is added to the first stage's, which holds more microbatches in
+        flight than the last (an upper bound). Default 0: none.
     engine : {"auto", "numpy", "fused"}
         ``"numpy"``: the broadcast numpy path (any shapes). ``"fused"``: the
         numba kernel of :mod:`solver.fused.megatron_kernel` (bitwise the same
@@ -643,7 +675,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
                   grad_reduce_in_bf16=grad_reduce_in_bf16,
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
-                  overlap_p2p_comm=overlap_p2p_comm)
+                  overlap_p2p_comm=overlap_p2p_comm, mtp_num_layers=mtp_num_layers)
     if dp_size is not None:
         values["dp_size"] = dp_size
     if etp_size is not None:
@@ -808,9 +840,9 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
     from ..fused import megatron_kernel as fk
     n = shape[0] if shape else 1
     if memo.get("n") != n:
-        pipe = ("scatter_gather_tensors_in_pipeline", "overlap_p2p_comm")
+        pipe = ("scatter_gather_tensors_in_pipeline", "overlap_p2p_comm", "mtp_num_layers")
         a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in pipe}
-        a["p2p_flags"] = _spread(fk.pipeline_flags(k[pipe[0]], k[pipe[1]]), n, np.uint8)
+        a["p2p_flags"] = _spread(fk.pipeline_flags(k[pipe[0]], k[pipe[1]], k[pipe[2]]), n, np.uint8)
         memo.update(n=n, a=a, w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
     a = memo["a"]
     # the memo holds the catalog's plateaus; a set gemm_plateau replaces them (steps._plateau)

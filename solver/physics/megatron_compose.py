@@ -44,10 +44,16 @@ def _stage_params(w, sp: Split, layers_stage):
         dense_scale = np.where(heavy, float(w.moe_layer_nonexpert), dense_scale)
         expert_scale = np.where(heavy, float(w.expert_params * w.experts), expert_scale)
     # (a multi-head latent attention's duplicated weights whole on every TP rank [33])
-    dense_stage_params = (dense_scale - w.attn_dup) * layers_stage / tp + w.attn_dup * layers_stage \
-        + w.single_stage_embedding / tp * (pp == 1)
-    expert_stage_params = expert_scale * layers_stage / (sp.etp * sp.ep * 1.0) if w.moe else 0.0
-    heavy_params = dense_stage_params + w.embedding_params / tp * (pp > 1)  # + LM head on last
+    # Multi-token prediction modules [34], on the last stage, priced on this one: a layer
+    # each (of this stage's kind), its projection and norms, and with a pipeline the
+    # embedding's copy the last stage builds for them.
+    mtp = sp.mtp
+    layers_mtp = layers_stage + mtp
+    dense_stage_params = ((dense_scale - w.attn_dup) * layers_mtp + mtp * w.mtp_module_params) / tp \
+        + w.attn_dup * layers_mtp + w.single_stage_embedding / tp * (pp == 1)
+    expert_stage_params = expert_scale * layers_mtp / (sp.etp * sp.ep * 1.0) if w.moe else 0.0
+    # + LM head on last (and the MTP modules' embedding copy)
+    heavy_params = dense_stage_params + w.embedding_params / tp * ((pp > 1) * (1.0 + (mtp > 0)))
     return dense_stage_params, expert_stage_params, heavy_params
 
 
@@ -154,7 +160,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     tp, pp, zero, group, mbs = sp.tp, sp.pp, sp.zero, sp.group, sp.mbs
     s_local, h, moe_share, layers_stage = ly.s_local, ly.h, ly.moe_share, pl.layers_stage
     flash = k["flash_attention"]
-    dense = dpr.dense_stage_params + w.embedding_params / tp * (pp > 1)
+    dense = dpr.dense_stage_params + w.embedding_params / tp * ((pp > 1) * (1.0 + (sp.mtp > 0)))
     weights, grads, optim = mem.model_state(dense, shard_group=group, zero_stage=zero,
                                             grad_bytes=hw.grad_bytes)
     copy = mem.gradient_copy(dense, shard_group=group, zero_stage=zero, grad_bytes=hw.grad_bytes)
@@ -180,8 +186,9 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense
-    activations = act_layer * mem.in_flight_layers(layers_stage, pp, sp.v, sp.m) + np.where(
-        pp == 1, mem.logits_bytes(mbs, s_local, w.vocab, tp_size=tp), 0.0)
+    # (each multi-token prediction module: one microbatch of a layer's, and its logits [34])
+    activations = act_layer * (mem.in_flight_layers(layers_stage, pp, sp.v, sp.m) + sp.mtp) + np.where(
+        pp == 1, mem.logits_bytes(mbs, s_local, w.vocab, tp_size=tp) * (1 + sp.mtp), 0.0)
     # Megatron DDP's buckets are views into the gradient buffer [23]: a bucket of its own
     # (size [7]) only where the gradients are sharded and one is gathered to reduce it.
     bucket = np.where(zero >= 2, hw.grad_bytes * np.maximum(4e7, 1e6 * group), 0.0)
@@ -223,8 +230,31 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
 
 # ---------------------------------------------------------------- 8. compose
 
-def _model_flops(w, batch, s, h, d):
-    """Megatron-LM's model FLOPs of a step (MoE layers and dense layers counted apart)."""
+def mtp_flops_per_sequence(w, s, h, d):
+    """Megatron-LM's model FLOPs of one multi-token prediction module, one sequence [34]: a
+    layer of the last layer's kind with one more logits, and 6 (3h + 2h^2) a token."""
+    mla = dict(attention_params=w.attn_params, core_head_dim=w.core_dim) if w.mla else {}
+    if w.moe:
+        one = fl.megatron_model_flops(
+            1.0, s, 1.0, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.moe_ffn,
+            vocab=w.vocab, gated=w.gated, experts_per_token=w.top_k,
+            shared_ffn_hidden=w.shared * w.moe_ffn, head_dim=d, **mla)
+    else:
+        one = fl.megatron_model_flops(
+            1.0, s, 1.0, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, vocab=w.vocab,
+            gated=w.gated, experts_per_token=1.0, shared_ffn_hidden=w.shared * w.moe_ffn,
+            head_dim=d, **mla)
+    return one + 6.0 * s * (3.0 * h + 2.0 * h * h)
+
+
+def _model_flops(w, batch, s, h, d, mtp=0):
+    """Megatron-LM's model FLOPs of a step (MoE layers and dense layers counted apart; the
+    multi-token prediction modules [34])."""
+    return _model_flops_layers(w, batch, s, h, d) + mtp * batch * mtp_flops_per_sequence(w, s, h, d)
+
+
+def _model_flops_layers(w, batch, s, h, d):
+    """Megatron-LM's model FLOPs of a step's layers and head (MoE and dense layers apart)."""
     mla = dict(attention_params=w.attn_params, core_head_dim=w.core_dim) if w.mla else {}
     model_flops = fl.megatron_model_flops(
         batch, s, w.layers, h, heads=w.heads, kv_heads=w.kv_heads,
@@ -264,10 +294,12 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
     batch, s, m, rc, n_acc = sp.batch, sp.s, sp.m, sp.rc, sp.n_acc
     h, layers_stage = ly.h, pl.layers_stage
     total = pl.t_pipe + pl.t_pp + dpr.t_dp + dpr.t_opt + c["step_overhead"]
-    model_flops = _model_flops(w, batch, s, h, ly.d)
+    mtp = sp.mtp
+    model_flops = _model_flops(w, batch, s, h, ly.d, mtp)
     per_acc = model_flops / (total * n_acc)
     recompute_extra = np.where(rc == 2, 1.0 / 3.0, np.where(
-        rc == 1, 4.0 * s * h * w.layers / (model_flops / (batch * s)), 0.0))
+        rc == 1, 4.0 * s * h * (w.layers + mtp) / (model_flops / (batch * s)), 0.0))
+    ms = m * (layers_stage + mtp)  # layer-microbatches of the priced stage, MTP's with them
     mfu = per_acc / hw.peak_gemm
     out = {
         "dp_size": sp.dp * 1.0,
@@ -278,13 +310,13 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         "model_flops_per_accelerator": per_acc,
         "mfu": mfu,
         "hfu": mfu * (1.0 + recompute_extra),
-        "compute_latency": m * layers_stage * (ly.layer_f + ly.layer_b) + m * pl.t_head,
-        "tp_communication_latency": m * layers_stage * cm.tp_layer,
-        "cp_communication_latency": m * layers_stage * cm.cp_layer,
-        "ep_communication_latency": m * layers_stage * cm.ep_layer,
+        "compute_latency": ms * (ly.layer_f + ly.layer_b) + m * (pl.t_head + mtp * (pl.t_head + ly.t_mtp)),
+        "tp_communication_latency": ms * cm.tp_layer,
+        "cp_communication_latency": ms * cm.cp_layer,
+        "ep_communication_latency": ms * cm.ep_layer,
         "pp_communication_latency": pl.t_pp,
         "dp_communication_latency": dpr.t_dp,
-        "communication_latency": m * layers_stage * (cm.tp_total + cm.cp_total + cm.ep_layer)
+        "communication_latency": ms * (cm.tp_total + cm.cp_total + cm.ep_layer)
         + pl.t_pp + dpr.t_dp_total,
         "pipeline_bubble_latency": pl.bubble,
         "bubble_fraction": pl.bubble / pl.t_pipe,

@@ -65,6 +65,10 @@ DEFAULT_FLASH_ATTENTION_EFFICIENCY = 0.33
 #: the backward (4 + 4); backward: scale the softmax by the loss gradient (4 + 4) and
 #: cast to 16 bits for the logits GEMM's backward (4 + 2).
 CROSS_ENTROPY_BYTES = 52.0
+#: A multi-token prediction module's memory-bound work, bytes per token over h, forward
+#: [34]: three RMSNorms (embedding, hidden state, output: 2 + 2 each) and the
+#: concatenation of the two normed inputs (2h read, 2h written, 2 bytes).
+MTP_ELEMENTWISE_BYTES = 20.0
 
 
 def _peak(acc, key):
@@ -145,6 +149,8 @@ class Split:
     realizable: object
     p2p_split: object
     p2p_steady: object
+    #: multi-token prediction modules on the last stage [34]
+    mtp: object
 
 
 def split(w, fleet, k) -> Split:
@@ -198,7 +204,8 @@ def split(w, fleet, k) -> Split:
                  rc=k["recompute"], zero=k["zero_stage"], prec=prec, dp=dp, group=group,
                  valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable,
                  p2p_split=p2p_split(tp, sp, k["scatter_gather_tensors_in_pipeline"]),
-                 p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]))
+                 p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]),
+                 mtp=k["mtp_num_layers"])
 
 
 def p2p_split(tp, sp, scatter_gather):
@@ -326,6 +333,8 @@ class Layer:
     t_core_b: object
     layer_f: object
     layer_b: object
+    #: a multi-token prediction module's projection and norms, forward and backward [34]
+    t_mtp: object
 
 
 def heavy_moe_stage(w, pp, v=1):
@@ -440,9 +449,15 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
     layer_b = 2.0 * layer_f + t_core_b
     layer_b = layer_b + np.where(rc == 2, layer_f + t_core_f, np.where(rc == 1, t_core_f, 0.0))
     layer_f = layer_f + t_core_f
+    # A multi-token prediction module besides its layer and the head [34]: the projection of
+    # the 2h-wide concatenation to h (column-parallel over TP, its input gathered under SP),
+    # and memory-bound, 16 bits read and written, its three norms and the concatenation;
+    # forward and backward (2x) [3].
+    t_mtp = 3.0 * (g(4.0 * tokens * h * h / tp, k=2.0 * h)
+                   + gemm.memory_bound_time(MTP_ELEMENTWISE_BYTES * tokens * h / norm_split, hbm))
     return Layer(h=h, d=d, s_local=s_local, tokens=tokens, kv_t=kv_t, norm_split=norm_split,
                  act_bytes=2.0 * tokens * h, moe_share=moe_share, t_core_f=t_core_f,
-                 t_core_b=t_core_b, layer_f=layer_f, layer_b=layer_b)
+                 t_core_b=t_core_b, layer_f=layer_f, layer_b=layer_b, t_mtp=t_mtp)
 
 
 # ---------------------------------------------------------- 4. communication
@@ -582,8 +597,11 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     t_head = 3.0 * hw.gemm(fl.logits_flops(head_tokens, ly.h, vocab_t), peak=hw.peak16,
                            plat=hw.plateau16, k=ly.h) \
         + gemm.memory_bound_time(CROSS_ENTROPY_BYTES * head_tokens * vocab_t, hw.hbm)
-    stage_max = t_layers + t_head
-    stage_mean = t_layers + t_head / pp
+    # Multi-token prediction [34]: each module a layer (priced as this stage's), its
+    # projection and norms, and the output head again, every microbatch, on the last stage.
+    t_mtp = sp.mtp * (per_layer + t_head + ly.t_mtp)
+    stage_max = t_layers + (t_head + t_mtp)
+    stage_mean = t_layers + (t_head + t_mtp) / pp
     bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
     t_pipe = m * stage_max + bubble
     # p2p: microbatch activations, split by TP under SP or scatter/gather (p2p_split); the
