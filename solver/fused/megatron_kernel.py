@@ -93,11 +93,16 @@ SOURCES_DIGEST = "ae5f26dad2bf484f"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
-#: distinct keys it keeps (past that, configurations are priced without it).
-MEMO_SLOTS = 4096
-MEMO_KEYS = 2048
+#: distinct keys it keeps (past that, configurations are priced without it). 4,096 keys:
+#: a flat draw over many knobs has thousands (bench_fused's Mixtral draw with ep_size
+#: drawn, about 5,200); at 2,048 the rest, 40 % of its configurations, were priced one by
+#: one, at about half the rate (1M layouts, 2 threads: 107-113 -> about 73 ms, unsaved).
+#: 8,192 gained no more there and cost the dense draw (1,400 keys) 4-6 % in an interleaved
+#: A/B; 4,096 costs it 0.998 best over best (11 rounds, grid_compare_megatron_flat.json).
+MEMO_SLOTS = 1 << 13
+MEMO_KEYS = 1 << 12
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of the two key words
-_SLOT_SHIFT = np.uint64(52)  # 64 - log2(MEMO_SLOTS)
+_SLOT_SHIFT = np.uint64(65 - MEMO_SLOTS.bit_length())  # 64 - log2(MEMO_SLOTS)
 _NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key has all 64 bits set
 #: Values the memo keeps per key: steps 3 and 4, the LM head, a multi-token prediction
 #: module's projection and norms and its model FLOPs a sequence (see _kernel).
@@ -383,7 +388,7 @@ def _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v
 @kernel(cache=_CACHE)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a, rc_a,
             zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, lo, hi, ext, plan, mode, bounds,
-            slot_k1, slot_k2, slot_row, values, rows, rc_b, prec_b, rc_keys, prec_keys):
+            slots, values, rows, rc_b, prec_b, rc_keys, prec_keys):
     """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
 
     Steps 3 (layer times) and 4 (communication)
@@ -402,7 +407,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
     Blocks of :data:`BLOCK` configurations take two passes: a scalar one finds (or
     computes) each configuration's row of ``values`` into ``rows`` and the codes of its
     recompute and precision into ``rc_b`` and ``prec_b``, then :func:`_price_block` prices
-    the rest, vectorized. ``slot_k1``, ``slot_k2``, ``slot_row`` (the key table), ``values``,
+    the rest, vectorized. ``slots`` (the key table: each slot's two key words and row, 32
+    bytes, one cache line a probe), ``values``,
     ``rows``, ``rc_b`` and ``prec_b`` are scratch of each call (:func:`_memo_scratch`):
     arguments, not allocations, so LLVM knows they overlap no output.
 
@@ -431,7 +437,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
     returns 2 * misses + that; mode 2 returns 1 (mode 1 has checked).
     """
     if mode == 1:  # the memo's misses, in mode 2's order: their GEMMs' ideal durations
-        slot_k1[:] = _NO_SLOT
+        slots[:, 0] = _NO_SLOT
         kept = 0
         col = 0
         out_of_bounds = False
@@ -448,9 +454,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
-                while slot_k1[slot] != _NO_SLOT:
-                    if slot_k1[slot] == k1 and slot_k2[slot] == k2:
-                        row = slot_row[slot]
+                while slots[slot, 0] != _NO_SLOT:
+                    if slots[slot, 0] == k1 and slots[slot, 1] == k2:
+                        row = np.int64(slots[slot, 2])
                         break
                     slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
             if row < 0:
@@ -477,7 +483,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                 ext[G_KVUP, col] = _ideal(f_kvup, 1.0, peak_gemm)
                 ext[G_EH, col] = _ideal(f_eh, 1.0, peak_gemm)
                 if fits and kept < MEMO_KEYS:
-                    slot_k1[slot], slot_k2[slot], slot_row[slot] = k1, k2, kept
+                    slots[slot, 0], slots[slot, 1], slots[slot, 2] = k1, k2, np.uint64(kept)
                     plan[1, col] = kept
                     kept += 1
                 else:
@@ -518,7 +524,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                          fo, bo, values, rows, np.uint64(b0), np.uint64(b1))
         return 1
     # mode 0. The step memo: open addressing (linear probing) on the two key words -> a row
-    slot_k1[:] = _NO_SLOT
+    slots[:, 0] = _NO_SLOT
     kept = 0
     out_of_bounds = False
     for b0 in range(lo, hi, BLOCK):
@@ -537,14 +543,14 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
-                while slot_k1[slot] != _NO_SLOT:
-                    if slot_k1[slot] == k1 and slot_k2[slot] == k2:
-                        row = slot_row[slot]
+                while slots[slot, 0] != _NO_SLOT:
+                    if slots[slot, 0] == k1 and slots[slot, 1] == k2:
+                        row = np.int64(slots[slot, 2])
                         break
                     slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
             if row < 0:  # 3, 4 and the LM head, computed (and kept)
                 if fits and kept < MEMO_KEYS:
-                    slot_k1[slot], slot_k2[slot], slot_row[slot] = k1, k2, kept
+                    slots[slot, 0], slots[slot, 1], slots[slot, 2] = k1, k2, np.uint64(kept)
                     row = kept
                     kept += 1
                 else:
@@ -733,8 +739,7 @@ _COMPILED = False
 
 def _memo_scratch():
     """The step memo's scratch for one call of :func:`_kernel` (each thread's range its own)."""
-    return (np.empty(MEMO_SLOTS, dtype=np.uint64), np.empty(MEMO_SLOTS, dtype=np.uint64),
-            np.empty(MEMO_SLOTS, dtype=np.int64), np.empty((MEMO_KEYS + BLOCK, _N_MEMO)),
+    return (np.empty((MEMO_SLOTS, 4), dtype=np.uint64), np.empty((MEMO_KEYS + BLOCK, _N_MEMO)),
             np.empty(BLOCK, dtype=np.int64), np.empty(BLOCK, dtype=np.int64),
             np.empty(BLOCK, dtype=np.int64))
 
@@ -757,11 +762,11 @@ def _compile(args, keys):
         w, f, c, has_dp = args[:4]
         knobs, (fo, bo) = args[4:-2], args[-2:]
         memo = _memo_scratch()
-        # the names' codes come by block (memo[5], memo[6]), from the kernel's first pass
-        block_knobs = knobs[:11] + knobs[12:13] + (memo[5], memo[6]) + knobs[14:]
+        # the names' codes come by block (memo[3], memo[4]), from the kernel's first pass
+        block_knobs = knobs[:11] + knobs[12:13] + (memo[3], memo[4]) + knobs[14:]
         with forced_vector_width(VECTOR_WIDTH):  # this loop only: LLVM warns of each it cannot
             for block in (_price_block, _price_block_dense):
-                block(w, f, c, has_dp, *block_knobs, fo, bo, memo[3], memo[4],
+                block(w, f, c, has_dp, *block_knobs, fo, bo, memo[1], memo[2],
                       np.uint64(0), np.uint64(0))
         _COMPILED = True
     # (each type of the name arrays compiles a _kernel of its own, calling the same blocks)
