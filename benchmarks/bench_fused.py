@@ -16,8 +16,8 @@
    the figure of megatron against mlsysim. Then the same draw of Mixtral_8x7B_MC with
    ``ep_size`` drawn from 1, 2, 4, 8: an MoE workload compiles a loop of its own (the
    dense one drops the expert terms), and this draw has about 5,200 distinct keys of the
-   kernel's step memo, past its 2,048 (``megatron_kernel.MEMO_KEYS``): the rest are priced
-   one by one.
+   kernel's step memo (it keeps ``megatron_kernel.MEMO_KEYS``, 4,096; the rest are priced
+   one by one).
 3. an open-mesh grid (6.45M layouts, the mlsysim grid of ``bench_megatron.py``),
    numpy path (a grid is not flat): all outputs; with two outputs (``solve``
    has no output selection: it computes them all, and the two are then made
