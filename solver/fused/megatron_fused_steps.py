@@ -417,7 +417,7 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     t_opt = _mbt(_OPT_BYTES * local_params, hbm)
     t_dp_total = t_fsdp if fsdp else t_grad + t_gather
     t_dp = exp_fsdp if fsdp else exp_grad + exp_gather
-    return dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp, t_opt
+    return heavy, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp, t_opt
 
 
 # ----------------------------------------------------------------- 7. memory
@@ -453,15 +453,13 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
 
 @njit(**_INLINE)
 def _memory(w, tp, etp, ep, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local,
-            act_bytes, layers_stage, dense_stage_params, expert_stage_params, expert_group,
+            act_bytes, layers_stage, heavy_params, expert_stage_params, expert_group,
             params_bytes, p2p_split, prec, mtp):
     """megatron_compose.memory (``heavy_stage``: :func:`_heavy`)."""
     h, heads, moe, top_k, vocab, emb = w[1], w[2], w[6], w[9], w[13], w[16]
     moe_share = 1.0 if heavy_stage else w[12]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
-    weights, grads, optim, copy = _model_state(
-        dense_stage_params + emb / tp * ((1.0 if pp > 1.0 else 0.0) * (1.0 + (1.0 if mtp > 0.0 else 0.0))),
-        group, zero, grad_bytes)
+    weights, grads, optim, copy = _model_state(heavy_params, group, zero, grad_bytes)
     if moe != 0.0:
         we, ge, oe, ce = _model_state(expert_stage_params, expert_group, zero, grad_bytes)
         weights, grads, optim, copy = weights + we, grads + ge, optim + oe, copy + ce
@@ -508,12 +506,9 @@ def _mtp_flops_per_sequence(w, s):
     h, heads, kv_heads, d, moe, ffn, top_k = w[1], w[2], w[3], w[4], w[6], w[8], w[9]
     moe_ffn, shared, vocab, gate = w[10], w[11], w[13], w[20]
     mla, attn_params, core_dim = w[25], w[34], w[30]
-    if moe != 0.0:
-        one = _model_flops_one(1.0, s, 1.0, h, heads, kv_heads, moe_ffn, vocab, gate, top_k,
-                               shared * moe_ffn, d, mla, attn_params, core_dim)
-    else:
-        one = _model_flops_one(1.0, s, 1.0, h, heads, kv_heads, ffn, vocab, gate, 1.0,
-                               shared * moe_ffn, d, mla, attn_params, core_dim)
+    width, per_token = (moe_ffn, top_k) if moe != 0.0 else (ffn, 1.0)
+    one = _model_flops_one(1.0, s, 1.0, h, heads, kv_heads, width, vocab, gate, per_token,
+                           shared * moe_ffn, d, mla, attn_params, core_dim)
     return one + 6.0 * s * (3.0 * h + 2.0 * h * h)
 
 

@@ -89,7 +89,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "ae5f26dad2bf484f"
+SOURCES_DIGEST = "751e57154cda3f07"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -266,13 +266,13 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
             1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module)
         # 6. data parallel
-        (dense_stage_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
+        (heavy_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, v, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                                  layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, tp, etp, ep, pp, v, heavy, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
-            layers_stage, dense_stage_params, expert_stage_params, expert_group, params_bytes, split,
+            layers_stage, heavy_params, expert_stage_params, expert_group, params_bytes, split,
             prec, mtp)
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead

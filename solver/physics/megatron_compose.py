@@ -23,7 +23,8 @@ from .megatron_steps import (OPTIMIZER_BYTES_TOUCHED, Communication, Hardware, L
 @dataclass(frozen=True)
 class DataParallel:
     """Parameters of the heaviest stage, DP communication and the optimizer step."""
-    dense_stage_params: object
+    #: the heaviest stage's dense parameters a rank, its embedding matrices included
+    heavy_params: object
     expert_stage_params: object
     expert_group: object
     params_bytes: object
@@ -136,7 +137,7 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     local_params = (heavy_params / np.where(sharded, group, 1)
                     + expert_stage_params / np.where(sharded, expert_group, 1))
     t_opt = gemm.memory_bound_time(OPTIMIZER_BYTES_TOUCHED * local_params, hw.hbm)
-    return DataParallel(dense_stage_params=dense_stage_params, expert_stage_params=expert_stage_params,
+    return DataParallel(heavy_params=heavy_params, expert_stage_params=expert_stage_params,
                         expert_group=expert_group, params_bytes=params_bytes,
                         t_dp_total=np.where(fsdp, t_fsdp, t_grad + t_gather),
                         t_dp=np.where(fsdp, exp_fsdp, exp_grad + exp_gather), t_opt=t_opt)
@@ -160,7 +161,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     tp, pp, zero, group, mbs = sp.tp, sp.pp, sp.zero, sp.group, sp.mbs
     s_local, h, moe_share, layers_stage = ly.s_local, ly.h, ly.moe_share, pl.layers_stage
     flash = k["flash_attention"]
-    dense = dpr.dense_stage_params + w.embedding_params / tp * ((pp > 1) * (1.0 + (sp.mtp > 0)))
+    dense = dpr.heavy_params
     weights, grads, optim = mem.model_state(dense, shard_group=group, zero_stage=zero,
                                             grad_bytes=hw.grad_bytes)
     copy = mem.gradient_copy(dense, shard_group=group, zero_stage=zero, grad_bytes=hw.grad_bytes)
@@ -234,16 +235,11 @@ def mtp_flops_per_sequence(w, s, h, d):
     """Megatron-LM's model FLOPs of one multi-token prediction module, one sequence [34]: a
     layer of the last layer's kind with one more logits, and 6 (3h + 2h^2) a token."""
     mla = dict(attention_params=w.attn_params, core_head_dim=w.core_dim) if w.mla else {}
-    if w.moe:
-        one = fl.megatron_model_flops(
-            1.0, s, 1.0, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.moe_ffn,
-            vocab=w.vocab, gated=w.gated, experts_per_token=w.top_k,
-            shared_ffn_hidden=w.shared * w.moe_ffn, head_dim=d, **mla)
-    else:
-        one = fl.megatron_model_flops(
-            1.0, s, 1.0, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, vocab=w.vocab,
-            gated=w.gated, experts_per_token=1.0, shared_ffn_hidden=w.shared * w.moe_ffn,
-            head_dim=d, **mla)
+    ffn, per_token = (w.moe_ffn, w.top_k) if w.moe else (w.ffn, 1.0)
+    one = fl.megatron_model_flops(
+        1.0, s, 1.0, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=ffn, vocab=w.vocab,
+        gated=w.gated, experts_per_token=per_token, shared_ffn_hidden=w.shared * w.moe_ffn,
+        head_dim=d, **mla)
     return one + 6.0 * s * (3.0 * h + 2.0 * h * h)
 
 
