@@ -20,8 +20,11 @@ def suggest(name, choices) -> str:
 class Reader:
     """Carries where we are (file and key) into every error message."""
 
-    def __init__(self, source):
+    def __init__(self, source, physics_note=""):
         self.source = source
+        #: said after a knob of the other physics model: where the physics came from, when
+        #: not from the spec itself (``load_spec(physics=...)``, ``--physics``)
+        self.physics_note = physics_note
 
     def where(self, key) -> str:
         """``"<file>: <key>"``, the prefix of every message about ``key``."""

@@ -95,7 +95,8 @@ def knob_of(reader, name, models=_DEFAULT_MODELS, where="axes"):
     if others:
         raise SpecError(f"{reader.where(f'{where}.{name}')}: expected a knob of the physics "
                         f"{', '.join(models)}, but got {name!r}, a knob of {', '.join(others)} "
-                        f"(set physics = {others[0]!r} or a list of models)")
+                        f"(set physics = {others[0]!r} or a list of models)"
+                        f"{getattr(reader, 'physics_note', '')}")
     reader.unknown(name, list(physics_.union_knobs(models)), where=where)
 
 

@@ -47,15 +47,23 @@ def builtin_spec(name: str):
     return _specs_dir() / f"{stem}.toml"
 
 
-def missing_spec_hint(path: Path) -> str:
-    """What to say of a spec file ``path`` that does not exist: the built-in specs, and the
-    closest of them where ``path`` looks like a misspelled one (a bare name, or the
-    README's ``configs/sweeps/<name>.toml``); ``""`` for other paths."""
+def _spec_name(path: Path):
+    """The spec name a relative ``path`` spells, if it is spelled as one: a bare name
+    (``"default"``, ``"default.toml"``) or the README's ``configs/sweeps/<name>.toml``."""
     parts = path.parts
     if path.is_absolute() or not (len(parts) == 1 or parts[-3:-1] == ("configs", "sweeps")
                                   and len(parts) == 3):
+        return None
+    return path.name[:-5] if path.name.endswith(".toml") else path.name
+
+
+def missing_spec_hint(path: Path) -> str:
+    """What to say of a spec file ``path`` that does not exist: the built-in specs, and the
+    closest of them where ``path`` looks like a misspelled one (:func:`_spec_name`); ``""``
+    for other paths."""
+    stem = _spec_name(path)
+    if stem is None:
         return ""
-    stem = path.name[:-5] if path.name.endswith(".toml") else path.name
     return f" (built-in specs: {', '.join(builtin_specs())}){suggest(stem, builtin_specs())}"
 
 
@@ -65,8 +73,8 @@ def _builtin_for(path: Path):
     ``"default"``, ``"default.toml"`` and ``"configs/sweeps/default.toml"`` (the
     README's spelling, from any folder) name the installed example spec.
     """
-    if path.is_absolute():
-        return None
+    stem = _spec_name(path)
+    return _specs_dir() / f"{stem}.toml" if stem in builtin_specs() else None
     parts = path.parts
     if len(parts) == 1 or parts[-3:-1] == ("configs", "sweeps") and len(parts) == 3:
         stem = path.name[:-5] if path.name.endswith(".toml") else path.name

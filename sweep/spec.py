@@ -290,15 +290,10 @@ def load_spec(spec, *, source: Optional[str] = None, physics=None) -> Spec:
             return _parse(raw, where, base)
         own = raw.get("physics", physics_.DEFAULT_PHYSICS)
         raw = {**raw, "physics": list(physics) if isinstance(physics, tuple) else physics}
-        try:
-            return _parse(raw, where, base)
-        except SpecError as err:
-            if "expected a knob of the physics" not in str(err):
-                raise
-            raise SpecError(f"{err}; the physics {physics!r} was asked for in place of the "
-                            f"spec's own {own!r} (--physics, or physics=): the spec's axes are "
-                            f"knobs of its own model, so run it without that, or a spec "
-                            f"written for {physics!r}") from None
+        return _parse(raw, where, base, physics_note=(
+            f"; the physics {physics!r} was asked for in place of the spec's own {own!r} "
+            f"(--physics, or physics=): the spec's axes are knobs of its own model, so run it "
+            f"without that, or a spec written for {physics!r}"))
 
     if isinstance(spec, Spec):
         if physics is None:
@@ -321,9 +316,10 @@ def load_spec(spec, *, source: Optional[str] = None, physics=None) -> Spec:
     raise SpecError(f"a spec is a dict, a TOML path or a Spec, but got {type(spec).__name__}")
 
 
-def _parse(raw, source, base) -> Spec:
-    """The checked :class:`Spec` of the spec table ``raw`` read from ``source``."""
-    reader = Reader(source)
+def _parse(raw, source, base, physics_note="") -> Spec:
+    """The checked :class:`Spec` of the spec table ``raw`` read from ``source``
+    (``physics_note``: :attr:`Reader.physics_note`)."""
+    reader = Reader(source, physics_note)
     for key in raw:
         if key not in TOP_KEYS:
             reader.unknown(key, TOP_KEYS)

@@ -96,7 +96,8 @@ _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONS
 #: distinct keys it keeps (past that, configurations are priced without it). 4,096 keys:
 #: a flat draw over many knobs has thousands (bench_fused's Mixtral draw with ep_size
 #: drawn, about 5,200); at 2,048 the rest, 40 % of its configurations, were priced one by
-#: one, at about half the rate (1M layouts, 2 threads: 107-113 -> about 73 ms, unsaved).
+#: one, at about half the rate (1M layouts, 2 threads: 109.0 -> 71.9 ms, bench_fused's
+#: MoE row at 2026-12-05 01:31 and 02:02).
 #: 8,192 gained no more there and cost the dense draw (1,400 keys) 4-6 % in an interleaved
 #: A/B; 4,096 costs it 0.998 best over best (11 rounds, grid_compare_megatron_flat.json).
 MEMO_SLOTS = 1 << 13
