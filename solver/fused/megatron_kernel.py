@@ -218,9 +218,18 @@ def _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp):
 @njit(**_INLINE_STEP)
 def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
-                 values, rows, b0, b1):
-    """Steps 1, 2 and 5-8 of configurations ``b0:b1``, steps 3-4 read from ``values[rows]``
-    (the loop of :func:`_price_block` and :func:`_price_block_dense`, inlined into each).
+                 values, rows, bounds, span):
+    """Steps 1, 2 and 5-8 of configurations ``b0:b1`` (``span``), steps 3-4 read from
+    ``values[rows]`` (the loop of :func:`_price_block` and :func:`_price_block_dense`, inlined
+    into each); returns whether any of them has an integer knob outside ``bounds`` or a name
+    that is no choice (code -1; see :func:`_kernel`).
+
+    The range checks are here, not in the kernel's scalar pass: this loop reads the same
+    arrays, from cache, and checks four configurations a vector (with the names' codes
+    decoded in a loop of their own before the scalar pass, the megatron call on 1M
+    layouts, 1 thread: 0.88x the time before, benchmarks/results/grid_compare_megatron_flat.json).
+    ``span`` is one argument, not two: a call of more than 30 arguments compiles (CPython
+    3.11) to a call with ``*args``, which numba does not inline.
 
     A loop without the memo's probing, so LLVM vectorizes it (four configurations a
     vector on AVX2; see :func:`_compile` for why it is told to): both sides of a select are
@@ -238,7 +247,12 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
     step_overhead = c[10]
     up_bw, out_bw = f[7] * c[7], f[8] * c[8]  # as _communication computes them
     nan = np.nan
+    outside = False
+    b0, b1 = span
     for i in range(b0, b1):
+        # the integer knobs' range checks and the names' (see _kernel): an or over the block
+        outside |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
+                                mbs_a, zero_a) | (rc_b[i - b0] < 0) | (prec_b[i - b0] < 0)
         batch, s = float(batch_a[i]), float(s_a[i])
         tp, pp, cp, ep = float(tp_a[i]), float(pp_a[i]), float(cp_a[i]), float(ep_a[i])
         etp = float(etp_a[i])
@@ -311,22 +325,23 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         bo[0][i] = valid
         bo[1][i] = realizable
         bo[2][i] = valid and footprint <= capacity
+    return outside
 
 
 @kernel(cache=_CACHE)
 def _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
-                 values, rows, b0, b1):
+                 values, rows, bounds, span):
     """:func:`_price_steps` of any workload."""
-    _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
+    return _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
-                 values, rows, b0, b1)
+                 values, rows, bounds, span)
 
 
 @kernel(cache=_CACHE)
 def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
                        v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
-                       fo, bo, values, rows, b0, b1):
+                       fo, bo, values, rows, bounds, span):
     """:func:`_price_steps` of a workload without experts (``w[6]``, the MoE flag, is 0.0).
 
     The same loop with the flag a constant: LLVM drops the expert terms, whose selects
@@ -335,24 +350,24 @@ def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, et
     Llama3_70B_MC, 1 thread, on this project's AVX-512 VM: 70.7 -> 45.0 ms, unsaved).
     Where the flag is 0.0 the two give the same bits.
     """
-    _price_steps(w[:6] + (0.0,) + w[7:], f, c, has_dp, batch_a, s_a, tp_a, pp_a,
-                 cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
-                 flash_a, gbf_a, p2p_a, fo, bo, values, rows, b0, b1)
+    return _price_steps(w[:6] + (0.0,) + w[7:], f, c, has_dp, batch_a, s_a, tp_a, pp_a,
+                        cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a,
+                        opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds, span)
 
 
 @njit(**_INLINE_STEP)
 def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                   mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
-                  values, rows, b0, b1):
-    """:func:`_price_block_dense` for a workload without experts, else :func:`_price_block`."""
+                  values, rows, bounds, span):
+    """:func:`_price_block_dense` for a workload without experts, else :func:`_price_block`;
+    whether a knob of the block left ``bounds`` or a name was no choice."""
     if w[6] == 0.0:
-        _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a,
-                           dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
-                           flash_a, gbf_a, p2p_a, fo, bo, values, rows, b0, b1)
-    else:
-        _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
-                     v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
-                     fo, bo, values, rows, b0, b1)
+        return _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a,
+                                  dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
+                                  flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds, span)
+    return _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
+                        v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a,
+                        p2p_a, fo, bo, values, rows, bounds, span)
 
 
 @njit(**_INLINE_STEP)
@@ -431,17 +446,16 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
     (864 distinct keys in a million of ``bench_fused``'s draws), so the logs cost little,
     and mode 2 neither packs nor looks up a key again.
 
-    The first pass also makes the range checks of the integer knobs (``bounds``: the
-    least and the largest value of each, in the order of the ten integer knob arrays
-    of the signature, ``batch_a`` ... ``zero_a``), so their arrays are read once, not once
-    more before the call. Mode 0 returns 1 if every value lay within them, else 0; mode 1
-    returns 2 * misses + that; mode 2 returns 1 (mode 1 has checked).
+    The vector pass also makes the range checks of the integer knobs (``bounds``: the
+    least and the largest value of each, in the order of the integer knob arrays of the
+    signature, ``batch_a`` ... ``zero_a``, then ``etp_a``), so their arrays are not read once
+    more before the call. Modes 0 and 2 return 1 if every value lay within them and every
+    name was a choice, else 0; mode 1 returns the number of misses.
     """
     if mode == 1:  # the memo's misses, in mode 2's order: their GEMMs' ideal durations
         slots[:, 0] = _NO_SLOT
         kept = 0
         col = 0
-        out_of_bounds = False
         for i in range(lo, hi):
             tp = float(tp_a[i])
             sp = spk_a[i] and tp > 1.0  # as _split has it
@@ -455,9 +469,12 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
-                while slots[slot, 0] != _NO_SLOT:
-                    if slots[slot, 0] == k1 and slots[slot, 1] == k2:
+                while True:  # a hit on the first probe takes one branch
+                    held = slots[slot, 0]
+                    if ((held ^ k1) | (slots[slot, 1] ^ k2)) == 0:
                         row = np.int64(slots[slot, 2])
+                        break
+                    if held == _NO_SLOT:
                         break
                     slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
             if row < 0:
@@ -494,10 +511,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             plan[0, i - lo] = row
             plan[2, i - lo] = rc
             plan[3, i - lo] = prec
-            out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
-                                          mbs_a, zero_a) | (rc < 0) | (prec < 0)
-        return 2 * col + (0 if out_of_bounds else 1)
+        return col
     if mode == 2:  # mode 1's plan: each configuration's row, and the misses to price
+        out_of_bounds = False
         for b0 in range(lo, hi, BLOCK):
             b1 = min(b0 + BLOCK, hi)
             for i in range(b0, b1):
@@ -520,21 +536,24 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
                               heavy, lgs, values[row])
                 rows[i - b0] = row
-            _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
-                          v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
-                         fo, bo, values, rows, np.uint64(b0), np.uint64(b1))
-        return 1
+            out_of_bounds |= _priced_block(
+                w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
+                zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows,
+                bounds, (np.uint64(b0), np.uint64(b1)))
+        return 0 if out_of_bounds else 1
     # mode 0. The step memo: open addressing (linear probing) on the two key words -> a row
     slots[:, 0] = _NO_SLOT
     kept = 0
     out_of_bounds = False
     for b0 in range(lo, hi, BLOCK):
         b1 = min(b0 + BLOCK, hi)
+        for i in range(b0, b1):  # the names' codes, a loop of their own
+            rc_b[i - b0] = choice_code(rc_a, i, rc_keys)
+            prec_b[i - b0] = choice_code(prec_a, i, prec_keys)
         for i in range(b0, b1):
             s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
             etp, mbs = float(etp_a[i]), float(mbs_a[i])
-            rc, prec = choice_code(rc_a, i, rc_keys), choice_code(prec_a, i, prec_keys)
-            rc_b[i - b0], prec_b[i - b0] = rc, prec
+            rc, prec = rc_b[i - b0], prec_b[i - b0]
             spk, tco, flash = spk_a[i], tco_a[i], flash_a[i]
             sp = spk and tp > 1.0  # as _split has it
             whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
@@ -544,9 +563,12 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
-                while slots[slot, 0] != _NO_SLOT:
-                    if slots[slot, 0] == k1 and slots[slot, 1] == k2:
+                while True:  # a hit on the first probe takes one branch
+                    held = slots[slot, 0]
+                    if ((held ^ k1) | (slots[slot, 1] ^ k2)) == 0:
                         row = np.int64(slots[slot, 2])
+                        break
+                    if held == _NO_SLOT:
                         break
                     slot = (slot + np.uint64(1)) & np.uint64(MEMO_SLOTS - 1)
             if row < 0:  # 3, 4 and the LM head, computed (and kept)
@@ -559,11 +581,10 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                 _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
                           _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp), values[row])
             rows[i - b0] = row
-            out_of_bounds |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
-                                          mbs_a, zero_a) | (rc < 0) | (prec < 0)
-        _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
-                      mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
-                      values, rows, np.uint64(b0), np.uint64(b1))
+        out_of_bounds |= _priced_block(
+            w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
+            zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows,
+            bounds, (np.uint64(b0), np.uint64(b1)))
     return 0 if out_of_bounds else 1
 
 
@@ -719,11 +740,10 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, 
         ok = True
         for b in range(lo, hi, _NUMPY_LOG_CHUNK):
             e = min(b + _NUMPY_LOG_CHUNK, hi)
-            misses, in_bounds = divmod(_kernel(*args, b, e, ext, plan, 1, bounds, *memo, *keys), 2)
+            misses = _kernel(*args, b, e, ext, plan, 1, bounds, *memo, *keys)
             for g in rows:
                 np.log(ext[g, :misses], out=ext[g, :misses])
-            _kernel(*args, b, e, ext, plan, 2, bounds, *memo, *keys)
-            ok = ok and bool(in_bounds)
+            ok = bool(_kernel(*args, b, e, ext, plan, 2, bounds, *memo, *keys)) and ok
         return ok
 
     return fo, bo, all(in_ranges(priced, n))
@@ -768,7 +788,7 @@ def _compile(args, keys):
         with forced_vector_width(VECTOR_WIDTH):  # this loop only: LLVM warns of each it cannot
             for block in (_price_block, _price_block_dense):
                 block(w, f, c, has_dp, *block_knobs, fo, bo, memo[1], memo[2],
-                      np.uint64(0), np.uint64(0))
+                      _ANY_INT64, (np.uint64(0), np.uint64(0)))
         _COMPILED = True
     # (each type of the name arrays compiles a _kernel of its own, calling the same blocks)
     _kernel(*args, 0, 0, np.empty((1, 1)), _NO_PLAN, 0, _ANY_INT64, *_memo_scratch(), *keys)
