@@ -225,9 +225,10 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
     that is no choice (code -1; see :func:`_kernel`).
 
     The range checks are here, not in the kernel's scalar pass: this loop reads the same
-    arrays, from cache, and checks four configurations a vector (with the names' codes
-    decoded in a loop of their own before the scalar pass, the megatron call on 1M
-    layouts, 1 thread: 0.88x the time before, benchmarks/results/grid_compare_megatron_flat.json).
+    arrays, from cache, and checks four configurations a vector. With the names' codes
+    decoded in a loop of their own before the scalar pass, the megatron call on 1M layouts
+    went 1.089x faster (2 threads, 11 interleaved rounds, best over best, 10a2e63 against
+    d01a399: benchmarks/results/grid_compare_megatron_flat.json).
     ``span`` is one argument, not two: a call of more than 30 arguments compiles (CPython
     3.11) to a call with ``*args``, which numba does not inline.
 
