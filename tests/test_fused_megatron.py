@@ -382,6 +382,26 @@ def test_libm_log_probe_here():
     assert fk.libm_is_numpy_log() in (True, False)
 
 
+def test_inlined_step_calls_stay_under_cpythons_argument_limit():
+    """CPython 3.11 compiles a call of more than 30 positional arguments to a call with
+    ``*args``, which numba cannot inline ("Calling a closure with *args is unsupported",
+    an error that names neither the call nor the limit): every call in the kernels'
+    modules keeps to 30 (the block loop takes its range as one ``span`` argument for
+    this; only Python calls ``_kernel``, with its 39, through ``*args``)."""
+    import ast
+    import inspect
+
+    from solver.fused import megatron_fused_steps, megatron_kernel, megatron_primitives
+    calls = 0
+    for module in (megatron_kernel, megatron_fused_steps, megatron_primitives):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.Call):
+                calls += 1
+                assert len(node.args) <= 30, (module.__name__, ast.unparse(node.func), node.lineno,
+                                              len(node.args))
+    assert calls > 100  # the modules were read
+
+
 def test_sources_digest_is_current():
     """numba keys the cached kernel on its own file only: the digest recorded there must be
     that of the other sources it compiles in, or a stale cache could serve old code. On a
