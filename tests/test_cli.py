@@ -203,6 +203,95 @@ def test_top_lists_the_best_layouts(files, capsys):
     assert "memory [GB]" in lines[header] and "accelerators" in lines[header]
 
 
+#: A megatron space and one over both physics models, with every output kept.
+TINY_MEGATRON = """\
+name = "tiny_megatron"
+workload = "Llama3_70B_MC"
+fleet = "HGX_H100_1K_MC"
+physics = "megatron"
+
+[axes]
+tp_size = [4, 8]
+pp_size = [1, 4]
+recompute = ["none", "full"]
+
+[fixed]
+batch_size = 1024
+seq_len = 4096
+micro_batch_size = 1
+sequence_parallel = true
+"""
+
+
+def _breakdown(out):
+    """The --breakdown table's rows: {column: text} each."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("where each step goes"))
+    header = re.split(r"\s{2,}", lines[start + 1].strip())
+    rows = []
+    for line in lines[start + 3:]:
+        if not line[:1].isdigit():
+            break
+        rows.append(dict(zip(header, line.split())))
+    return rows
+
+
+def test_top_breakdown_splits_each_step_into_the_cubes_terms(tmp_path, capsys):
+    spec = tmp_path / "m.toml"
+    spec.write_text(TINY_MEGATRON)
+    cube_path = tmp_path / "m.nc"
+    assert cli.main(["run", str(spec), "-o", str(cube_path), "--no-progress"]) == 0
+    code, out, err = _call(capsys, ["top", cube_path, "-k", "3", "--breakdown"])
+    assert code == 0, err
+    rows = _breakdown(out)
+    assert len(rows) == 3
+    cube = sweep.open_cube(cube_path)
+    best = sweep.top_k(cube, objective="mfu", k=3)
+    terms = {"compute %": "compute_latency", "TP %": "tp_communication_latency",
+             "CP %": "cp_communication_latency", "EP %": "ep_communication_latency",
+             "PP %": "pp_communication_latency", "DP exposed %": "dp_communication_latency",
+             "bubble %": "pipeline_bubble_latency", "optimizer %": "optimizer_latency"}
+    for i, row in enumerate(rows):
+        step = float(best["step_latency_total"][i])
+        assert row["step [s]"] == f"{step:.3f}"
+        for column, name in terms.items():
+            assert row[column] == f"{100 * float(best[name][i]) / step:.1f}", column
+        # the shares and the rest (fixed overhead, launch floor) make the whole step
+        shares = [float(row[c]) for c in terms] + [float(row["other %"])]
+        assert abs(sum(shares) - 100.0) < 0.05 * len(shares)
+        assert float(row["other %"]) >= 0.0
+        assert row["weights [GB]"] == f"{float(best['memory_weights'][i]) / 1e9:.1f}"
+        assert row["activations [GB]"] == f"{float(best['memory_activations'][i]) / 1e9:.1f}"
+    assert "other: the fixed per-step overhead" in out
+
+
+def test_top_breakdown_of_an_mlsysim_cube_and_of_one_that_lacks_the_terms(files, tmp_path, capsys):
+    # the shipped default spec keeps the terms: compute, TP, EP, bubble and the rest (DP)
+    spec = sweep.load_spec("default")
+    small = {**spec.raw, "axes": {**spec.raw["axes"], "tp_size": [4, 8], "pp_size": [4, 8],
+                                  "microbatch_count": [16, 32], "seq_len": [4096]}}
+    cube_path = tmp_path / "d.nc"
+    sweep.run(small, path=cube_path, progress=False)
+    code, out, err = _call(capsys, ["top", cube_path, "-k", "2", "--breakdown"])
+    assert code == 0, err
+    rows = _breakdown(out)
+    best = sweep.top_k(sweep.open_cube(cube_path), objective="mfu", k=2)
+    for i, row in enumerate(rows):
+        step = float(best["step_latency_total"][i])
+        parts = {"compute %": float(best["node_latency"][i]),
+                 "TP %": float(best["tp_communication_latency"][i]),
+                 "EP %": float(best["ep_communication_latency"][i]),
+                 "bubble %": float(best["pipeline_bubble_latency"][i])}
+        for column, value in parts.items():
+            assert row[column] == f"{100 * value / step:.1f}"
+        assert row["DP exposed %"] == f"{100 * (step - sum(parts.values())) / step:.1f}"
+    assert "DP exposed (mlsysim)" in out
+    # a cube whose spec's outputs leave the terms out: refused, nothing else printed
+    code, out, err = _call(capsys, ["top", files["cube"], "--breakdown"])
+    assert code == 2 and out == ""
+    assert "--breakdown: this cube does not keep" in err and "node_latency" in err and "outputs" in err
+
+
 NARROWED = ["-k", "2", "--select", "zero_stage=3", "tp_size=8", "--memory-limit", "20 GB",
             "--max-accelerators", "1024"]
 

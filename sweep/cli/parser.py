@@ -287,6 +287,9 @@ def _add_top(commands):
     top.add_argument("--keep-ties", action="store_true",
                      help="list layouts equal in every output one by one (by default they "
                           "are one row, listing the knobs' equivalent values: 1|2|4)")
+    top.add_argument("--breakdown", action="store_true",
+                     help="also each listed layout's step time by term (compute, TP, CP, EP, PP, "
+                          "exposed DP, bubble, ...; share of its step) and its memory by part")
     _add_narrowing(top)
 
 

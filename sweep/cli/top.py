@@ -7,15 +7,38 @@ import numpy as np
 from solver.outputs import MAXIMIZE
 
 from .. import analysis
-from ..analysis import NoAdmissibleError
+from ..analysis import NoAdmissibleError, step_components
 from ..analysis._aliases import direction_of
+from ..analysis.explain import _plain
 from ..analysis.ties import EQUIVALENT, TIES, parse_equivalent
-from ._common import _GB, EXIT_OK
+from ._common import _GB, EXIT_OK, UsageError
 from .cubes import (_check_variable, _check_where, _constraints, _fixed, _open_cube,
                     _parse_select, _rows, _split_first, _with_dp)
-from .format import _TABLE_VALUES, _fmt, _layout_table
+from .format import _TABLE_VALUES, _fmt, _layout_table, format_table
 
-__all__ = ["command", "with_equivalents"]
+__all__ = ["command", "with_equivalents", "breakdown_table"]
+
+#: ``--breakdown``: where a layout's step goes, per physics model: (column, variable).
+#: The megatron terms are its own outputs, and the step's rest is ``other``: the fixed
+#: per-step overhead and the time the host's kernel launches add where a layer's GPU
+#: work is shorter than them (``layer_overhead``). The mlsysim terms are
+#: :func:`sweep.analysis.step_components`' (its exposed DP time is the step's rest).
+TIME_TERMS = {
+    "megatron": (("compute", "compute_latency"), ("TP", "tp_communication_latency"),
+                 ("CP", "cp_communication_latency"), ("EP", "ep_communication_latency"),
+                 ("PP", "pp_communication_latency"), ("DP exposed", "dp_communication_latency"),
+                 ("bubble", "pipeline_bubble_latency"), ("optimizer", "optimizer_latency")),
+    "mlsysim": (("compute", "node_latency"), ("TP", "tp_communication_latency"),
+                ("EP", "ep_communication_latency"), ("bubble", "pipeline_bubble_latency")),
+}
+#: step_components' names of the mlsysim terms, as columns.
+_MLSYSIM_COLUMNS = {"replica compute": "compute", "TP communication": "TP",
+                    "EP communication": "EP", "pipeline bubble": "bubble",
+                    "exposed DP communication": "DP exposed"}
+#: Memory per accelerator, both models: (column, variable).
+MEMORY_TERMS = (("weights", "memory_weights"), ("gradients", "memory_gradients"),
+                ("optimizer state", "memory_optimizer_state"), ("activations", "memory_activations"),
+                ("buffers", "memory_communication_buffers"))
 
 
 def with_equivalents(rows, points) -> list:
@@ -60,6 +83,8 @@ def command(args) -> int:
                             constraints=constraints, allow_partial=args.allow_partial,
                             collapse_ties=collapse)
     dims = list(cube.dims)
+    # (before any output: a cube that lacks the terms is refused with nothing printed)
+    breakdown = breakdown_table(cube, points, dims) if getattr(args, "breakdown", False) else None
     values = [objective] + [v for v in _TABLE_VALUES if v != objective and v in cube.data_vars]
     rows = [_with_dp(r, _fixed(cube), cube.attrs.get("physics"))
             for r in _rows(points, dims, values)]
@@ -79,8 +104,71 @@ def command(args) -> int:
         if any(t > 1 for t in ties):
             print(f"a|b: layouts with these values are equal in every output "
                   f"({sum(ties):,} layouts in {len(ties)} rows; --keep-ties lists each)")
+        if breakdown:
+            print()
+            print(breakdown)
     cube.close()
     return EXIT_OK
+
+
+def _terms_of(row, fixed, physics) -> dict:
+    """One row's step terms [s] and memory parts [byte], or the variables it lacks."""
+    model = str(row.get("physics", physics) or "mlsysim")
+    missing = [n for n in [v for _, v in TIME_TERMS[model]] + ["step_latency_total"] if n not in row]
+    if missing:
+        return {"missing": missing}
+    step = float(row["step_latency_total"])
+    if model == "mlsysim":  # the terms sum to the step, the straggler factor applied
+        straggler = _plain(row.get("straggler_factor", fixed.get("straggler_factor", 1.0)))
+        terms = {_MLSYSIM_COLUMNS[k]: v for k, v in step_components(row, straggler).items()}
+    else:
+        terms = {label: float(row[name]) for label, name in TIME_TERMS[model]}
+        terms["other"] = step - sum(terms.values())
+    memory = {label: float(row[name]) for label, name in MEMORY_TERMS if name in row}
+    return {"model": model, "step": step, "terms": terms, "memory": memory}
+
+
+def breakdown_table(cube, points, dims) -> str:
+    """``top --breakdown``: each listed layout's step time by term (share of its step) and
+    its memory by part [GB], from the cube's own variables.
+
+    Raises :class:`UsageError` naming the variables the cube does not keep (a spec's
+    ``outputs`` that leaves them out).
+    """
+    physics = cube.attrs.get("physics")
+    fixed = _fixed(cube)
+    names = set()
+    for model in TIME_TERMS:
+        names.update(v for _, v in TIME_TERMS[model])
+    names.update(v for _, v in MEMORY_TERMS)
+    rows = _rows(points, dims, sorted(names | {"step_latency_total", "straggler_factor"}))
+    parts = [_terms_of(row, fixed, physics) for row in rows]
+    missing = sorted({n for p in parts for n in p.get("missing", ())})
+    if missing:
+        raise UsageError(f"--breakdown: this cube does not keep {', '.join(missing)} (its spec's "
+                         f"`outputs` leaves them out): add them to `outputs`, or drop `outputs` "
+                         f"to keep every output, and run the sweep again")
+    labels = []
+    for p in parts:
+        labels += [k for k in p["terms"] if k not in labels]
+    memory = [label for label, _ in MEMORY_TERMS if any(label in p["memory"] for p in parts)]
+    headers = ["#", "step [s]"] + [f"{k} %" for k in labels] + [f"{k} [GB]" for k in memory]
+    cells = []
+    for i, p in enumerate(parts, 1):
+        step = p["step"]
+        cells.append([str(i), f"{step:.3f}"]
+                     + [(f"{100 * p['terms'][k] / step:.1f}" if k in p["terms"] and step > 0 else "-")
+                        for k in labels]
+                     + [(f"{p['memory'][k] / _GB:.1f}" if k in p["memory"] else "-") for k in memory])
+    models = {p["model"] for p in parts}
+    notes = []
+    if "megatron" in models:
+        notes.append("other: the fixed per-step overhead, and the time the host's kernel launches "
+                     "add where a layer's GPU work is shorter (layer_overhead)")
+    if "mlsysim" in models:
+        notes.append("DP exposed (mlsysim): what the other terms leave of the step")
+    return "\n".join(["where each step goes (share of step_latency_total, %) and memory per "
+                      "accelerator:", format_table(headers, cells)] + notes)
 
 
 def _constraint_text(key, value) -> str:
