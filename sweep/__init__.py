@@ -12,7 +12,7 @@ straight back to the solver (``sweep.grid.point(spec, coords)``).
 """
 
 from .analysis import (NoAdmissibleError, best_along, explain_runner_up, pareto_front,
-                       step_components, top_k)
+                       step_components, top_k, where_step_goes)
 from .calibration import Calibration, calibrate, load_profile
 from .evaluate import run
 from .spec import Spec, SpecError, divisors, load_spec, powers_of_two
@@ -33,6 +33,7 @@ __all__ = [
     "pareto_front",
     "NoAdmissibleError",
     "explain_runner_up",
+    "where_step_goes",
     "step_components",
     "search",
     "SearchResult",

@@ -94,6 +94,7 @@ def test_main_job_runs_as_a_module(files, tmp_path):
     assert "64 layouts priced" in out
     assert "Best layout of each parallel split" in out
     assert "Why #1 wins: #2 (" in out
+    assert "Where #1's step goes: " in out
     saved = tmp_path / cli.DEFAULT_CUBE
     assert f"wrote {cli.DEFAULT_CUBE}" in out and saved.exists()
     assert int(sweep.open_cube(saved)["admissible"].sum()) > 0
@@ -159,6 +160,33 @@ def test_explain_runner_up_calls_a_tie_a_tie():
     # one sequence more per microbatch at cp 2 is not a tie
     line = cli.explain_runner_up(spec, a, {"cp_size": 2, "micro_batch_size": 2})
     assert line.startswith("Why #1 wins: #2 (micro_batch_size 1->2) has ")
+
+
+@pytest.mark.parametrize("physics", ["mlsysim", "megatron"])
+def test_where_step_goes_gives_the_shares_of_the_step(physics):
+    if physics == "mlsysim":
+        spec = sweep.load_spec(TINY_DICT)
+        layout = {"tp_size": 8, "pp_size": 4, "microbatch_count": 16, "zero_stage": 1}
+    else:
+        spec = sweep.load_spec({**sweep.load_spec("megatron_llama70b").raw, "axes": {"tp_size": [8]}})
+        layout = {"tp_size": 8}
+    line = sweep.where_step_goes(spec, layout)
+    assert line.startswith("Where #1's step goes: ") and "\n" not in line
+    shares = {name.strip(): float(value) for name, value in
+              re.findall(r"([A-Za-z ]+?) ([0-9.]+)%", line.split(": ", 1)[1].split(" (`")[0])}
+    wl, fl, knobs = grid.point(spec, layout)
+    out = solver.solve(wl, fl, **knobs)
+    step = float(out["step_latency_total"])
+    if physics == "mlsysim":
+        expected = {k: 100 * v / step for k, v in cli.step_components(out).items()}
+    else:
+        expected = {"compute": 100 * float(out["compute_latency"]) / step,
+                    "TP communication": 100 * float(out["tp_communication_latency"]) / step}
+    for name, value in expected.items():
+        if value >= 0.1:
+            assert shares[name] == pytest.approx(value, abs=0.051), name
+    assert sum(shares.values()) == pytest.approx(100.0, abs=0.05 * len(shares) + 0.1 * 8)
+    assert list(shares.values()) == sorted(shares.values(), reverse=True)
 
 
 TINY_DICT = {"workload": "Llama3_70B", "fleet": "Training_1K",

@@ -16,7 +16,7 @@ from solver.outputs import exposed_dp_time, n_accelerators
 
 from .. import grid
 
-__all__ = ["step_components", "explain_runner_up"]
+__all__ = ["step_components", "explain_runner_up", "where_step_goes"]
 
 #: Gaps in MFU and step time below this [%] are float noise: the two layouts tie.
 TIE_PERCENT = 1e-9
@@ -133,6 +133,25 @@ def explain_runner_up(spec, winner: Mapping, runner_up: Mapping) -> str:
                 f"time{count}; neither wins, they are listed in the cube's order.")
     return (f"Why #1 wins: #2 ({', '.join(changed) or 'same layout'}) has {_percent(loss)} lower "
             f"MFU{count}; its step is {_percent(abs(relative))} {what} ({_seconds(step)}): {terms}.")
+
+
+def where_step_goes(spec, layout: Mapping) -> str:
+    """One line: the shares of ``layout``'s step time, largest first (priced again, float64).
+
+    The terms are :func:`explain_runner_up`'s; under the megatron physics what they leave
+    of the step is ``other`` (its fixed per-step overhead and the time the host's kernel
+    launches add where a layer's GPU work is shorter). Shares under 0.1 % are left out.
+    """
+    priced = _price(spec, {d: layout[d] for d in spec.dims})
+    step = priced["step_latency_total"]
+    terms = dict(priced["components"])
+    rest = step - sum(terms.values())
+    if rest > 1e-12 * step:
+        terms["other"] = rest
+    shown = sorted(((k, v / step * 100) for k, v in terms.items() if v / step * 100 >= 0.1),
+                   key=lambda kv: -kv[1])
+    return ("Where #1's step goes: " + ", ".join(f"{k} {v:.1f}%" for k, v in shown)
+            + " (`top CUBE --breakdown` lists each layout's terms and memory).")
 
 
 def _percent(value) -> str:

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from .. import analysis
-from ..analysis import NoAdmissibleError, explain_runner_up, scenario_dims
+from ..analysis import NoAdmissibleError, explain_runner_up, scenario_dims, where_step_goes
 from ..analysis.ties import EQUIVALENT, parse_equivalent
 from ..preflight import ResourceError
 from ..spec import builtin_spec, load_spec
@@ -95,6 +95,7 @@ def _block(spec, cube, scenario, rows) -> None:
         print(explain_runner_up(spec, rows[0], rows[1]))
     else:
         print("Only one split is admissible: there is no runner-up.")
+    print(where_step_goes(spec, rows[0]))
 
 
 def _report(spec, cube, k) -> bool:
