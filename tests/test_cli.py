@@ -293,6 +293,28 @@ def test_top_breakdown_splits_each_step_into_the_cubes_terms(tmp_path, capsys):
     assert "other: the fixed per-step overhead" in out
 
 
+def test_top_breakdown_flags_the_layouts_whose_step_rests_on_the_launch_floor(tmp_path, capsys):
+    # Llama 3 8B at 512 tokens a sequence, one a microbatch: its layers' GPU work is shorter
+    # than the host's launches (layer_overhead), whose value only vTrain's runs identify
+    spec = tmp_path / "lb.toml"
+    spec.write_text(TINY_MEGATRON.replace("Llama3_70B_MC", "Llama3_8B_MC").replace(
+        "seq_len = 4096", "seq_len = 512"))
+    cube_path = tmp_path / "lb.nc"
+    assert cli.main(["run", str(spec), "-o", str(cube_path), "--no-progress"]) == 0
+    code, out, err = _call(capsys, ["top", cube_path, "-k", "8", "--breakdown"])
+    assert code == 0, err
+    rows = _breakdown(out)
+    flagged = [str(i) for i, row in enumerate(rows, 1) if float(row["other %"]) >= 5.0]
+    assert flagged and "layer_overhead" in out
+    assert f"#{', #'.join(flagged)}: 5% or more of the step is 'other'" in out
+    # a compute-bound cube flags none
+    spec.write_text(TINY_MEGATRON)
+    assert cli.main(["run", str(spec), "-o", str(cube_path), "--no-progress"]) == 0
+    capsys.readouterr()
+    code, out, _ = _call(capsys, ["top", cube_path, "-k", "3", "--breakdown"])
+    assert code == 0 and "or more of the step is 'other'" not in out
+
+
 def test_top_breakdown_of_an_mlsysim_cube_and_of_one_that_lacks_the_terms(files, tmp_path, capsys):
     # the shipped default spec keeps the terms: compute, TP, EP, bubble and the rest (DP)
     spec = sweep.load_spec("default")

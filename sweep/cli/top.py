@@ -35,6 +35,8 @@ TIME_TERMS = {
 _MLSYSIM_COLUMNS = {"replica compute": "compute", "TP communication": "TP",
                     "EP communication": "EP", "pipeline bubble": "bubble",
                     "exposed DP communication": "DP exposed"}
+#: ``--breakdown`` flags a megatron layout whose ``other`` is at least this share of its step.
+LAUNCH_BOUND = 0.05
 #: Memory per accelerator, both models: (column, variable).
 MEMORY_TERMS = (("weights", "memory_weights"), ("gradients", "memory_gradients"),
                 ("optimizer state", "memory_optimizer_state"), ("activations", "memory_activations"),
@@ -165,6 +167,13 @@ def breakdown_table(cube, points, dims) -> str:
     if "megatron" in models:
         notes.append("other: the fixed per-step overhead, and the time the host's kernel launches "
                      "add where a layer's GPU work is shorter (layer_overhead)")
+        bound = [str(i) for i, p in enumerate(parts, 1)
+                 if p["model"] == "megatron" and p["terms"]["other"] >= LAUNCH_BOUND * p["step"]]
+        if bound:
+            notes.append(f"#{', #'.join(bound)}: {LAUNCH_BOUND:.0%} or more of the step is 'other', "
+                         f"so its time rests on layer_overhead and step_overhead, which only "
+                         f"vTrain's single-node A100 runs identify (README, Fidelity): calibrate "
+                         f"them on a few runs of your own (`python -m sweep calibrate`)")
     if "mlsysim" in models:
         notes.append("DP exposed (mlsysim): what the other terms leave of the step")
     return "\n".join(["where each step goes (share of step_latency_total, %) and memory per "
