@@ -59,7 +59,10 @@ def _draw(rng, n, *, dp_given, etp_given=False):
         grad_reduce_in_bf16=rng.random(n) < 0.5,
         scatter_gather_tensors_in_pipeline=rng.random(n) < 0.5,
         overlap_p2p_comm=rng.random(n) < 0.5,
-        mtp_num_layers=pick([0, 0, 1, 2, 63]),  # 63: the most the kernel's byte packs
+        mtp_num_layers=pick([0, 0, 1, 2, 63]),  # 63: the most the kernel's 6 bits pack
+        # set first and last stages (0: not set), 4095 the most their 12 bits pack
+        num_layers_in_first_pipeline_stage=pick([0, 0, 0, 1, 2, 3, 5, 8, 4095]),
+        num_layers_in_last_pipeline_stage=pick([0, 0, 0, 1, 2, 4, 6, 4095]),
     )
     if dp_given:
         knobs["dp_size"] = pick([1, 2, 4, 8, 16, 64])

@@ -150,7 +150,7 @@ def test_expert_gradients_reduce_over_peers_tp_ep_apart():
                   overlap_param_gather=False)
     c = M.CONSTANTS
     w = M._Shape(QWEN)
-    dense, expert, heavy = _stage_params(w, types.SimpleNamespace(tp=1, pp=1, ep=8, etp=1, v=1, mtp=0), np.float64(48))
+    dense, expert, heavy = _stage_params(w, types.SimpleNamespace(tp=1, pp=1, ep=8, etp=1, v=1, mtp=0, first=0, last=0), np.float64(48))
     up = dict(scale_up_bandwidth=HGX.node.scale_up_bus_bandwidth * c["scale_up_efficiency"],
               scale_up_latency=steps.SCALE_UP_STEP_LATENCY,
               scale_out_bandwidth=HGX.node.nic_bandwidth * c["scale_out_efficiency"],

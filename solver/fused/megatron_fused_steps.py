@@ -23,8 +23,9 @@ from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _
 
 @njit(**_INLINE)
 def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, prec, flash,
-           ogr, opg, zero, supported):
-    """megatron_steps.split (``supported``: the fleet's 4-tuple of 1.0 where it has the precision)."""
+           ogr, opg, zero, supported, first, last):
+    """megatron_steps.split (``supported``: the fleet's 4-tuple of 1.0 where it has the
+    precision; ``first``, ``last``: the set stages' layers, 0.0 where not set)."""
     layers, heads, kv_heads, experts, moe = w[0], w[2], w[3], w[5], w[6]
     sp = spk and tp > 1.0
     model_parallel = tp * 1.0 * pp * cp
@@ -43,10 +44,18 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, 
     m_exact = batch / (dp * 1.0 * mbs)
     fm = np.floor(m_exact)
     m = _max(np.ceil(m_exact), 1.0)
+    if first > 0.0 or last > 0.0:  # set first and last stages (megatron_steps.split)
+        middle = pp - (1.0 if first > 0.0 else 0.0) - (1.0 if last > 0.0 else 0.0)
+        rest = layers - first - last
+        n_mid = _stage_layers(w, pp, first, last)[2]
+        layers_ok = (pp > 1.0 and rest >= 0.0
+                     and ((_divides(rest, middle) and rest >= middle) if middle > 0.0 else rest == 0.0)
+                     and (v == 1.0 or (_divides(first, v) and _divides(last, v) and _divides(n_mid, v))))
+    else:
+        layers_ok = (_divides(layers, pp * v) or (v == 1.0 and pp <= layers)) and (v == 1.0 or pp > 1.0)
     realizable = (valid and m_exact == fm and m_exact >= 1.0
                   and _divides(heads, tp) and _divides(kv_heads, tp)
-                  and (_divides(layers, pp * v) or (v == 1.0 and pp <= layers))
-                  and (v == 1.0 or pp > 1.0)
+                  and layers_ok
                   and (v == 1.0 or (_divides(m_exact, pp) and m_exact >= pp))
                   and (cp == 1.0 or _divides(s, 2.0 * cp))
                   and (cp == 1.0 or flash)
@@ -142,13 +151,27 @@ def _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp):
 
 
 @njit(**_INLINE)
-def _heavy(w, pp, v):
+def _stage_layers(w, pp, first, last):
+    """megatron_steps.stage_layers: (uneven, first, middle, last) layers of the stages."""
+    set_first, set_last = first > 0.0, last > 0.0
+    middle = pp - (1.0 if set_first else 0.0) - (1.0 if set_last else 0.0)
+    rest = w[0] - first - last
+    n_mid = _max(np.ceil(rest / _max(middle, 1.0)), 0.0) if middle > 0.0 else 0.0
+    uneven = (set_first or set_last) and pp > 1.0 and rest >= 0.0 and (middle > 0.0 or rest == 0.0)
+    return uneven, first if set_first else n_mid, n_mid, last if set_last else n_mid
+
+
+@njit(**_INLINE)
+def _heavy(w, pp, v, first, last):
     """megatron_steps.heavy_moe_stage: the heaviest stage holds MoE layers only."""
+    if not (w[6] != 0.0 and w[21] != 0.0):
+        return False
+    uneven, n_first, n_mid, n_last = _stage_layers(w, pp, first, last)
+    if uneven:
+        return n_first >= w[21]
     if v > 1.0:
-        return (w[6] != 0.0 and w[21] != 0.0 and pp > 1.0
-                and (pp - 1.0) * (w[0] / (pp * 1.0 * v)) >= w[21])
-    return (w[6] != 0.0 and w[21] != 0.0 and pp > 1.0
-            and w[0] - w[21] >= np.ceil(w[0] / (pp * 1.0)))
+        return pp > 1.0 and (pp - 1.0) * (w[0] / (pp * 1.0 * v)) >= w[21]
+    return pp > 1.0 and w[0] - w[21] >= np.ceil(w[0] / (pp * 1.0))
 
 
 @njit(**_INLINE)
@@ -303,7 +326,7 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
 @njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
               cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, p2p_split,
-              p2p_steady, p2p_gather, n_acc, mtp, t_mtp_module):
+              p2p_steady, p2p_gather, n_acc, mtp, t_mtp_module, first, last):
     """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``p2p_split``: the TP split
     of a p2p send, :func:`_p2p_split`; ``p2p_steady``: :func:`_p2p_steady_sends`;
     ``p2p_gather``: 1.0 where the split slices are all-gathered over TP on arrival (no
@@ -311,7 +334,8 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     layers = w[0]
     domain, up_lat, out_lat = f[6], f[9], f[10]
     layer_overhead, call_lat = c[6], c[11]
-    layers_stage = np.ceil(layers / (pp * 1.0))
+    uneven, n_first, n_mid, n_last = _stage_layers(w, pp, first, last)
+    layers_stage = _max(_max(n_first, n_mid), n_last) if uneven else np.ceil(layers / (pp * 1.0))
     window_f = _max(layer_f + tp_layer / 2 + cp_layer_f + ep_layer_f, layer_overhead)
     window_b = _max(layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b,
                     layer_overhead * (2.0 + (1.0 if rc == 2 else 0.0)))
@@ -320,6 +344,13 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     t_mtp = mtp * (per_layer + t_head + t_mtp_module)
     stage_max = t_layers + (t_head + t_mtp)
     stage_mean = t_layers + (t_head + t_mtp) / pp
+    t_last = n_last * per_layer + (t_head + t_mtp)
+    t_other = _max(n_first, n_mid) * per_layer
+    last_paced = 1.0 if (not uneven or t_last >= t_other) else 0.0
+    paced_layers = (n_last if t_last >= t_other else _max(n_first, n_mid)) if uneven else layers_stage
+    if uneven:
+        stage_max = _max(t_other, t_last)
+        stage_mean = layers * per_layer / pp + (t_head + t_mtp) / pp
     bubble = (pp - 1.0) / (v * 1.0) * stage_mean
     t_pipe = m * stage_max + bubble
     whole = n_acc <= domain
@@ -339,7 +370,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
                                    up_lat if tp_in else out_lat) + call_lat)
     t_pp = 2.0 * ((t_ramp + gather) * (pp * v - 1.0) + (t_slow + gather) * p2p_steady) \
         if pp > 1.0 else 0.0
-    return layers_stage, bubble, t_pipe, t_pp, window_f, window_b, q
+    return layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q
 
 
 # ---------------------------------------------------------- 6. data parallel

@@ -89,7 +89,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "751e57154cda3f07"
+SOURCES_DIGEST = "027910351a9dfaa0"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -260,9 +260,11 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         v, mbs = float(v_a[i]), float(mbs_a[i])
         rc, zero, prec = rc_b[i - b0], zero_a[i], prec_b[i - b0]  # (the names' codes: by block)
         spk, tco, ogr, opg, flash = spk_a[i], tco_a[i], ogr_a[i], opg_a[i], flash_a[i]
+        p2p = p2p_a[i]  # the pipeline's bools and counts in one word (run)
+        mtp, first, last = _pipeline_counts(p2p)
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
-            prec, flash, ogr, opg, zero, f[13])
+            prec, flash, ogr, opg, zero, f[13], first, last)
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
         grad_bytes = 2.0 if gbf_a[i] else grad_bytes  # grad_reduce_in_bf16 [25]
         r = values[rows[i - b0]]
@@ -271,16 +273,14 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head = \
             r[7], r[8], r[9], r[10], r[11], r[12], r[13]
         t_mtp_module, mtp_flops_sequence = r[14], r[15]
-        heavy = _heavy(w, pp, v)  # a heaviest stage of MoE layers only (6 and 7)
+        heavy = _heavy(w, pp, v, first, last)  # a heaviest stage of MoE layers only (6 and 7)
         # 5. pipeline
-        p2p = p2p_a[i]  # the two pipeline bools and mtp_num_layers in one byte (run)
-        mtp = float(p2p >> 2)
         split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
         steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
-        layers_stage, bubble, t_pipe, t_pp, window_f, window_b, q = _pipeline(
+        layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
-            1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module)
+            1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module, first, last)
         # 6. data parallel
         (heavy_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, v, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
@@ -297,7 +297,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         selective = 4.0 * s * h * (layers + mtp) / (model_flops / (batch * s))
         recompute_extra = 1.0 / 3.0 if rc == 2 else (selective if rc == 1 else 0.0)
         mfu = per_acc / peak_gemm
-        ms = m * (layers_stage + mtp)
+        ms = m * (paced_layers + mtp * last_paced)
         x = 0.0 if valid else nan
         fo[0][i] = dp * 1.0 + x
         fo[1][i] = m_exact + x
@@ -307,7 +307,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         fo[5][i] = per_acc + x
         fo[6][i] = mfu + x
         fo[7][i] = mfu * (1.0 + recompute_extra) + x
-        fo[8][i] = ms * (layer_f + layer_b) + m * (t_head + mtp * (t_head + t_mtp_module)) + x
+        fo[8][i] = ms * (layer_f + layer_b) + m * last_paced * (t_head + mtp * (t_head + t_mtp_module)) + x
         fo[9][i] = ms * tp_layer + x
         fo[10][i] = ms * cp_layer + x
         fo[11][i] = ms * ep_layer + x
@@ -462,7 +462,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             sp = spk_a[i] and tp > 1.0  # as _split has it
             rc, prec = choice_code(rc_a, i, rc_keys), choice_code(prec_a, i, prec_keys)
             whole = _whole(f, has_dp, tp, float(pp_a[i]), float(cp_a[i]), float(dp_a[i]))
-            heavy = _heavy(w, float(pp_a[i]), float(v_a[i]))
+            _mtp, first, last = _pipeline_counts(p2p_a[i])
+            heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc,
                                      flash_a[i], prec, tco_a[i], whole, heavy)
             # mode 0's probe, written out again: as a helper function the scalar pass ran
@@ -528,7 +529,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     tco, flash = tco_a[i], flash_a[i]
                     sp = spk_a[i] and tp > 1.0  # as _split has it
                     whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
-                    heavy = _heavy(w, float(pp_a[i]), float(v_a[i]))
+                    _mtp, first, last = _pipeline_counts(p2p_a[i])
+                    heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
                            ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
                            ext[10, col], ext[11, col], ext[12, col], ext[13, col], ext[14, col])
@@ -558,7 +560,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             spk, tco, flash = spk_a[i], tco_a[i], flash_a[i]
             sp = spk and tp > 1.0  # as _split has it
             whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
-            heavy = _heavy(w, float(pp_a[i]), float(v_a[i]))
+            _mtp, first, last = _pipeline_counts(p2p_a[i])
+            heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc, flash, prec,
                                      tco, whole, heavy)
             row = -1
@@ -587,6 +590,13 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows,
             bounds, (np.uint64(b0), np.uint64(b1)))
     return 0 if out_of_bounds else 1
+
+
+@njit(**_INLINE_STEP)
+def _pipeline_counts(p2p):
+    """(mtp_num_layers, num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage)
+    of a word of :func:`pipeline_flags`, as floats."""
+    return float((p2p >> 2) & 63), float((p2p >> 8) & 4095), float(p2p >> 20)
 
 
 @njit(**_INLINE_STEP)
@@ -680,13 +690,19 @@ def constant_scalars(c, accelerator):
     return tuple(out)
 
 
-def pipeline_flags(scatter_gather, overlap_p2p, mtp_num_layers=0):
+def pipeline_flags(scatter_gather, overlap_p2p, mtp_num_layers=0, first_stage_layers=0,
+                   last_stage_layers=0):
     """The ``p2p`` argument of :func:`run` (before it is spread to ``n`` values): the two
-    pipeline bools and ``mtp_num_layers`` (0-63, checked before), scalars or arrays,
-    packed into uint8: bit 0, bit 1, bits 2-7."""
-    return (np.asarray(scatter_gather, dtype=np.uint8)
-            | (np.asarray(overlap_p2p, dtype=np.uint8) << np.uint8(1))
-            | (np.asarray(mtp_num_layers).astype(np.uint8) << np.uint8(2)))
+    pipeline bools, ``mtp_num_layers`` (0-63) and the layers of the first and the last
+    stage (``num_layers_in_first/last_pipeline_stage``, 0-4095; each checked before),
+    scalars or arrays, packed into uint32: bit 0, bit 1, bits 2-7, 8-19 and 20-31
+    (:func:`_pipeline_counts` unpacks them)."""
+    u = np.uint32
+    return (np.asarray(scatter_gather).astype(u)
+            | (np.asarray(overlap_p2p).astype(u) << u(1))
+            | (np.asarray(mtp_num_layers).astype(u) << u(2))
+            | (np.asarray(first_stage_layers).astype(u) << u(8))
+            | (np.asarray(last_stage_layers).astype(u) << u(20)))
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
@@ -697,8 +713,8 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, 
     (:func:`name_characters`), matched exactly against ``choices`` (the recompute and the
     precision names, in code order) in the kernel's first pass.
 
-    ``p2p``: uint8, bit 0 ``scatter_gather_tensors_in_pipeline``, bit 1 ``overlap_p2p_comm``,
-    bits 2-7 ``mtp_num_layers`` (:func:`pipeline_flags`): a separate array for each slowed the vector pass on a
+    ``p2p``: uint32, bit 0 ``scatter_gather_tensors_in_pipeline``, bit 1 ``overlap_p2p_comm``,
+    bits 2-7 ``mtp_num_layers``, 8-19 and 20-31 the first and last stages' layers (:func:`pipeline_flags`): a separate array for each slowed the vector pass on a
     million layouts in an interleaved A/B of the two revisions (commit c242baa;
     ``benchmarks/bench_grid_compare.py --case megatron_flat``).
 

@@ -9,10 +9,13 @@ named steps, like pvlib's ModelChain:
    does [6]); microbatches ``m = batch / (dp * micro_batch)``. Without
    interleaving, stages may be uneven [13] (126 layers on 16 stages, as Llama 3
    405B trained [14]): any ``pp_size`` up to the layer count is realizable and the
-   heaviest stage, ``ceil(layers / pp_size)`` layers, is priced (MoE layers only where
-   a model's leading dense layers leave a stage of them:
+   heaviest stage, ``ceil(layers / pp_size)`` layers, is priced with the LM head on it
+   (MoE layers only where a model's leading dense layers leave a stage of them:
    ``megatron_steps.heavy_moe_stage``); interleaved schedules need ``layers``
-   divisible by ``pp_size * v_stages``.
+   divisible by ``pp_size * v_stages``. ``num_layers_in_first/last_pipeline_stage``
+   set the first and last stages' layers as Megatron-Core does [13] (the rest split
+   evenly between): the slowest of the first, a middle and the last stage (with the
+   head and any MTP modules) paces the pipeline (``megatron_steps.stage_layers``).
 2. **layer**: GEMM by GEMM FLOPs (:mod:`solver.flops`) timed on the accelerator's
    efficiency curve (:mod:`solver.gemm`: size curve times the depth term
    ``K / (K + K0)`` of each GEMM's local reduction dimension after the TP split),
@@ -323,10 +326,16 @@ KNOBS = {k.name: k for k in (
     _K("overlap_p2p_comm", "bool", True),
     _K("mtp_num_layers", "int", 0, low=0, high=63,
        why="multi-token prediction modules on the last stage (Megatron-Core's mtp_num_layers)"),
+    _K("num_layers_in_first_pipeline_stage", "int", 0, low=0, high=4095,
+       why="layers of the first pipeline stage (Megatron-Core's; 0: not set, an even share)"),
+    _K("num_layers_in_last_pipeline_stage", "int", 0, low=0, high=4095,
+       why="layers of the last pipeline stage (Megatron-Core's; 0: not set, an even share)"),
 )}
 #: The rules of ``realizable`` beyond whole microbatches, in words (messages name them).
 REALIZABLE_RULES = (
-    "heads and KV heads divisible by tp_size, layers by pp_size x v_stages, seq_len by "
+    "heads and KV heads divisible by tp_size, layers by pp_size x v_stages (with the first "
+    "or last stage's layers set: a pipeline, the other layers split evenly over the stages "
+    "between, a layer or more each, and every stage's by v_stages), seq_len by "
     "2 x cp_size (and by tp_size x cp_size under sequence_parallel), experts by ep_size, an "
     "expert's width by etp_size, an "
     "interleaved schedule's microbatches by pp_size; tp_comm_overlap and MoE with tp_size > 1 "
@@ -341,7 +350,7 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
 #: Output name -> (CF units, long name).
 OUTPUTS = {
     "valid": ("1", "split is possible: TP*PP*CP divides the fleet and EP divides DP*CP"),
-    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers over the stages (unevenly only without interleaving [13]), interleaving with the microbatches in groups of pp_size [17], no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], no ZeRO-2/3 with a pipeline [30], a precision the accelerator has [21]"),
+    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers over the stages (unevenly only without interleaving, or as the first and last stages' layers set [13]), interleaving with the microbatches in groups of pp_size [17], no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], no ZeRO-2/3 with a pipeline [30], a precision the accelerator has [21]"),
     "dp_size": ("1", "data-parallel degree"),
     "microbatch_count": ("1", "microbatches per step per data-parallel rank"),
     "step_latency_total": ("s", "training step time"),
@@ -400,7 +409,8 @@ def _choice_codes(name, value, fk=None):
 
 #: Integer knobs the fused kernel receives packed into a byte (megatron_kernel.pipeline_flags),
 #: so their range is checked before it, never left to its first pass.
-_PACKED_KNOBS = ("mtp_num_layers",)
+_PACKED_KNOBS = ("mtp_num_layers", "num_layers_in_first_pipeline_stage",
+                 "num_layers_in_last_pipeline_stage")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -568,8 +578,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, grad_reduce_in_bf16=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True, mtp_num_layers=0,
-          engine="auto",
-          **constants):
+          num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
+          engine="auto", **constants):
     """Megatron-Core training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Every knob may be an array; all broadcast together (pass a grid as an
@@ -639,10 +649,20 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         (priced as the heaviest stage's layers), a projection of 2h -> h with its norms and
         the output head again, per microbatch, and its weights, gradients, optimizer state,
         one microbatch's activations and (pipelined) an embedding copy; Megatron-LM's MFU
-        counts its FLOPs [34]. Priced on the heaviest stage: the stages are not rebalanced
-        (Megatron's ``--decoder-last-pipeline-num-layers`` is not a knob here), and with a
-        pipeline its memory is added to the first stage's, which holds more microbatches in
-        flight than the last (an upper bound). Default 0: none.
+        counts its FLOPs [34]. Its time is the last stage's (fewer layers there,
+        ``num_layers_in_last_pipeline_stage``, rebalance it); with a pipeline its memory is
+        added to the stage of the most layers with the first stage's microbatches in flight
+        (an upper bound). Default 0: none.
+    num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage : int [1]
+        Layers of the first and of the last pipeline stage, Megatron-Core's
+        ``TransformerConfig`` fields (``--decoder-first/last-pipeline-num-layers``) [13]: 0
+        (Megatron's None) leaves a stage its even share. Set, the other layers split over
+        the stages between, which must be whole (and, interleaved, every stage's layers a
+        multiple of ``v_stages``) for ``realizable``; Llama 3 405B's 126 layers on 16
+        stages run 7, 8 x 14, 7 [14]. The step is paced by the slowest of the first, a
+        middle and the last stage (the LM head and MTP modules on it); memory and DP
+        traffic are priced on the stage of the most layers, with the first stage's
+        microbatches in flight and the embedding (an upper bound). 0 to 4095.
     engine : {"auto", "numpy", "fused"}
         ``"numpy"``: the broadcast numpy path (any shapes). ``"fused"``: the
         numba kernel of :mod:`solver.fused.megatron_kernel` (bitwise the same
@@ -675,7 +695,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
                   grad_reduce_in_bf16=grad_reduce_in_bf16,
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
-                  overlap_p2p_comm=overlap_p2p_comm, mtp_num_layers=mtp_num_layers)
+                  overlap_p2p_comm=overlap_p2p_comm, mtp_num_layers=mtp_num_layers,
+                  num_layers_in_first_pipeline_stage=num_layers_in_first_pipeline_stage,
+                  num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage)
     if dp_size is not None:
         values["dp_size"] = dp_size
     if etp_size is not None:
@@ -840,9 +862,10 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
     from ..fused import megatron_kernel as fk
     n = shape[0] if shape else 1
     if memo.get("n") != n:
-        pipe = ("scatter_gather_tensors_in_pipeline", "overlap_p2p_comm", "mtp_num_layers")
+        pipe = ("scatter_gather_tensors_in_pipeline", "overlap_p2p_comm", "mtp_num_layers",
+                "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
         a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in pipe}
-        a["p2p_flags"] = _spread(fk.pipeline_flags(k[pipe[0]], k[pipe[1]], k[pipe[2]]), n, np.uint8)
+        a["p2p_flags"] = _spread(fk.pipeline_flags(*(k[name] for name in pipe)), n, np.uint32)
         memo.update(n=n, a=a, w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
     a = memo["a"]
     # the memo holds the catalog's plateaus; a set gemm_plateau replaces them (steps._plateau)

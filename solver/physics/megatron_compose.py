@@ -40,7 +40,7 @@ def _stage_params(w, sp: Split, layers_stage):
     dense_scale = (w.dense_layer_params * w.dense_layers / w.layers
                    + w.moe_layer_nonexpert * w.moe_layers / w.layers)
     expert_scale = w.expert_params * w.experts * w.moe_layers / w.layers
-    heavy = heavy_moe_stage(w, pp, sp.v)
+    heavy = heavy_moe_stage(w, pp, sp.v, sp.first, sp.last)
     if heavy is not False:
         dense_scale = np.where(heavy, float(w.moe_layer_nonexpert), dense_scale)
         expert_scale = np.where(heavy, float(w.expert_params * w.experts), expert_scale)
@@ -198,7 +198,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # the optimizer's FP32 copy of 16-bit gradients (in optim) and the activations and
     # buffers are never held at once (megatron_memory [5]): the larger of them counts
     footprint = weights + grads + optim + activations + buffers - np.minimum(copy, activations + buffers)
-    heavy = heavy_moe_stage(w, pp, sp.v)
+    heavy = heavy_moe_stage(w, pp, sp.v, sp.first, sp.last)
     if heavy is not False:
         # Priced above: a stage of MoE layers only, with the first stage's embedding and
         # microbatches in flight. The first stage itself holds the leading dense layers,
@@ -295,7 +295,9 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
     per_acc = model_flops / (total * n_acc)
     recompute_extra = np.where(rc == 2, 1.0 / 3.0, np.where(
         rc == 1, 4.0 * s * h * (w.layers + mtp) / (model_flops / (batch * s)), 0.0))
-    ms = m * (layers_stage + mtp)  # layer-microbatches of the priced stage, MTP's with them
+    # layer-microbatches of the stage that paces the pipeline, MTP's with them on the last
+    last = pl.last_paced
+    ms = m * (pl.paced_layers + mtp * last)
     mfu = per_acc / hw.peak_gemm
     out = {
         "dp_size": sp.dp * 1.0,
@@ -306,7 +308,8 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         "model_flops_per_accelerator": per_acc,
         "mfu": mfu,
         "hfu": mfu * (1.0 + recompute_extra),
-        "compute_latency": ms * (ly.layer_f + ly.layer_b) + m * (pl.t_head + mtp * (pl.t_head + ly.t_mtp)),
+        "compute_latency": ms * (ly.layer_f + ly.layer_b)
+        + m * last * (pl.t_head + mtp * (pl.t_head + ly.t_mtp)),
         "tp_communication_latency": ms * cm.tp_layer,
         "cp_communication_latency": ms * cm.cp_layer,
         "ep_communication_latency": ms * cm.ep_layer,

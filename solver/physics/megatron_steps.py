@@ -151,6 +151,9 @@ class Split:
     p2p_steady: object
     #: multi-token prediction modules on the last stage [34]
     mtp: object
+    #: layers of the first and the last pipeline stage where set, else 0 [13]
+    first: object
+    last: object
 
 
 def split(w, fleet, k) -> Split:
@@ -180,11 +183,26 @@ def split(w, fleet, k) -> Split:
     # microbatches for the whole batch's FLOPs gave an MFU above 1.
     m = np.maximum(np.ceil(m_exact), 1.0)
     prec = k["precision"]
+    first, last = k["num_layers_in_first_pipeline_stage"], k["num_layers_in_last_pipeline_stage"]
+    uneven, n_first, n_mid, n_last = stage_layers(w, pp, first, last)
+    middle = pp - (first > 0) - (last > 0)
+    rest = w.layers - first - last
+    # Set first and last stages [13]: a pipeline, the rest of the layers split evenly over
+    # the stages between, a layer or more each (none left where there are none), each
+    # stage's layers divisible by v_stages when interleaved.
+    layers_set = ((pp > 1) & (rest >= 0)
+                  & np.where(middle > 0, (rest % np.maximum(middle, 1) == 0) & (rest >= middle),
+                             rest == 0)
+                  & ((v == 1) | ((first % v == 0) & (last % v == 0) & (n_mid % v == 0))))
     realizable = (valid & (m_exact == np.floor(m_exact)) & (m_exact >= 1)
                   # heads, layers (uneven stages without interleaving [13], even chunks
-                  # with it) and experts (EP 1 on a dense model) split evenly
-                  & even_splits((w.heads, w.layers, w.experts if w.moe else 1),
+                  # with it, or the first and last stages' as set) and experts (EP 1 on a
+                  # dense model) split evenly
+                  & even_splits((w.heads, 0, w.experts if w.moe else 1),
                                 tp_size=tp, pp_size=pp, v_stages=v, ep_size=ep)
+                  & np.where((first > 0) | (last > 0), layers_set,
+                             even_splits((0, w.layers, 0), tp_size=tp, pp_size=pp, v_stages=v,
+                                         ep_size=ep))
                   & (w.kv_heads % tp == 0)  # [16]
                   # the interleaved schedule runs microbatches in groups of pp [17]
                   & ((v == 1) | ((m_exact % pp == 0) & (m_exact >= pp)))
@@ -205,7 +223,7 @@ def split(w, fleet, k) -> Split:
                  valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable,
                  p2p_split=p2p_split(tp, sp, k["scatter_gather_tensors_in_pipeline"]),
                  p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]),
-                 mtp=k["mtp_num_layers"])
+                 mtp=k["mtp_num_layers"], first=first, last=last)
 
 
 def p2p_split(tp, sp, scatter_gather):
@@ -337,7 +355,25 @@ class Layer:
     t_mtp: object
 
 
-def heavy_moe_stage(w, pp, v=1):
+def stage_layers(w, pp, first, last):
+    """(uneven, first, middle, last): the layers of the first, of a middle and of the last
+    pipeline stage where ``num_layers_in_first/last_pipeline_stage`` set them [13]
+    (``first``, ``last`` > 0; 0 is Megatron-Core's None, the other stages' share), the rest
+    split over the stages between, rounded up where it does not split evenly (not
+    realizable). ``uneven``: either is set, there is a pipeline, and the set stages leave
+    layers for the stages between, none where there are none; elsewhere (not realizable
+    either) the layouts are priced as if neither were set, the even split's heaviest stage,
+    so that no step is shorter than its share of the model's work."""
+    first, last = np.asarray(first) * 1.0, np.asarray(last) * 1.0
+    set_first, set_last = first > 0, last > 0
+    middle = pp - set_first * 1.0 - set_last * 1.0
+    rest = w.layers - first - last
+    uneven = (set_first | set_last) & (np.asarray(pp) > 1) & (rest >= 0) & ((middle > 0) | (rest == 0))
+    n_mid = np.where(middle > 0, np.maximum(np.ceil(rest / np.maximum(middle, 1.0)), 0.0), 0.0)
+    return uneven, np.where(set_first, first, n_mid), n_mid, np.where(set_last, last, n_mid)
+
+
+def heavy_moe_stage(w, pp, v=1, first=0, last=0):
     """Where the heaviest pipeline stage is all MoE layers (a model with leading dense layers).
 
     Megatron-Core gives each stage consecutive layers [13], so the leading dense layers sit
@@ -352,18 +388,23 @@ def heavy_moe_stage(w, pp, v=1):
     if not (w.moe and w.dense_layers):
         return False
     pp, v = np.asarray(pp), np.asarray(v)
-    return (pp > 1) & np.where(v > 1, (pp - 1) * (w.layers / (pp * 1.0 * v)) >= w.dense_layers,
+    even = (pp > 1) & np.where(v > 1, (pp - 1) * (w.layers / (pp * 1.0 * v)) >= w.dense_layers,
                                w.moe_layers >= np.ceil(w.layers / (pp * 1.0)))
+    # With the first and last stages set [13]: where the first holds every dense layer, the
+    # stages after it hold MoE layers only, and the stage of the most layers is priced so
+    # (the first too where it has the most: an upper bound, an MoE layer the heavier).
+    uneven, n_first, _, _ = stage_layers(w, pp, first, last)
+    return np.where(uneven, n_first >= w.dense_layers, even)
 
 
-def heaviest_moe_share(w, pp, v=1):
+def heaviest_moe_share(w, pp, v=1, first=0, last=0):
     """The MoE layers' share of the heaviest stage's layers (see :func:`heavy_moe_stage`);
     the model's own share where no stage is all MoE (the dense layers fill all stages but
     one, or more: a mix there, priced at the model's)."""
     share = w.moe_layers / w.layers
     if not (w.moe and w.dense_layers):
         return share
-    return np.where(heavy_moe_stage(w, pp, v), 1.0, share)
+    return np.where(heavy_moe_stage(w, pp, v, first, last), 1.0, share)
 
 
 def _mlp_time(w, hw: Hardware, tok, width, calls=1.0):
@@ -442,7 +483,7 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
         t_moe_f = attn_gemms_f + t_moe + elementwise
     else:
         t_moe_f = 0.0
-    moe_share = heaviest_moe_share(w, sp.pp, sp.v)
+    moe_share = heaviest_moe_share(w, sp.pp, sp.v, sp.first, sp.last)
     layer_f = (1 - moe_share) * t_dense_f + moe_share * t_moe_f  # GEMMs + memory-bound + overhead
     # Backward: 2x the forward GEMMs and memory-bound kernels [3]; recompute adds
     # the forward (full) or the attention core (selective) again.
@@ -561,7 +602,12 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
 @dataclass(frozen=True)
 class Pipeline:
     """The heaviest stage, the bubble and the p2p sends [s]."""
+    #: layers of the stage with the most (its memory and DP traffic are priced)
     layers_stage: object
+    #: layers of the stage that paces the pipeline, and 1.0 where that is the last (the
+    #: LM head's and MTP's): they differ from layers_stage and 1.0 only with set stages [13]
+    paced_layers: object
+    last_paced: object
     t_head: object
     bubble: object
     t_pipe: object
@@ -573,7 +619,9 @@ class Pipeline:
 def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pipeline:
     """Heaviest stage (with the LM head [11]) times microbatches, plus the bubble [1] and p2p."""
     tp, pp, v, m = sp.tp, sp.pp, sp.v, sp.m
-    layers_stage = np.ceil(w.layers / (pp * 1.0))
+    uneven, n_first, n_mid, n_last = stage_layers(w, pp, sp.first, sp.last)
+    layers_stage = np.where(uneven, np.maximum(np.maximum(n_first, n_mid), n_last),
+                            np.ceil(w.layers / (pp * 1.0)))
     # The host launches kernels asynchronously [12]: each phase of a layer takes the
     # longer of its GPU time (compute and the communication left exposed; TP's time
     # halved between forward and backward) and the host's time to issue its kernels, one
@@ -602,6 +650,17 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     t_mtp = sp.mtp * (per_layer + t_head + ly.t_mtp)
     stage_max = t_layers + (t_head + t_mtp)
     stage_mean = t_layers + (t_head + t_mtp) / pp
+    # Set first and last stages [13]: the slowest of the first, a middle stage and the last
+    # (with the head and MTP) paces the pipeline; the bubble takes their mean. Otherwise the
+    # heaviest stage, ceil(layers / pp), is priced with the head on it (an upper bound
+    # where the layers do not split evenly).
+    t_last = n_last * per_layer + (t_head + t_mtp)
+    t_other = np.maximum(n_first, n_mid) * per_layer
+    last_paced = np.where(uneven, t_last >= t_other, True) * 1.0
+    paced_layers = np.where(uneven, np.where(t_last >= t_other, n_last, np.maximum(n_first, n_mid)),
+                            layers_stage)
+    stage_max = np.where(uneven, np.maximum(t_other, t_last), stage_max)
+    stage_mean = np.where(uneven, w.layers * per_layer / pp + (t_head + t_mtp) / pp, stage_mean)
     bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
     t_pipe = m * stage_max + bubble
     # p2p: microbatch activations, split by TP under SP or scatter/gather (p2p_split); the
@@ -630,5 +689,6 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
         ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat) + hw.call_lat, 0.0)
     t_pp = np.where(pp > 1, 2.0 * ((t_ramp + gather) * (pp * v - 1)
                                    + (t_slow + gather) * sp.p2p_steady), 0.0)
-    return Pipeline(layers_stage=layers_stage, t_head=t_head, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
+    return Pipeline(layers_stage=layers_stage, paced_layers=paced_layers, last_paced=last_paced,
+                    t_head=t_head, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
                     window_f=window_f, window_b=window_b)

@@ -1,0 +1,118 @@
+"""Set first and last pipeline stages (num_layers_in_first/last_pipeline_stage, [13] of
+solver.physics.megatron): which splits Megatron-Core runs, and what the stage that paces the
+pipeline is, against the model's own terms on both engines."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from solver import catalog
+from solver.physics import megatron as M
+
+L405 = catalog.workload("Llama3_405B_MC")  # 126 layers, as Llama 3 405B trained on 16 stages [14]
+DSV3 = catalog.workload("DeepSeek_V3_MC")  # 61 layers, 3 of them dense
+FLEET = catalog.fleet("HGX_H100_1K_MC")
+KW = dict(batch_size=1024, seq_len=8192, tp_size=8, pp_size=16, micro_batch_size=1,
+          sequence_parallel=True, recompute="none")
+TERMS = ("compute_latency", "tp_communication_latency", "cp_communication_latency",
+         "ep_communication_latency", "pp_communication_latency", "dp_communication_latency",
+         "pipeline_bubble_latency", "optimizer_latency")
+
+
+def _solve(workload, engine="numpy", first=0, last=0, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return M.solve(workload, FLEET, engine=engine, num_layers_in_first_pipeline_stage=first,
+                       num_layers_in_last_pipeline_stage=last, **{**KW, **kw})
+
+
+def _f(out, name):
+    return float(np.asarray(out[name]))
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_llama3_405b_on_16_stages_paced_by_a_middle_stage_without_the_head(engine):
+    """126 layers on 16 stages: the even split prices ceil(126 / 16) = 8 layers with the LM
+    head on the same stage; Meta's 7, 8 x 14, 7 [14] leaves the head on a stage of 7, so an
+    8-layer middle stage paces the pipeline and the head's time leaves the paced stage."""
+    even, set_ = _solve(L405, engine), _solve(L405, engine, first=7, last=7)
+    assert bool(even["realizable"]) and bool(set_["realizable"])
+    m = _f(even, "microbatch_count")
+    head = (_f(even, "compute_latency") - _f(set_, "compute_latency")) / m
+    assert head > 0
+    # the same 8 layers pace both, so every per-layer term of the paced stage is the same
+    for name in ("tp_communication_latency", "cp_communication_latency", "ep_communication_latency"):
+        assert _f(set_, name) == _f(even, name), name
+    assert _f(set_, "step_latency_total") < _f(even, "step_latency_total")
+    # the bubble takes the mean stage: the model's 126 layers and one head over 16 stages,
+    # not 8 layers and the head on each
+    assert _f(set_, "pipeline_bubble_latency") < _f(even, "pipeline_bubble_latency")
+    # the terms never add up to more than the step (the rest: fixed overhead, launch floor)
+    for out in (even, set_):
+        assert sum(_f(out, t) for t in TERMS) <= _f(out, "step_latency_total")
+    # 6, 8 x 14, 8 puts the head on a stage of 8: paced by it, as the even split
+    assert _f(_solve(L405, engine, first=6, last=8), "compute_latency") == _f(even, "compute_latency")
+
+
+@pytest.mark.parametrize("first, last, v, realizable", [
+    (7, 7, 1, True),      # 112 over 14 middle stages: 8 each
+    (8, 8, 1, False),     # 110 over 14: not whole
+    (6, 8, 2, True),      # 112 over 14, and 6, 8, 8 each divisible by 2 chunks
+    (7, 7, 2, False),     # 7 layers in 2 chunks
+    (7, 0, 1, False),     # 119 over 15 stages: not whole
+    (126, 0, 1, False),   # nothing left for the 15 stages after it
+    (100, 100, 1, False),  # more layers than the model has
+])
+def test_which_set_stages_megatron_core_runs(first, last, v, realizable):
+    out = _solve(L405, first=first, last=last, v_stages=v)
+    assert bool(out["realizable"]) is realizable
+    assert bool(out["valid"])
+
+
+def test_two_stages_both_set_need_every_layer_and_a_pipeline():
+    kw = dict(pp_size=2, tp_size=8)
+    assert bool(_solve(L405, first=60, last=66, **kw)["realizable"])
+    assert not bool(_solve(L405, first=60, last=60, **kw)["realizable"])
+    # one stage: the knobs have no stage to set
+    one = _solve(L405, first=7, last=7, pp_size=1, tp_size=8, batch_size=64)
+    assert not bool(one["realizable"])
+
+
+@pytest.mark.parametrize("first, last, kw", [
+    (60, 60, {"pp_size": 2}),   # 6 layers left and no stage between
+    (100, 100, {}),             # more than the model
+    (7, 7, {"pp_size": 1, "batch_size": 64}),  # no pipeline
+])
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_a_split_no_stage_can_hold_is_priced_as_the_even_one(first, last, kw, engine):
+    """Where the set stages cannot hold the model (not realizable), the layouts are priced as
+    the even split, never as a stage shorter than its share of the model's work."""
+    odd, even = _solve(L405, engine, first=first, last=last, **kw), _solve(L405, engine, **kw)
+    for name in M.OUTPUTS:
+        if name != "realizable":
+            assert np.array_equal(np.asarray(odd[name]), np.asarray(even[name]), equal_nan=True), name
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_deepseek_v3_mtp_rebalanced_onto_a_shorter_last_stage(engine):
+    """DeepSeek-V3's 61 layers and one MTP module on 8 stages: the even split prices 8 layers,
+    the head and the module on one stage; 7, 8 x 6, 6 gives the last stage two layers fewer
+    for the module and the head, and a middle stage of 8 MoE layers paces the pipeline."""
+    kw = dict(pp_size=8, ep_size=8, tp_size=4, mtp_num_layers=1, batch_size=512, seq_len=4096)
+    even, set_ = _solve(DSV3, engine, **kw), _solve(DSV3, engine, first=7, last=6, **kw)
+    assert bool(set_["realizable"]) and bool(even["realizable"])
+    assert _f(set_, "step_latency_total") < _f(even, "step_latency_total")
+    # the module's and the heads' time left the paced stage
+    assert _f(set_, "compute_latency") < _f(even, "compute_latency")
+    # the MTP module's FLOPs count alike
+    assert _f(set_, "model_flops_per_accelerator") * _f(set_, "step_latency_total") == pytest.approx(
+        _f(even, "model_flops_per_accelerator") * _f(even, "step_latency_total"), rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [-1, 4096])
+def test_stage_layers_out_of_range_are_refused(bad):
+    for name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+        for engine in ("numpy", "fused"):
+            with pytest.raises(ValueError, match=name):
+                M.solve(L405, FLEET, engine=engine, **KW, **{name: np.full(3, bad)})
