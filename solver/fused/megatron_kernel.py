@@ -228,7 +228,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
     arrays, from cache, and checks four configurations a vector. With the names' codes
     decoded in a loop of their own before the scalar pass, the megatron call on 1M layouts
     went 1.089x faster (2 threads, 11 interleaved rounds, best over best, 10a2e63 against
-    d01a399: benchmarks/results/grid_compare_megatron_flat.json).
+    d01a399: benchmarks/results/grid_compare_megatron_flat.json as committed in 9355ee3).
     ``span`` is one argument, not two: a call of more than 30 arguments compiles (CPython
     3.11) to a call with ``*args``, which numba does not inline.
 
