@@ -166,7 +166,7 @@ def _heavy(w, pp, v, first, last):
     """megatron_steps.heavy_moe_stage: the heaviest stage holds MoE layers only."""
     if not (w[6] != 0.0 and w[21] != 0.0):
         return False
-    uneven, n_first, n_mid, n_last = _stage_layers(w, pp, first, last)
+    uneven, n_first, _, _ = _stage_layers(w, pp, first, last)
     if uneven:
         return n_first >= w[21]
     if v > 1.0:

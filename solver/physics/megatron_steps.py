@@ -184,7 +184,7 @@ def split(w, fleet, k) -> Split:
     m = np.maximum(np.ceil(m_exact), 1.0)
     prec = k["precision"]
     first, last = k["num_layers_in_first_pipeline_stage"], k["num_layers_in_last_pipeline_stage"]
-    uneven, n_first, n_mid, n_last = stage_layers(w, pp, first, last)
+    n_mid = stage_layers(w, pp, first, last)[2]
     middle = pp - (first > 0) - (last > 0)
     rest = w.layers - first - last
     # Set first and last stages [13]: a pipeline, the rest of the layers split evenly over
