@@ -467,7 +467,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc,
                                      flash_a[i], prec, tco_a[i], whole, heavy)
             # mode 0's probe, written out again: as a helper function the scalar pass ran
-            # about 2x slower (an earlier session's A/B, unsaved)
+            # about 2x slower (an earlier session's A/B, unsaved); inlined by numba
+            # (inline="always"), the whole call 1.03x slower (1 thread, 1M layouts, 8
+            # interleaved rounds, 2026-12-05, unsaved)
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
