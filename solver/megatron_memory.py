@@ -198,27 +198,30 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     return np.where(np.asarray(recompute_code) == 2, full, per_layer)
 
 
-def in_flight_layers(layers_per_stage, pp_size, v_stages, microbatches):
-    """Layer-microbatches whose activations the first pipeline stage holds at its peak [1].
+def in_flight_layers(layers_per_stage, pp_size, v_stages, microbatches, rank=0):
+    """Layer-microbatches whose activations pipeline rank ``rank`` holds at its peak [1] [4].
 
     Parameters
     ----------
     layers_per_stage : array_like [1]
         Layers of one physical stage (all its virtual chunks).
     pp_size, v_stages, microbatches : array_like [1]
+    rank : array_like [1]
+        The stage's pipeline rank, 0 the first.
 
     Returns
     -------
     numpy.ndarray [1]
-        ``layers_per_stage * min(p, m)`` for 1F1B; for v > 1,
-        ``layers_per_stage / v * min(p v + p - 1, m v)`` [4], i.e.
+        ``layers_per_stage * min(p - r, m)`` for 1F1B; for v > 1,
+        ``layers_per_stage / v * min(p v + p - 1 - 2 r, m v)`` [4], i.e.
         L (1 + (p-1)/(p v)) on the first stage [1].
     """
     p = np.asarray(pp_size, dtype=np.float64)
     v = np.asarray(v_stages, dtype=np.float64)
     m = np.asarray(microbatches, dtype=np.float64)
-    # [4]: warm-up + 1 chunks in flight on rank 0.
-    chunks = np.where(v > 1, p * v + p - 1, p)
+    r = np.asarray(rank, dtype=np.float64)
+    # [4]: warm-up + 1 microbatches (chunks) in flight on rank r, at most all of them.
+    chunks = np.where(v > 1, p * v + p - 1 - 2.0 * r, p - r)
     return layers_per_stage / v * np.minimum(chunks, m * v)
 
 

@@ -505,11 +505,14 @@ def _memory(w, tp, etp, ep, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, fla
         act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
     else:
         act_layer = act_dense
-    # megatron_memory.in_flight_layers
-    chunks = pp * v + pp - 1 if v > 1.0 else pp
+    # megatron_memory.in_flight_layers, of the first rank and of the last
+    chunks = pp * v + pp - 1 - 2.0 * 0.0 if v > 1.0 else pp - 0.0
     in_flight = layers_stage / v * _min(chunks, m * v)
-    logits = 4.0 * mbs * s_local * vocab / tp * (1.0 + mtp) if pp == 1.0 else 0.0
-    activations = act_layer * (in_flight + mtp) + logits
+    rank = pp - 1.0
+    chunks_last = pp * v + pp - 1 - 2.0 * rank if v > 1.0 else pp - rank
+    in_last = layers_stage / v * _min(chunks_last, m * v)
+    logits = 4.0 * mbs * s_local * vocab / tp * (1 + mtp)
+    activations = _max(act_layer * (in_flight + mtp), act_layer * (in_last + mtp) + logits)
     bucket = grad_bytes * _max(4e7, 1e6 * group) if zero >= 2 else 0.0
     buffers = (bucket + 2.0 * act_bytes / p2p_split * (1.0 if pp > 1.0 else 0.0)
                + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
