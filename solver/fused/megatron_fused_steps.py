@@ -506,7 +506,7 @@ def _memory(w, tp, etp, ep, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, fla
     else:
         act_layer = act_dense
     # megatron_memory.in_flight_layers, of the first rank and of the last
-    chunks = pp * v + pp - 1 - 2.0 * 0.0 if v > 1.0 else pp - 0.0
+    chunks = pp * v + pp - 1 if v > 1.0 else pp
     in_flight = layers_stage / v * _min(chunks, m * v)
     rank = pp - 1.0
     chunks_last = pp * v + pp - 1 - 2.0 * rank if v > 1.0 else pp - rank
