@@ -6,7 +6,7 @@ two moments, the last sharded over the data-parallel group by the distributed
 optimizer (ZeRO-1), gradients too at stage 2, weights too at stage 3 (FSDP).
 Activations follow Korthikanti et al.'s per-layer accounting, generalized to
 grouped-query attention and gated MLPs, times the microbatches a 1F1B or
-interleaved schedule keeps in flight on its first stage.
+interleaved schedule keeps in flight on each pipeline rank.
 
 References
 ----------
@@ -50,6 +50,7 @@ __all__ = [
     "ADAM_STATE_BYTES",
     "model_state",
     "gradient_copy",
+    "state_bytes",
     "layer_activation_bytes",
     "in_flight_layers",
     "logits_bytes",
@@ -94,16 +95,9 @@ def model_state(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYT
     tuple of numpy.ndarray [B]
         (weights, gradients, optimizer_state).
     """
-    z = np.asarray(zero_stage)
-    d = np.asarray(shard_group, dtype=np.float64)
     p = np.asarray(parameters, dtype=np.float64)
-    # [2]: 2 + 4 + 12/d bytes per parameter with the distributed optimizer; [3] for 2, 3.
-    weights = WEIGHT_BYTES * p / np.where(z >= 3, d, 1.0)
-    g = np.asarray(grad_bytes, dtype=np.float64)
-    gradients = g * p / np.where(z >= 2, d, 1.0)
-    optimizer = (ADAM_STATE_BYTES + np.where(g < MAIN_GRAD_BYTES, MAIN_GRAD_BYTES, 0.0)) * p \
-        / np.where(z >= 1, d, 1.0)
-    return weights, gradients, optimizer
+    weights, gradients, optimizer, _ = state_bytes(shard_group, zero_stage, grad_bytes)
+    return weights * p, gradients * p, optimizer * p
 
 
 def gradient_copy(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYTES):
@@ -112,9 +106,22 @@ def gradient_copy(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_B
     It exists only in the step, once the activations are freed [5], so the footprint
     counts the larger of the two (0 for FP32 main gradients, which are their own copy).
     """
+    return state_bytes(shard_group, zero_stage, grad_bytes)[3] * np.asarray(parameters, dtype=np.float64)
+
+
+def state_bytes(shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYTES):
+    """(weights, gradients, optimizer state, gradient copy) a parameter [B]: the factors of
+    :func:`model_state` and :func:`gradient_copy`."""
+    z = np.asarray(zero_stage)
+    d = np.asarray(shard_group, dtype=np.float64)
     g = np.asarray(grad_bytes, dtype=np.float64)
-    return np.where(g < MAIN_GRAD_BYTES, MAIN_GRAD_BYTES, 0.0) * np.asarray(parameters, dtype=np.float64) \
-        / np.where(np.asarray(zero_stage) >= 1, np.asarray(shard_group, dtype=np.float64), 1.0)
+    copy = np.where(g < MAIN_GRAD_BYTES, MAIN_GRAD_BYTES, 0.0)
+    # [2]: 2 + 4 + 12/d bytes per parameter with the distributed optimizer; [3] for 2, 3.
+    # (times 1 / d: the fused kernel's loop makes one division, not four)
+    per = 1.0 / d
+    sharded = np.where(z >= 1, per, 1.0)
+    return (WEIGHT_BYTES * np.where(z >= 3, per, 1.0), g * np.where(z >= 2, per, 1.0),
+            (ADAM_STATE_BYTES + copy) * sharded, copy * sharded)
 
 
 def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn_hidden, gated,

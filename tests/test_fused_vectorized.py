@@ -47,7 +47,8 @@ def packed_divisions(fn):
                             for line in lines)
     return out
 
-print(json.dumps({"megatron dense": packed_divisions(mk._price_block_dense),
+print(json.dumps({"megatron dense, no stage set": packed_divisions(mk._price_block_dense_even),
+                  "megatron MoE, no stage set": packed_divisions(mk._price_block_even),
                   "megatron any": packed_divisions(mk._price_block),
                   "mlsysim": packed_divisions(sk._kernel)}))
 """

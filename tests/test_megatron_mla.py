@@ -159,8 +159,12 @@ def test_mla_keys_are_checked(change, key):
 def test_a_pipelined_deepseek_v3_is_paced_by_a_stage_of_moe_layers_only(engine):
     """Megatron-Core gives stages consecutive layers: DeepSeek-V3's 3 dense layers sit on the
     first stage, and a stage of MoE layers only paces the pipeline and holds the most expert
-    weights. Pipelined, it is priced as the same model with no dense layers (but for the
-    model FLOPs); without a pipeline the one stage holds the model's mix."""
+    weights. Pipelined, its time is priced as the same model with no dense layers (but for
+    the model FLOPs); without a pipeline the one stage holds the model's mix. Its memory is
+    each rank's own: the largest weights are a stage of MoE layers and an embedding matrix
+    in both (rank 0 of the all-MoE model, the last rank of DeepSeek-V3), and DeepSeek-V3's
+    first rank, of lighter dense layers, holds no more, so its footprint is at most the
+    all-MoE model's, less where the all-MoE first rank's microbatches in flight count."""
     if engine == "fused":
         pytest.importorskip("numba")
     all_moe = dataclasses.replace(DSV3, dense_layers=0)
@@ -176,11 +180,17 @@ def test_a_pipelined_deepseek_v3_is_paced_by_a_stage_of_moe_layers_only(engine):
         mixed, moe = M.solve(DSV3, fleet, **kw), M.solve(all_moe, fleet, **kw)
     pp = np.broadcast_to(np.asarray(kw["pp_size"]), mixed["valid"].shape)
     assert mixed["valid"].all()
-    for name in ("step_latency_total", "memory_footprint", "memory_weights", "ep_communication_latency",
+    for name in ("step_latency_total", "memory_weights", "ep_communication_latency",
                  "dp_communication_latency"):
         np.testing.assert_array_equal(mixed[name][pp > 1], moe[name][pp > 1], err_msg=name)
+    for name in ("step_latency_total", "memory_footprint", "memory_weights", "ep_communication_latency",
+                 "dp_communication_latency"):
         # (the gradient reduction hides behind the backward without a pipeline: 0 in both)
         assert (mixed[name][pp == 1] < moe[name][pp == 1]).all() or name.startswith("dp"), name
+    foot_mixed, foot_moe = mixed["memory_footprint"], moe["memory_footprint"]
+    assert (foot_mixed[pp > 1] <= foot_moe[pp > 1]).all()
+    # 4 and 8 stages: the all-MoE model's first rank, 4 and 8 microbatches in flight, holds more
+    assert (foot_mixed[pp >= 4] < foot_moe[pp >= 4]).all()
 
 
 def test_dense_layers_filling_the_stages_leave_the_heaviest_stage_mixed():

@@ -46,8 +46,9 @@ def test_mtp_model_flops_are_one_more_layer_its_projection_and_one_more_logits(w
 
 @pytest.mark.parametrize("engine", ["numpy", "fused"])
 def test_mtp_weights_are_a_layer_the_projection_and_with_a_pipeline_an_embedding_copy(engine):
-    """DeepSeek-V3, 9 stages (each of MoE layers only), EP 64, ETP 1, TP 2, DDP weights:
-    the MTP module adds an MoE layer's weights on this rank (non-expert over TP but for MLA's
+    """DeepSeek-V3, 9 stages, the last of 8 MoE layers (4, 7 x 7, 8: the largest weights,
+    full recompute: the fewest activations), EP 64, ETP 1, TP 2, DDP weights: the MTP module
+    adds on the last rank an MoE layer's weights (non-expert over TP but for MLA's
     duplicated ones, experts over ETP x EP), the projection and norms over TP, and the
     embedding copy the last stage builds, over TP."""
     if engine == "fused":
@@ -55,7 +56,9 @@ def test_mtp_weights_are_a_layer_the_projection_and_with_a_pipeline_an_embedding
     shape = M._Shape(DSV3)
     tp, ep = 2, 64
     kw = dict(batch_size=1152, seq_len=4096, tp_size=tp, pp_size=9, ep_size=ep, etp_size=1,
-              micro_batch_size=1, sequence_parallel=True, zero_stage=0, precision="bf16")
+              micro_batch_size=1, sequence_parallel=True, zero_stage=0, precision="bf16",
+              recompute="full", num_layers_in_first_pipeline_stage=4,
+              num_layers_in_last_pipeline_stage=8)
     base, mtp = (_solve(DSV3, engine, mtp_num_layers=n, **kw) for n in (0, 1))
     h, vocab = 7168, 129280
     params = ((shape.moe_layer_nonexpert - shape.attn_dup + 2 * h * h + 3 * h) / tp + shape.attn_dup

@@ -482,54 +482,143 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
     return full if rc == 2 else per_layer
 
 
-@njit(**_INLINE)
-def _memory(w, tp, etp, ep, pp, v, heavy_stage, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local,
-            act_bytes, layers_stage, heavy_params, expert_stage_params, expert_group,
-            params_bytes, p2p_split, prec, mtp):
-    """megatron_compose.memory (``heavy_stage``: :func:`_heavy`)."""
-    h, heads, moe, top_k, vocab, emb = w[1], w[2], w[6], w[9], w[13], w[16]
-    moe_share = 1.0 if heavy_stage else w[12]
-    attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
-    weights, grads, optim, copy = _model_state(heavy_params, group, zero, grad_bytes)
+@njit(**_PRIM)
+def _state_bytes(group, zero, grad_bytes):
+    """megatron_memory.state_bytes."""
+    copy = _MGB if grad_bytes < _MGB else 0.0
+    per = 1.0 / group
+    sharded = per if zero >= 1 else 1.0
+    return (_WB * (per if zero >= 3 else 1.0), grad_bytes * (per if zero >= 2 else 1.0),
+            (_ASB + copy) * sharded, copy * sharded)
+
+
+# _rank_layers and _rank: compiled once and inlined by LLVM (_PRIM), not copied into each
+# call by numba (inline="always"): copied into the five calls of each of the kernel's three
+# block loops, the first call (compiling) took 147 s, against 84 s this way and 55 s at
+# 041b881; copied, the loop with no stage set ran 1.06-1.08x faster, this way about as fast
+# as 041b881 (1M layouts, 1 thread, 5 interleaved rounds, 2026-12-05, unsaved)
+@njit(**_PRIM)
+def _rank_layers(w, r, nf, nm, nl, held, last_rank, v, mixed):
+    """megatron_steps.pipeline_ranks, one rank: (rank, layers, dense layers, first, last)."""
+    is_first, is_last = r == 0.0, r == last_rank
+    n = nf if is_first else (nl if is_last else nm)
+    if w[6] == 0.0:
+        dense_n = n
+    elif not mixed:
+        dense_n = 0.0 * n
+    else:
+        start = 0.0 if is_first else (held - nl if is_last else nf + (r - 1.0) * nm)
+        c, period = n / v, held / v
+        left = w[21] - start / v
+        jf = _min(_max(np.floor((left - c) / period) + 1.0, 0.0), v)
+        dense_n = c * jf + (_min(_max(left - jf * period, 0.0), c) if jf < v else 0.0)
+    return r, n, dense_n, 1.0 if is_first else 0.0, 1.0 if is_last else 0.0
+
+
+@njit(**_PRIM)
+def _rank(moe, pp, v, rank, n, dense_n, first, last, dense_l, moe_l, expert_l, head, one_stage, emb,
+          act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp_all, mtp_l, best):
+    """One rank of megatron_compose.memory's loop: (params, experts, activations, footprint),
+    or ``best``'s where its footprint is not larger. Without experts (``moe`` 0.0, a constant
+    in :func:`~.megatron_kernel._price_block_dense_even`) the terms that are 0.0 are left out, the
+    same bits: numpy adds exact zeros."""
+    mtp = mtp_all * last
+    copies = one_stage if pp == 1.0 else first + last * head
+    chunks = pp * v + pp - 1 - 2.0 * rank if v > 1.0 else pp - rank
     if moe != 0.0:
-        we, ge, oe, ce = _model_state(expert_stage_params, expert_group, zero, grad_bytes)
-        weights, grads, optim, copy = weights + we, grads + ge, optim + oe, copy + ce
+        moe_n = n - dense_n
+        params = dense_n * dense_l + moe_n * moe_l + mtp * mtp_l + emb * copies
+        experts = (moe_n + mtp) * expert_l
+        act = (dense_n * act_dense + moe_n * act_moe) * (inv_v * _min(chunks, mv)) + last * tail
+        foot = params * state + experts * state_e + _max(act + buffers - (params * sc + experts * sce), 0.0)
+    else:
+        params = dense_n * dense_l + mtp * mtp_l + emb * copies
+        experts = 0.0
+        act = dense_n * act_dense * (inv_v * _min(chunks, mv)) + last * tail
+        foot = params * state + _max(act + buffers - params * sc, 0.0)
+    return (params, experts, act, foot) if foot > best[3] else best
+
+
+@njit(**_INLINE)
+def _memory(w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local,
+            act_bytes, layers_stage, expert_group, params_bytes, p2p_split, prec, mtp, first, last):
+    """megatron_compose.memory (with megatron_steps.pipeline_ranks)."""
+    h, heads, moe, top_k, vocab, emb_params = w[1], w[2], w[6], w[9], w[13], w[16]
+    attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
     low_bits = _low_bits(prec)
     latent = w[39] if low_bits else w[32]  # multi-head latent attention's, by precision
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash,
                                   low_bits, w[23], latent, w[33], 1.0)
-    act_moe = 0.0  # (defined on every path: a value left from the last iteration otherwise)
+    act_moe = act_dense
     if moe != 0.0:
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
                                     low_bits, w[24], latent, w[33], etp / (tp * 1.0))
-        act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
-    else:
-        act_layer = act_dense
-    # megatron_memory.in_flight_layers, of the first rank and of the last
-    chunks = pp * v + pp - 1 if v > 1.0 else pp
-    in_flight = layers_stage / v * _min(chunks, m * v)
-    rank = pp - 1.0
-    chunks_last = pp * v + pp - 1 - 2.0 * rank if v > 1.0 else pp - rank
-    in_last = layers_stage / v * _min(chunks_last, m * v)
-    logits = 4.0 * mbs * s_local * vocab / tp * (1 + mtp)
-    activations = _max(act_layer * (in_flight + mtp), act_layer * (in_last + mtp) + logits)
     bucket = grad_bytes * _max(4e7, 1e6 * group) if zero >= 2 else 0.0
     buffers = (bucket + 2.0 * act_bytes / p2p_split * (1.0 if pp > 1.0 else 0.0)
                + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
-    footprint = weights + grads + optim + activations + buffers - _min(copy, activations + buffers)
-    if heavy_stage:  # the first stage, with the leading dense layers: the larger counts
-        nd = _min(w[21], layers_stage)
-        dense_a = ((nd * w[38] + (layers_stage - nd) * w[35] - layers_stage * w[37]) / tp
-                   + w[37] * layers_stage + emb / tp)
-        expert_a = w[36] * (layers_stage - nd) / (etp * ep * 1.0)
-        wa, ga, oa, ca = _model_state(dense_a, group, zero, grad_bytes)
-        we, ge, oe, ce = _model_state(expert_a, expert_group, zero, grad_bytes)
-        wa, ga, oa, ca = wa + we, ga + ge, oa + oe, ca + ce
-        act_a = (nd * act_dense + (layers_stage - nd) * act_moe) * (in_flight / layers_stage)
-        foot_a = wa + ga + oa + act_a + buffers - _min(ca, act_a + buffers)
-        if foot_a > footprint:
-            weights, grads, optim, activations, footprint = wa, ga, oa, act_a, foot_a
-    return weights, grads, optim, activations, buffers, footprint
+    sw, sg, so, sc = _state_bytes(group, zero, grad_bytes)
+    swe, sge, soe, sce = 0.0, 0.0, 0.0, 0.0
+    if moe != 0.0:
+        swe, sge, soe, sce = _state_bytes(expert_group, zero, grad_bytes)
+    state, state_e = sw + sg + so, swe + sge + soe
+    # (the rank-independent terms computed once here: LLVM does not hoist them out of the
+    # ranks itself, and the loop over configurations ran 1.08x slower for it, unsaved)
+    per_tp = 1.0 / tp
+    dense_l = (w[38] - w[37]) * per_tp + w[37]
+    moe_l = (w[35] - w[37]) * per_tp + w[37]
+    expert_l = w[36] / (etp * ep * 1.0) if moe != 0.0 else 0.0
+    mtp_l = (moe_l if moe != 0.0 else dense_l) + w[40] * per_tp
+    emb = emb_params * per_tp
+    one_stage = w[22] / emb_params if emb_params != 0.0 else 1.0
+    logits = 4.0 * mbs * s_local * vocab / tp * (1 + mtp)
+    tail = act_moe * mtp + logits
+    inv_v, mv = 1.0 / v, m * v
+    head = 1.0 + (1.0 if mtp > 0.0 else 0.0)
+    # megatron_steps.pipeline_ranks: ranks 0, 1, (the first MoE layer's and the next), the
+    # last; each written out (a loop inside the loop over configurations stops LLVM
+    # vectorizing it), its first and last flags as pipeline_ranks compares them
+    uneven, n_first, n_mid, n_last = _stage_layers(w, pp, first, last)
+    n_even = np.ceil(w[0] / pp)
+    nf, nm, nl = (n_first, n_mid, n_last) if uneven else (n_even, n_even, n_even)
+    mixed = moe != 0.0 and w[21] != 0.0
+    held = nf + (pp - 2.0) * nm + nl
+    last_rank = pp - 1.0
+    # rank 0
+    r, n, dn, fr, la = _rank_layers(w, 0.0 * pp, nf, nm, nl, held, last_rank, v, mixed)
+    best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
+                 act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
+                 (0.0, 0.0, 0.0, -np.inf))
+    # rank 1 (rank 0 of one stage, the last of two). Behind a first stage that is not set,
+    # without leading dense layers, it holds what rank 0 holds but the embedding, with
+    # fewer microbatches in flight: never a larger footprint, so the same bits without it.
+    # In a block with no stage set (first a constant 0.0: megatron_kernel._price_block_even)
+    # of a workload without experts LLVM drops it.
+    if first > 0.0 or mixed:
+        r, n, dn, fr, la = _rank_layers(w, _min(1.0, last_rank), nf, nm, nl, held, last_rank, v, mixed)
+        best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
+                     act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
+                     best)
+    if mixed:  # the rank whose first chunk holds the first MoE layer, and the next
+        r_moe = 0.0 if w[21] * v < nf else 1.0 + np.floor((w[21] * v - nf) / _max(nm, 1.0))
+        r, n, dn, fr, la = _rank_layers(w, _min(r_moe, last_rank), nf, nm, nl, held, last_rank, v, mixed)
+        best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
+                     act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
+                     best)
+        r, n, dn, fr, la = _rank_layers(w, _min(r_moe + 1.0, last_rank), nf, nm, nl, held, last_rank, v,
+                                        mixed)
+        best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
+                     act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
+                     best)
+    # the last rank
+    r, n, dn, fr, la = _rank_layers(w, last_rank, nf, nm, nl, held, last_rank, v, mixed)
+    best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
+                 act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
+                 best)
+    params, experts, activations, footprint = best
+    if moe != 0.0:
+        return (params * sw + experts * swe, params * sg + experts * sge, params * so + experts * soe,
+                activations, buffers, footprint)
+    return params * sw, params * sg, params * so, activations, buffers, footprint
 
 
 # ---------------------------------------------------------------- 8. compose

@@ -89,7 +89,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "095482c146711349"
+SOURCES_DIGEST = "e2c450fca4e02d4e"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -220,7 +220,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                  values, rows, bounds, span):
     """Steps 1, 2 and 5-8 of configurations ``b0:b1`` (``span``), steps 3-4 read from
-    ``values[rows]`` (the loop of :func:`_price_block` and :func:`_price_block_dense`, inlined
+    ``values[rows]`` (the loop of :func:`_price_block` and its ``_even`` variants, inlined
     into each); returns whether any of them has an integer knob outside ``bounds`` or a name
     that is no choice (code -1; see :func:`_kernel`).
 
@@ -249,7 +249,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
     up_bw, out_bw = f[7] * c[7], f[8] * c[8]  # as _communication computes them
     nan = np.nan
     outside = False
-    b0, b1 = span
+    b0, b1, staged = span
     for i in range(b0, b1):
         # the integer knobs' range checks and the names' (see _kernel): an or over the block
         outside |= _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
@@ -262,6 +262,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         spk, tco, ogr, opg, flash = spk_a[i], tco_a[i], ogr_a[i], opg_a[i], flash_a[i]
         p2p = p2p_a[i]  # the pipeline's bools and counts in one word (run)
         mtp, first, last = _pipeline_counts(p2p)
+        if staged == 0:  # a block with no stage set: constants (see _price_block_even)
+            first, last = 0.0, 0.0
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
             prec, flash, ogr, opg, zero, f[13], first, last)
@@ -287,9 +289,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
                                  layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
-            w, tp, etp, ep, pp, v, heavy, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
-            layers_stage, heavy_params, expert_stage_params, expert_group, params_bytes, split,
-            prec, mtp)
+            w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
+            layers_stage, expert_group, params_bytes, split, prec, mtp, first, last)
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
         model_flops = _model_flops(w, batch, s) + mtp * batch * mtp_flops_sequence
@@ -333,42 +334,73 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
 def _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                  values, rows, bounds, span):
-    """:func:`_price_steps` of any workload."""
+    """:func:`_price_steps` of any workload and any stages."""
     return _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
-                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
-                 values, rows, bounds, span)
+                        mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo,
+                        bo, values, rows, bounds, (span[0], span[1], np.uint64(1)))
 
 
 @kernel(cache=_CACHE)
-def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
-                       v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
-                       fo, bo, values, rows, bounds, span):
-    """:func:`_price_steps` of a workload without experts (``w[6]``, the MoE flag, is 0.0).
+def _price_block_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
+                      mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
+                      fo, bo, values, rows, bounds, span):
+    """:func:`_price_steps` of an MoE workload without leading dense layers (``w[21]`` a
+    constant 0.0) in a block where no configuration sets the first or the last stage's
+    layers (``num_layers_in_first/last_pipeline_stage`` constants 0.0).
 
-    The same loop with the flag a constant: LLVM drops the expert terms, whose selects
-    the vector loop otherwise computes on both sides. The loop is bound by its divisions
-    (78 vector divisions per iteration, 57 without the expert terms; 1M layouts of
-    Llama3_70B_MC, 1 thread, on this project's AVX-512 VM: 70.7 -> 45.0 ms, unsaved).
-    Where the flag is 0.0 the two give the same bits.
+    The memory of rank 1 and of the ranks where the MoE layers start, which can outweigh
+    rank 0's only behind a set first stage or leading dense layers, and the uneven stages'
+    selects drop out; where these are 0.0 the same bits as :func:`_price_block`. With
+    the stages constants but ``w[21]`` not, 1M layouts of Mixtral 8x7B in bench_fused's
+    draw took 1.18x the time of 041b881, which priced the first and the last rank's
+    activations on the heaviest stage (interleaved A/B, 1 thread, 5 rounds, 2026-12-05,
+    unsaved).
+    """
+    return _price_steps(w[:21] + (0.0,) + w[22:], f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a,
+                        etp_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a,
+                        gbf_a, p2p_a, fo, bo, values, rows, bounds, (span[0], span[1], np.uint64(0)))
+
+
+@kernel(cache=_CACHE)
+def _price_block_dense_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
+                            v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a,
+                            p2p_a, fo, bo, values, rows, bounds, span):
+    """:func:`_price_block_even` of a workload without experts (``w[6]``, the MoE flag, a
+    constant 0.0).
+
+    LLVM drops the expert terms too, whose selects the vector loop otherwise computes on
+    both sides. The loop is bound by its divisions (78 vector divisions per iteration, 57
+    without the expert terms; 1M layouts of Llama3_70B_MC, 1 thread, on this project's
+    AVX-512 VM: 70.7 -> 45.0 ms, unsaved). Where the flag is 0.0 the same bits.
     """
     return _price_steps(w[:6] + (0.0,) + w[7:], f, c, has_dp, batch_a, s_a, tp_a, pp_a,
                         cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a,
-                        opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds, span)
+                        opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds,
+                        (span[0], span[1], np.uint64(0)))
 
 
 @njit(**_INLINE_STEP)
 def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                   mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                   values, rows, bounds, span):
-    """:func:`_price_block_dense` for a workload without experts, else :func:`_price_block`;
-    whether a knob of the block left ``bounds`` or a name was no choice."""
-    if w[6] == 0.0:
-        return _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a,
-                                  dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
-                                  flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds, span)
+    """The block loop for the workload and the block (``span``: first, end, and whether a
+    configuration of the block sets a stage's layers): where none does,
+    :func:`_price_block_dense_even` for a workload without experts and
+    :func:`_price_block_even` for one without leading dense layers; else
+    :func:`_price_block`. Returns whether a knob of the block left ``bounds`` or a name
+    was no choice."""
+    here = (span[0], span[1])
+    if span[2] == 0 and w[6] == 0.0:
+        return _price_block_dense_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a,
+                                       dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a,
+                                       opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds, here)
+    if span[2] == 0 and w[21] == 0.0:
+        return _price_block_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
+                                 v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a,
+                                 gbf_a, p2p_a, fo, bo, values, rows, bounds, here)
     return _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
                         v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a,
-                        p2p_a, fo, bo, values, rows, bounds, span)
+                        p2p_a, fo, bo, values, rows, bounds, here)
 
 
 @njit(**_INLINE_STEP)
@@ -520,7 +552,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
         out_of_bounds = False
         for b0 in range(lo, hi, BLOCK):
             b1 = min(b0 + BLOCK, hi)
+            staged = False  # whether a configuration of the block sets a stage's layers
             for i in range(b0, b1):
+                staged |= (p2p_a[i] >> 8) != 0
                 row = plan[0, i - lo]
                 rc, prec = plan[2, i - lo], plan[3, i - lo]
                 rc_b[i - b0], prec_b[i - b0] = rc, prec
@@ -544,7 +578,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             out_of_bounds |= _priced_block(
                 w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
                 zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows,
-                bounds, (np.uint64(b0), np.uint64(b1)))
+                bounds, (np.uint64(b0), np.uint64(b1), np.uint64(staged)))
         return 0 if out_of_bounds else 1
     # mode 0. The step memo: open addressing (linear probing) on the two key words -> a row
     slots[:, 0] = _NO_SLOT
@@ -555,6 +589,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
         for i in range(b0, b1):  # the names' codes, a loop of their own
             rc_b[i - b0] = choice_code(rc_a, i, rc_keys)
             prec_b[i - b0] = choice_code(prec_a, i, prec_keys)
+        staged = False  # whether a configuration of the block sets a stage's layers
         for i in range(b0, b1):
             s, tp, cp, ep = float(s_a[i]), float(tp_a[i]), float(cp_a[i]), float(ep_a[i])
             etp, mbs = float(etp_a[i]), float(mbs_a[i])
@@ -563,6 +598,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             sp = spk and tp > 1.0  # as _split has it
             whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
             _mtp, first, last = _pipeline_counts(p2p_a[i])
+            staged |= (first > 0.0) | (last > 0.0)
             heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc, flash, prec,
                                      tco, whole, heavy)
@@ -590,7 +626,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
         out_of_bounds |= _priced_block(
             w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
             zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows,
-            bounds, (np.uint64(b0), np.uint64(b1)))
+            bounds, (np.uint64(b0), np.uint64(b1), np.uint64(staged)))
     return 0 if out_of_bounds else 1
 
 
@@ -805,7 +841,7 @@ def _compile(args, keys):
         # the names' codes come by block (memo[3], memo[4]), from the kernel's first pass
         block_knobs = knobs[:11] + knobs[12:13] + (memo[3], memo[4]) + knobs[14:]
         with forced_vector_width(VECTOR_WIDTH):  # this loop only: LLVM warns of each it cannot
-            for block in (_price_block, _price_block_dense):
+            for block in (_price_block, _price_block_even, _price_block_dense_even):
                 block(w, f, c, has_dp, *block_knobs, fo, bo, memo[1], memo[2],
                       _ANY_INT64, (np.uint64(0), np.uint64(0)))
         _COMPILED = True

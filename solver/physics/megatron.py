@@ -35,7 +35,9 @@ named steps, like pvlib's ModelChain:
    optimizer) in buckets overlapped with the last microbatch's backward,
    parameter all-gather overlapped with the first forward, FSDP per-microbatch
    gathers; optimizer step at HBM bandwidth; a fixed per-step overhead.
-5. **memory**: :mod:`solver.megatron_memory` on the heaviest stage.
+5. **memory**: :mod:`solver.megatron_memory` on each pipeline rank that can hold the
+   most (its layers, embedding or output layer and logits, microbatches in flight:
+   ``megatron_steps.pipeline_ranks``); the largest footprint counts.
 
 The free constants (:data:`CONSTANTS`) are the all-data fit stored in
 ``configs/physics/megatron.toml`` with its provenance; each may be overridden
@@ -369,7 +371,7 @@ OUTPUTS = {
     "pipeline_bubble_latency": ("s", "pipeline fill and drain"),
     "bubble_fraction": ("1", "idle share of the pipelined step"),
     "optimizer_latency": ("s", "optimizer step"),
-    "memory_footprint": ("byte", "training memory per accelerator (heaviest stage): the memory terms, the optimizer step's FP32 copy of 16-bit gradients counted only where it outweighs the activations and buffers it never coexists with"),
+    "memory_footprint": ("byte", "training memory per accelerator (of the pipeline rank that holds the most): the memory terms, the optimizer step's FP32 copy of 16-bit gradients counted only where it outweighs the activations and buffers it never coexists with"),
     "memory_weights": ("byte", "weights per accelerator"),
     "memory_gradients": ("byte", "gradients per accelerator"),
     "memory_optimizer_state": ("byte", "optimizer state per accelerator (with 16-bit gradients, the step's FP32 copy of them)"),
@@ -649,10 +651,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         (priced as the heaviest stage's layers), a projection of 2h -> h with its norms and
         the output head again, per microbatch, and its weights, gradients, optimizer state,
         one microbatch's activations and (pipelined) an embedding copy; Megatron-LM's MFU
-        counts its FLOPs [34]. Its time is the last stage's (fewer layers there,
-        ``num_layers_in_last_pipeline_stage``, rebalance it); with a pipeline its memory is
-        added to the stage of the most layers with the first stage's microbatches in flight
-        (an upper bound). Default 0: none.
+        counts its FLOPs [34]. Its time and its memory are the last stage's (fewer layers
+        there, ``num_layers_in_last_pipeline_stage``, rebalance them). Default 0: none.
     num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage : int [1]
         Layers of the first and of the last pipeline stage, Megatron-Core's
         ``TransformerConfig`` fields (``--decoder-first/last-pipeline-num-layers``) [13]: 0
@@ -660,9 +660,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         the stages between, which must be whole (and, interleaved, every stage's layers a
         multiple of ``v_stages``) for ``realizable``; Llama 3 405B's 126 layers on 16
         stages run 7, 8 x 14, 7 [14]. The step is paced by the slowest of the first, a
-        middle and the last stage (the LM head and MTP modules on it); memory and DP
-        traffic are priced on the stage of the most layers, with the first stage's
-        microbatches in flight and the embedding (an upper bound). 0 to 4095.
+        middle and the last stage (the LM head and MTP modules on it); memory is each
+        rank's own (a lighter first stage moves the peak to rank 1); DP traffic is priced
+        on the stage of the most layers (an upper bound). 0 to 4095.
     engine : {"auto", "numpy", "fused"}
         ``"numpy"``: the broadcast numpy path (any shapes). ``"fused"``: the
         numba kernel of :mod:`solver.fused.megatron_kernel` (bitwise the same

@@ -15,7 +15,7 @@ from .. import gemm
 from .. import megatron_memory as mem
 from .. import network as net
 from .megatron_steps import (OPTIMIZER_BYTES_TOUCHED, Communication, Hardware, Layer, Pipeline,
-                             Split, _exposed, heavy_moe_stage)
+                             Split, _exposed, heavy_moe_stage, pipeline_ranks)
 
 
 # ---------------------------------------------------------- 6. data parallel
@@ -147,7 +147,7 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
 
 @dataclass(frozen=True)
 class Memory:
-    """Training memory per accelerator of the heaviest stage [byte]."""
+    """Training memory per accelerator of the pipeline rank that holds the most [byte]."""
     weights: object
     grads: object
     optim: object
@@ -157,26 +157,19 @@ class Memory:
 
 
 def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataParallel) -> Memory:
-    """Model state, stored activations and buffers (:mod:`solver.megatron_memory`)."""
+    """Model state, stored activations and buffers (:mod:`solver.megatron_memory`) of each
+    pipeline rank that can hold the most (:func:`~.megatron_steps.pipeline_ranks`); the
+    largest footprint counts."""
     tp, pp, zero, group, mbs = sp.tp, sp.pp, sp.zero, sp.group, sp.mbs
-    s_local, h, moe_share, layers_stage = ly.s_local, ly.h, ly.moe_share, pl.layers_stage
+    s_local, h, layers_stage = ly.s_local, ly.h, pl.layers_stage
     flash = k["flash_attention"]
-    dense = dpr.heavy_params
-    weights, grads, optim = mem.model_state(dense, shard_group=group, zero_stage=zero,
-                                            grad_bytes=hw.grad_bytes)
-    copy = mem.gradient_copy(dense, shard_group=group, zero_stage=zero, grad_bytes=hw.grad_bytes)
-    if w.moe:
-        we, ge, oe = mem.model_state(dpr.expert_stage_params, shard_group=dpr.expert_group,
-                                     zero_stage=zero, grad_bytes=hw.grad_bytes)
-        weights, grads, optim = weights + we, grads + ge, optim + oe
-        copy = copy + mem.gradient_copy(dpr.expert_stage_params, shard_group=dpr.expert_group,
-                                        zero_stage=zero, grad_bytes=hw.grad_bytes)
     latent = np.where(hw.low_bits, w.latent_act_fp8, w.latent_act)
     act_dense = mem.layer_activation_bytes(
         mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
         tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
         low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
         context_ratio=w.context_ratio)
+    act_moe = act_dense
     if w.moe:
         act_moe = mem.layer_activation_bytes(
             mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
@@ -184,56 +177,57 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
             moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
             low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
             context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0))
-        act_layer = (1 - moe_share) * act_dense + moe_share * act_moe
-    else:
-        act_layer = act_dense
-    # (each multi-token prediction module: one microbatch of a layer's, and its logits [34])
-    # The first rank's microbatches in flight, or the last rank's and the FP32 logits of its
-    # one microbatch in flight [1] (a long sequence over a large vocabulary: Llama 3 8B on
-    # 16 stages of 2 layers at 8,192 tokens, full recompute, holds 4.2 GB of logits there
-    # against 2.1 GB of layer inputs on the first), with the same weights (the first rank's
-    # embedding and the last's output layer are the same size): the larger counts. With
-    # one stage, the one rank's and its logits.
-    logits = mem.logits_bytes(mbs, s_local, w.vocab, tp_size=tp) * (1 + sp.mtp)
-    activations = np.maximum(
-        act_layer * (mem.in_flight_layers(layers_stage, pp, sp.v, sp.m) + sp.mtp),
-        act_layer * (mem.in_flight_layers(layers_stage, pp, sp.v, sp.m, pp - 1.0) + sp.mtp) + logits)
     # Megatron DDP's buckets are views into the gradient buffer [23]: a bucket of its own
     # (size [7]) only where the gradients are sharded and one is gathered to reduce it.
     bucket = np.where(zero >= 2, hw.grad_bytes * np.maximum(4e7, 1e6 * group), 0.0)
     buffers = (bucket + 2.0 * ly.act_bytes / sp.p2p_split * (pp > 1)
                + (zero == 3) * 2.0 * mem.WEIGHT_BYTES * (dpr.params_bytes / mem.WEIGHT_BYTES / layers_stage))
-    # the optimizer's FP32 copy of 16-bit gradients (in optim) and the activations and
-    # buffers are never held at once (megatron_memory [5]): the larger of them counts
-    footprint = weights + grads + optim + activations + buffers - np.minimum(copy, activations + buffers)
-    heavy = heavy_moe_stage(w, pp, sp.v, sp.first, sp.last)
-    if heavy is not False:
-        # Priced above: a stage of MoE layers only, with the first stage's embedding and
-        # microbatches in flight. The first stage itself holds the leading dense layers,
-        # which at a large EP hold more weights a rank than MoE layers (DeepSeek-V3 at
-        # pp 16, ep 64: 3.09B against 2.56B a rank): the larger footprint counts.
-        nd = np.minimum(w.dense_layers, layers_stage)
-        dense_a = ((nd * w.dense_layer_params + (layers_stage - nd) * w.moe_layer_nonexpert
-                    - layers_stage * w.attn_dup) / tp + w.attn_dup * layers_stage
-                   + w.embedding_params / tp)
-        expert_a = w.expert_params * w.experts * (layers_stage - nd) / (sp.etp * sp.ep * 1.0)
-        wa, ga, oa = mem.model_state(dense_a, shard_group=group, zero_stage=zero,
-                                     grad_bytes=hw.grad_bytes)
-        we, ge, oe = mem.model_state(expert_a, shard_group=dpr.expert_group, zero_stage=zero,
-                                     grad_bytes=hw.grad_bytes)
-        wa, ga, oa = wa + we, ga + ge, oa + oe
-        copy_a = (mem.gradient_copy(dense_a, shard_group=group, zero_stage=zero,
-                                    grad_bytes=hw.grad_bytes)
-                  + mem.gradient_copy(expert_a, shard_group=dpr.expert_group, zero_stage=zero,
-                                      grad_bytes=hw.grad_bytes))
-        act_a = ((nd * act_dense + (layers_stage - nd) * act_moe)
-                 * (mem.in_flight_layers(layers_stage, pp, sp.v, sp.m) / layers_stage))
-        foot_a = wa + ga + oa + act_a + buffers - np.minimum(copy_a, act_a + buffers)
-        first = heavy & (foot_a > footprint)
-        weights, grads, optim = (np.where(first, wa, weights), np.where(first, ga, grads),
-                                 np.where(first, oa, optim))
-        activations, footprint = np.where(first, act_a, activations), np.where(first, foot_a, footprint)
-    return Memory(weights=weights, grads=grads, optim=optim, activations=activations,
+    # Bytes a parameter: weights, gradients, optimizer state, and the optimizer's FP32 copy
+    # of 16-bit gradients (in the optimizer state), which is never held beside the
+    # activations and buffers (megatron_memory [5]): the larger of them counts.
+    sw, sg, so, sc = mem.state_bytes(group, zero, hw.grad_bytes)
+    swe = sge = soe = sce = 0.0
+    if w.moe:
+        swe, sge, soe, sce = mem.state_bytes(dpr.expert_group, zero, hw.grad_bytes)
+    state, state_e = sw + sg + so, swe + sge + soe
+    # A rank's weights a layer: dense, MoE's but its experts, its experts (over ETP x EP);
+    # MLA's duplicated weights whole on every TP rank [33]. A multi-token prediction module
+    # [34]: a layer of the last one's kind, its projection and norms. An embedding matrix.
+    # (times 1 / tp: the fused kernel's loop makes one division, not five)
+    per_tp = 1.0 / tp
+    dense_l = (w.dense_layer_params - w.attn_dup) * per_tp + w.attn_dup
+    moe_l = (w.moe_layer_nonexpert - w.attn_dup) * per_tp + w.attn_dup
+    expert_l = w.expert_params * w.experts / (sp.etp * sp.ep * 1.0) if w.moe else 0.0
+    mtp_l = (moe_l if w.moe else dense_l) + w.mtp_module_params * per_tp
+    emb = w.embedding_params * per_tp
+    # One stage holds both embedding matrices where untied [22] (its MTP modules share them).
+    # (a workload without a shape has no embedding apart: 1.0, any factor of its 0.0)
+    one_stage = w.single_stage_embedding / w.embedding_params if w.embedding_params else 1.0
+    # The last rank: the logits of its one microbatch in flight and each MTP module's [1] [34].
+    logits = mem.logits_bytes(mbs, s_local, w.vocab, tp_size=tp) * (1 + sp.mtp)
+    best = None
+    for rank, n, dense_n, first, last in pipeline_ranks(w, sp):
+        moe_n, mtp = n - dense_n, sp.mtp * last
+        # the input embedding on the first rank, the output layer on the last (and a copy
+        # of the embedding for the MTP modules [34])
+        copies = np.where(pp == 1, one_stage, first + last * (1.0 + (mtp > 0)))
+        params = dense_n * dense_l + moe_n * moe_l + mtp * mtp_l + emb * copies
+        experts = (moe_n + mtp) * expert_l
+        stored = (dense_n * act_dense + moe_n * act_moe) * mem.in_flight_layers(1.0, pp, sp.v, sp.m, rank)
+        act = stored + last * (act_moe * sp.mtp + logits)
+        # (written as a max, not "+ act + buffers - min(copy, act + buffers)": the same
+        # in reals, and in floats the larger act never gives the smaller footprint, so the
+        # fused kernel may leave out a rank that cannot hold more; where the copy
+        # outweighs them the min form returned act + buffers - (act + buffers) with
+        # rounding, a tie broken either way)
+        foot = params * state + experts * state_e + np.maximum(
+            act + buffers - (params * sc + experts * sce), 0.0)
+        this = (params, experts, act, foot)
+        best = this if best is None else tuple(
+            np.where(foot > best[3], a, b) for a, b in zip(this, best))
+    params, experts, activations, footprint = best
+    return Memory(weights=params * sw + experts * swe, grads=params * sg + experts * sge,
+                  optim=params * so + experts * soe, activations=activations,
                   buffers=buffers, footprint=footprint)
 
 

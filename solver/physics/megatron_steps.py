@@ -11,7 +11,7 @@ here, 6-8 in :mod:`solver.physics.megatron_compose`:
 4. :func:`communication` -- TP, CP and EP terms per layer;
 5. :func:`pipeline` -- heaviest stage, launch floor, bubble, p2p sends;
 6. :func:`.megatron_compose.data_parallel` -- gradient reduction, parameter gathers, optimizer;
-7. :func:`.megatron_compose.memory` -- the heaviest stage's memory;
+7. :func:`.megatron_compose.memory` -- each pipeline rank's memory (:func:`pipeline_ranks`);
 8. :func:`.megatron_compose.compose` -- the outputs, NaN where the split is invalid.
 
 The bracketed references ``[n]`` are those of :mod:`solver.physics.megatron`.
@@ -371,6 +371,57 @@ def stage_layers(w, pp, first, last):
     uneven = (set_first | set_last) & (np.asarray(pp) > 1) & (rest >= 0) & ((middle > 0) | (rest == 0))
     n_mid = np.where(middle > 0, np.maximum(np.ceil(rest / np.maximum(middle, 1.0)), 0.0), 0.0)
     return uneven, np.where(set_first, first, n_mid), n_mid, np.where(set_last, last, n_mid)
+
+
+def pipeline_ranks(w, sp):
+    """(rank, layers, dense layers, first, last) of the pipeline ranks whose memory can be
+    the largest, as arrays (first and last: 1.0 on the first and the last rank).
+
+    Every rank holds its stage's layers (:func:`stage_layers`; ``ceil(layers / pp)`` each
+    where neither stage is set), each of its ``v`` chunks ``layers / v`` of them, chunk
+    ``j`` of rank ``r`` after the ``j`` whole rounds of all ranks' chunks and rank ``r``'s
+    predecessors' chunk ``j`` [13]. Ranks of one kind hold the same weights and, the later
+    the rank, fewer microbatches in flight (megatron_memory.in_flight_layers), so the
+    largest footprint is on the first rank of a kind: rank 0 (the input embedding), rank 1
+    (the first of the middle stages, which can hold more layers than a set first stage),
+    the last rank (the output layer, its logits and the multi-token prediction modules),
+    and in a model whose leading layers are dense the rank whose first chunk holds the
+    first MoE layer and the rank after it (MoE layers only; at a large EP a dense layer
+    holds more weights a rank than an MoE layer, at a small one fewer). A model whose dense
+    layers fill more than the first round of chunks (none in the catalog) can have a rank
+    between these hold more; its memory is then a lower bound.
+    """
+    pp, v = np.asarray(sp.pp) * 1.0, np.asarray(sp.v) * 1.0
+    uneven, n_first, n_mid, n_last = stage_layers(w, pp, sp.first, sp.last)
+    n_even = np.ceil(w.layers / pp)
+    nf, nm, nl = (np.where(uneven, n, n_even) for n in (n_first, n_mid, n_last))
+    held = nf + (pp - 2.0) * nm + nl  # the layers the stages hold (the model's where realizable)
+    last_rank = pp - 1.0
+    ranks = [0.0 * pp, np.minimum(1.0, last_rank)]
+    d_layers = float(w.dense_layers)
+    mixed = bool(w.moe and w.dense_layers)
+    if mixed:
+        # the rank whose first chunk holds the first MoE layer: its chunk starts at or before it
+        r_moe = np.where(d_layers * v < nf, 0.0,
+                         1.0 + np.floor((d_layers * v - nf) / np.maximum(nm, 1.0)))
+        ranks += [np.minimum(r_moe, last_rank), np.minimum(r_moe + 1.0, last_rank)]
+    ranks.append(last_rank)
+    for r in ranks:
+        is_first, is_last = r == 0.0, r == last_rank
+        n = np.where(is_first, nf, np.where(is_last, nl, nm))
+        if not w.moe:
+            dense_n = n
+        elif not mixed:
+            dense_n = 0.0 * n
+        else:
+            # Dense layers of its v chunks: chunk j starts at (j held + start) / v, a chunk
+            # holds n / v; the first jf chunks are dense throughout, the next in part.
+            start = np.where(is_first, 0.0, np.where(is_last, held - nl, nf + (r - 1.0) * nm))
+            c, period = n / v, held / v
+            left = d_layers - start / v
+            jf = np.clip(np.floor((left - c) / period) + 1.0, 0.0, v)
+            dense_n = c * jf + np.where(jf < v, np.clip(left - jf * period, 0.0, c), 0.0)
+        yield r, n, dense_n, is_first * 1.0, is_last * 1.0
 
 
 def heavy_moe_stage(w, pp, v=1, first=0, last=0):
