@@ -127,8 +127,10 @@ def test_dense_layers_of_each_rank_follow_megatron_cores_layer_order():
     # DeepSeek-V3 on 6 stages as 1, 12 x 4, 12: its 3 dense layers on ranks 0 (1) and 1 (2)
     assert _ranks(DSV3, 6, 1, 1, 12) == [(0, 1, 1, 1, 0), (1, 12, 2, 0, 0), (1, 12, 2, 0, 0),
                                          (2, 12, 0, 0, 0), (5, 12, 0, 0, 1)]
-    # a dense model: every layer dense, ranks 0, 1 and the last
-    assert _ranks(L70, 8, 2) == [(0, 10, 10, 1, 0), (1, 10, 10, 0, 0), (7, 10, 10, 0, 1)]
+    # a dense model: every layer dense; rank 1 only behind a set first stage (else it holds
+    # rank 0's layers without the embedding and fewer microbatches in flight)
+    assert _ranks(L70, 8, 2) == [(0, 10, 10, 1, 0), (7, 10, 10, 0, 1)]
+    assert _ranks(L70, 8, 1, 3, 0) == [(0, 3, 3, 1, 0), (1, 11, 11, 0, 0), (7, 11, 11, 0, 1)]
 
 
 def _every_rank(w, sp):
