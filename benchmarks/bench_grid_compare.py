@@ -1,7 +1,7 @@
 """Grids before and after a change: the in-memory grid throughput of two revisions, interleaved.
 
     python benchmarks/bench_grid_compare.py --base REV [--rounds 3] [--repeat 3]
-    python benchmarks/bench_grid_compare.py --base REV --case megatron_flat
+    python benchmarks/bench_grid_compare.py --base REV --case megatron_flat[_staged]
 
 Checks out ``REV`` into a temporary git worktree and times ``bench_sweep``'s
 grid throughput (the Calculon GPT-3 space, 10.3M points, 2 float32 outputs,
@@ -14,7 +14,9 @@ Writes benchmarks/results/grid_compare.json.
 ``--case megatron_flat`` times instead the megatron fused kernel on ``bench_fused``'s
 million random flat layouts of Llama3_70B_MC (``megatron.solve(engine="fused")``, best of
 ``--repeat`` calls after a warm-up that compiles it) and writes
-benchmarks/results/grid_compare_megatron_flat.json.
+benchmarks/results/grid_compare_megatron_flat.json; ``--case megatron_flat_staged`` the
+same draw with ``num_layers_in_first_pipeline_stage`` drawn from 0, 4, 6 and 8
+(grid_compare_megatron_flat_staged.json).
 """
 
 from __future__ import annotations
@@ -55,13 +57,22 @@ from solver import catalog
 from solver.physics import megatron
 wl, fl, n = catalog.workload("Llama3_70B_MC"), catalog.fleet("HGX_H100_1K_MC"), 1_000_000
 knobs = megatron_draw(n)
-call = lambda: megatron.solve(wl, fl, seq_len=8192, engine="fused", **knobs)
+{staged}call = lambda: megatron.solve(wl, fl, seq_len=8192, engine="fused", **knobs)
 call()
 print(json.dumps({{"solve": n / best(call, {repeat})[0]}}))
 """
 
+#: the same draw with the first stage's layers set (0 in a quarter of the layouts): every
+#: block of the kernel then takes its loop of any stages
+_STAGED = """import numpy as np
+knobs["num_layers_in_first_pipeline_stage"] = np.random.default_rng(3).choice([0, 4, 6, 8], n)
+"""
+
 CASES = {"grid": (_CHILD, ("run", "solve"), "grid_compare.json"),
-         "megatron_flat": (_CHILD_MEGATRON, ("solve",), "grid_compare_megatron_flat.json")}
+         "megatron_flat": (_CHILD_MEGATRON.replace("{staged}", ""), ("solve",),
+                           "grid_compare_megatron_flat.json"),
+         "megatron_flat_staged": (_CHILD_MEGATRON.replace("{staged}", _STAGED), ("solve",),
+                                  "grid_compare_megatron_flat_staged.json")}
 
 
 def _time(root: Path, repeat: int, child: str = _CHILD) -> dict:
