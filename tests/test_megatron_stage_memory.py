@@ -41,21 +41,48 @@ def _layer_params(w):
 
 @pytest.mark.parametrize("engine", ["numpy", "fused"])
 def test_the_last_rank_holds_the_logits_of_its_one_microbatch(engine):
-    """Llama 3 8B on 16 stages, 2 layers each, full recompute, TP 1, 8,192 tokens: the first
-    rank keeps 16 microbatches of its 2 layers' inputs (2 s h bytes each, 2.1 GB), the last
-    one microbatch's and its FP32 logits (4 s V bytes, 4.2 GB): the last rank counts, and
-    its weights are 2 layers and the output layer (untied)."""
+    """Llama 3 8B on 16 stages of 2 layers, full recompute, TP 1, 8,192 tokens: the first
+    rank keeps 16 microbatches of its 2 layers' inputs (2 s h bytes each: 2.1 GB), the last
+    one microbatch's and its FP32 logits (4 s V bytes: 4.2 GB), so the last counts. The
+    weights are 2 layers and one embedding-sized matrix (the first rank's input embedding,
+    the last's output layer: untied, the same size)."""
     if engine == "fused":
         pytest.importorskip("numba")
     s, h, vocab = 8192, L8.hidden_dim, L8.vocab_size
-    out = _solve(L8, engine, batch_size=64, seq_len=s, tp_size=1, pp_size=16, dp_size=1,
-                 micro_batch_size=1, recompute="full", zero_stage=0, precision="bf16")
+    kw = dict(batch_size=64, seq_len=s, tp_size=1, dp_size=1, micro_batch_size=1,
+              recompute="full", zero_stage=0, precision="bf16")
+    out = _solve(L8, engine, pp_size=16, **kw)
     assert bool(out["realizable"])
-    assert _f(out, "memory_activations") == pytest.approx(2 * 2.0 * s * h + 4.0 * s * vocab, rel=1e-12)
+    last = 2 * 2.0 * s * h + 4.0 * s * vocab
+    first = 16 * 2 * 2.0 * s * h
+    assert first < last
+    assert _f(out, "memory_activations") == pytest.approx(last, rel=1e-12)
     assert _f(out, "memory_weights") == pytest.approx(
         mem.WEIGHT_BYTES * (2 * _layer_params(L8) + vocab * h), rel=1e-12)
-    # the first rank's would be 16 x 2 layers' inputs: less
-    assert 16 * 2 * 2.0 * s * h < _f(out, "memory_activations")
+    # 4 stages of 8 layers and 2 of 16: the first rank's 32 layer inputs (2.1 GB) against
+    # the last rank's 8 or 16 and the logits (4.8 and 5.3 GB)
+    for pp, layers in ((4, 8), (2, 16)):
+        o = _solve(L8, engine, pp_size=pp, **kw)
+        want = max(pp * layers * 2.0 * s * h, layers * 2.0 * s * h + 4.0 * s * vocab)
+        assert _f(o, "memory_activations") == pytest.approx(want, rel=1e-12), pp
+    # one stage: the whole model's inputs and the logits, as before
+    one = _solve(L8, engine, pp_size=1, **kw)
+    assert _f(one, "memory_activations") == pytest.approx(32 * 2.0 * s * h + 4.0 * s * vocab, rel=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_without_recompute_the_first_rank_still_counts(engine):
+    """The same layout without recomputation keeps about 34 s h bytes a layer [1]: the first
+    rank's 16 x 2 layers outweigh the last rank's 2 and its logits, and the activations are
+    those the model priced before the last rank was counted (16 x 2 layers')."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    kw = dict(batch_size=64, seq_len=8192, tp_size=1, dp_size=1, micro_batch_size=1,
+              zero_stage=0, precision="bf16")
+    none = _solve(L8, engine, pp_size=16, recompute="none", **kw)
+    one = _solve(L8, engine, pp_size=1, recompute="none", **kw)
+    per_layer = (_f(one, "memory_activations") - 4.0 * 8192 * L8.vocab_size) / 32
+    assert _f(none, "memory_activations") == pytest.approx(16 * 2 * per_layer, rel=1e-12)
 
 
 @pytest.mark.parametrize("engine", ["numpy", "fused"])
