@@ -49,7 +49,6 @@ __all__ = [
     "MAIN_GRAD_BYTES",
     "ADAM_STATE_BYTES",
     "model_state",
-    "gradient_copy",
     "state_bytes",
     "layer_activation_bytes",
     "in_flight_layers",
@@ -100,18 +99,11 @@ def model_state(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYT
     return weights * p, gradients * p, optimizer * p
 
 
-def gradient_copy(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYTES):
-    """The optimizer step's FP32 copy of 16-bit gradients [B]: the 4 of FP16's
-    ``4 + 16 / d`` bytes per parameter [2], part of :func:`model_state`'s optimizer state.
-    It exists only in the step, once the activations are freed [5], so the footprint
-    counts the larger of the two (0 for FP32 main gradients, which are their own copy).
-    """
-    return state_bytes(shard_group, zero_stage, grad_bytes)[3] * np.asarray(parameters, dtype=np.float64)
-
-
 def state_bytes(shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYTES):
     """(weights, gradients, optimizer state, gradient copy) a parameter [B]: the factors of
-    :func:`model_state` and :func:`gradient_copy`."""
+    :func:`model_state`, and the optimizer's FP32 copy of 16-bit gradients (in the
+    optimizer state), which exists only in the step, once the activations are freed [5], so
+    a footprint counts the larger of the two (0 for FP32 main gradients, their own copy)."""
     z = np.asarray(zero_stage)
     d = np.asarray(shard_group, dtype=np.float64)
     g = np.asarray(grad_bytes, dtype=np.float64)

@@ -454,16 +454,6 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
 # ----------------------------------------------------------------- 7. memory
 
 @njit(**_PRIM)
-def _model_state(p, group, zero, grad_bytes):
-    """megatron_memory.model_state and gradient_copy."""
-    weights = _WB * p / (group if zero >= 3 else 1.0)
-    grads = grad_bytes * p / (group if zero >= 2 else 1.0)
-    optim = (_ASB + (_MGB if grad_bytes < _MGB else 0.0)) * p / (group if zero >= 1 else 1.0)
-    copy = (_MGB if grad_bytes < _MGB else 0.0) * p / (group if zero >= 1 else 1.0)
-    return weights, grads, optim, copy
-
-
-@njit(**_PRIM)
 def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc, flash,
                       low_bits, width_over_h, latent, context_ratio, gather):
     """megatron_memory.layer_activation_bytes (``attention0``: its ``attention_bytes``,
