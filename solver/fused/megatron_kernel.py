@@ -34,7 +34,12 @@ How the port stays exact:
 The named steps (``_split`` ... ``_memory``, compose in ``_kernel``) are
 ``inline="always"`` numba functions; the small formula helpers (``_gemm``,
 ``_two_level``, ...) are plain ``njit`` functions (inlining those too at numba's
-level triples the cold compile time, ~20 s -> ~60 s, for no measured gain).
+level triples the cold compile time, ~20 s -> ~60 s, for no measured gain). The memo's
+miss paths (:func:`_ideals`, :func:`_memo_row`, :func:`_memo_miss`) are plain ``njit``
+too: they run once per distinct key, and each type of the name arrays compiles a
+:func:`_kernel` of its own, which copied them in every time (a further signature's
+compile: 17.7 -> 6.3 s; the first call, 57.3 -> 50.9 s; the kernel as fast, 1 thread,
+1M layouts, 8 interleaved rounds, median of the rounds' ratios 1.005; all unsaved).
 The compiled kernel is cached next to this file, or in numba's user cache
 directory (``~/.cache/numba``, ``NUMBA_CACHE_DIR``) when the package directory is
 not writable, while :data:`SOURCES_DIGEST` matches the steps and primitives it
@@ -59,6 +64,7 @@ from ..physics import megatron_steps as _steps
 from . import buffers, in_ranges
 from ._numba import cache_is_current, forced_vector_width, kernel
 from .megatron_primitives import _INLINE as _INLINE_STEP
+from .megatron_primitives import _PRIM
 from .megatron_primitives import COMPILED_CONSTANTS, _ideal
 from .megatron_fused_steps import (G_CORE, G_EH, G_FC1, G_FC2, G_HEAD, G_KVDOWN, G_KVUP, G_MOE1,
                                    G_MOE2, G_PROJ, G_QKV, G_QUP, G_ROUTER, G_SH1, G_SH2, N_GEMMS,
@@ -403,7 +409,7 @@ def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, 
                         p2p_a, fo, bo, values, rows, bounds, here)
 
 
-@njit(**_INLINE_STEP)
+@njit(**_PRIM)
 def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, lgs, r):
     """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), into the row ``r``."""
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
@@ -421,6 +427,38 @@ def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
     r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
     r[14], r[15] = t_mtp, _mtp_flops_per_sequence(w, s)
+
+
+@njit(**_PRIM)
+def _ideals(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp, ext, col):
+    """Mode 1's miss: its GEMMs' ideal durations into column ``col`` of ``ext`` (the
+    arguments of :func:`_logs`, line for line)."""
+    peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
+    (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1,
+     f_sh2, f_router, f_head, f_qup, f_kvdown, f_kvup, f_eh) = _gemm_flops(w, s, tp, cp, ep, etp,
+                                                                           mbs, flash, sp)
+    ext[G_QKV, col] = _ideal(f_qkv, 1.0, peak_gemm)
+    ext[G_PROJ, col] = _ideal(f_proj, 1.0, peak_gemm)
+    ext[G_CORE, col] = _ideal(f_core, calls_core, peak16)
+    ext[G_FC1, col] = _ideal(f_fc1, 1.0, peak_gemm)
+    ext[G_FC2, col] = _ideal(f_fc2, 1.0, peak_gemm)
+    ext[G_MOE1, col] = _ideal(f_moe1, calls_moe, peak_gemm)
+    ext[G_MOE2, col] = _ideal(f_moe2, calls_moe, peak_gemm)
+    ext[G_SH1, col] = _ideal(f_sh1, 1.0, peak_gemm)
+    ext[G_SH2, col] = _ideal(f_sh2, 1.0, peak_gemm)
+    ext[G_ROUTER, col] = _ideal(f_router, 1.0, peak_gemm)
+    ext[G_HEAD, col] = _ideal(f_head, 1.0, peak16)
+    ext[G_QUP, col] = _ideal(f_qup, 1.0, peak_gemm)
+    ext[G_KVDOWN, col] = _ideal(f_kvdown, 1.0, peak_gemm)
+    ext[G_KVUP, col] = _ideal(f_kvup, 1.0, peak_gemm)
+    ext[G_EH, col] = _ideal(f_eh, 1.0, peak_gemm)
+
+
+@njit(**_PRIM)
+def _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, r):
+    """:func:`_memo_row` of a miss of mode 0, its logs from libm (:func:`_logs`)."""
+    _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
+              _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp), r)
 
 
 @njit(**_INLINE_STEP)
@@ -517,25 +555,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                 s, cp, ep, mbs = float(s_a[i]), float(cp_a[i]), float(ep_a[i]), float(mbs_a[i])
                 etp = float(etp_a[i])
                 flash = flash_a[i]
-                peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
-                (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1,
-                 f_sh2, f_router, f_head, f_qup, f_kvdown, f_kvup, f_eh) = _gemm_flops(w, s, tp, cp, ep, etp,
-                                                                                 mbs, flash, sp)
-                ext[G_QKV, col] = _ideal(f_qkv, 1.0, peak_gemm)
-                ext[G_PROJ, col] = _ideal(f_proj, 1.0, peak_gemm)
-                ext[G_CORE, col] = _ideal(f_core, calls_core, peak16)
-                ext[G_FC1, col] = _ideal(f_fc1, 1.0, peak_gemm)
-                ext[G_FC2, col] = _ideal(f_fc2, 1.0, peak_gemm)
-                ext[G_MOE1, col] = _ideal(f_moe1, calls_moe, peak_gemm)
-                ext[G_MOE2, col] = _ideal(f_moe2, calls_moe, peak_gemm)
-                ext[G_SH1, col] = _ideal(f_sh1, 1.0, peak_gemm)
-                ext[G_SH2, col] = _ideal(f_sh2, 1.0, peak_gemm)
-                ext[G_ROUTER, col] = _ideal(f_router, 1.0, peak_gemm)
-                ext[G_HEAD, col] = _ideal(f_head, 1.0, peak16)
-                ext[G_QUP, col] = _ideal(f_qup, 1.0, peak_gemm)
-                ext[G_KVDOWN, col] = _ideal(f_kvdown, 1.0, peak_gemm)
-                ext[G_KVUP, col] = _ideal(f_kvup, 1.0, peak_gemm)
-                ext[G_EH, col] = _ideal(f_eh, 1.0, peak_gemm)
+                _ideals(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp, ext, col)
                 if fits and kept < MEMO_KEYS:
                     slots[slot, 0], slots[slot, 1], slots[slot, 2] = k1, k2, np.uint64(kept)
                     plan[1, col] = kept
@@ -620,8 +640,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     kept += 1
                 else:
                     row = MEMO_KEYS + (i - b0)
-                _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
-                          _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp), values[row])
+                _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
+                           values[row])
             rows[i - b0] = row
         out_of_bounds |= _priced_block(
             w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
