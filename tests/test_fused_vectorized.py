@@ -49,6 +49,7 @@ def packed_divisions(fn):
 
 print(json.dumps({"megatron dense, no stage set": packed_divisions(mk._price_block_dense_even),
                   "megatron MoE, no stage set": packed_divisions(mk._price_block_even),
+                  "megatron dense, any stages": packed_divisions(mk._price_block_dense),
                   "megatron any": packed_divisions(mk._price_block),
                   "mlsysim": packed_divisions(sk._kernel)}))
 """

@@ -385,17 +385,38 @@ def _price_block_dense_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_
                         (span[0], span[1], np.uint64(0)))
 
 
+@kernel(cache=_CACHE)
+def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
+                       mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
+                       fo, bo, values, rows, bounds, span):
+    """:func:`_price_block` of a workload without experts (``w[6]`` a constant 0.0): a
+    dense model's block where a configuration sets the first or the last stage's layers.
+
+    The expert terms drop out, as in :func:`_price_block_dense_even`, and so does the
+    memory of the ranks where the MoE layers start; rank 1's stays (a lighter first stage
+    moves the peak there). Where the flag is 0.0 the same bits as :func:`_price_block`.
+    """
+    return _price_steps(w[:6] + (0.0,) + w[7:], f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a,
+                        etp_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
+                        flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds,
+                        (span[0], span[1], np.uint64(1)))
+
+
 @njit(**_INLINE_STEP)
 def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                   mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
                   values, rows, bounds, span):
     """The block loop for the workload and the block (``span``: first, end, and whether a
-    configuration of the block sets a stage's layers): where none does,
-    :func:`_price_block_dense_even` for a workload without experts and
-    :func:`_price_block_even` for one without leading dense layers; else
-    :func:`_price_block`. Returns whether a knob of the block left ``bounds`` or a name
-    was no choice."""
+    configuration of the block sets a stage's layers). A workload without experts takes
+    :func:`_price_block_dense_even` where none does, :func:`_price_block_dense` where one
+    does; an MoE workload without leading dense layers :func:`_price_block_even` where none
+    does; the rest :func:`_price_block`. Returns whether a knob of the block left ``bounds``
+    or a name was no choice."""
     here = (span[0], span[1])
+    if span[2] != 0 and w[6] == 0.0:
+        return _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
+                                  v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
+                                  flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds, here)
     if span[2] == 0 and w[6] == 0.0:
         return _price_block_dense_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a,
                                        dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a,
@@ -861,7 +882,8 @@ def _compile(args, keys):
         # the names' codes come by block (memo[3], memo[4]), from the kernel's first pass
         block_knobs = knobs[:11] + knobs[12:13] + (memo[3], memo[4]) + knobs[14:]
         with forced_vector_width(VECTOR_WIDTH):  # this loop only: LLVM warns of each it cannot
-            for block in (_price_block, _price_block_even, _price_block_dense_even):
+            for block in (_price_block, _price_block_even, _price_block_dense_even,
+                          _price_block_dense):
                 block(w, f, c, has_dp, *block_knobs, fo, bo, memo[1], memo[2],
                       _ANY_INT64, (np.uint64(0), np.uint64(0)))
         _COMPILED = True
