@@ -275,7 +275,10 @@ def load_spec(spec, *, source: Optional[str] = None, physics=None) -> Spec:
     """Read and check a spec from a dict, a TOML file path, or a :class:`Spec`.
 
     ``physics`` (a model name or a list of names) overrides the spec's
-    ``physics`` key (the command line's ``--physics``). A relative path that
+    ``physics`` key (the command line's ``--physics``). Where it names some of the
+    spec's own models (``megatron`` of ``["mlsysim", "megatron"]``), the axes and fixed
+    knobs only the others take are dropped: they went to those models alone, so this is
+    the spec's slice of the models named. A relative path that
     does not exist but names a built-in example spec
     (``"default"``, ``"search_llama70b.toml"``, ``"configs/sweeps/default.toml"``)
     reads the copy installed with the package (see :func:`builtin_specs`).
@@ -290,10 +293,11 @@ def load_spec(spec, *, source: Optional[str] = None, physics=None) -> Spec:
             return _parse(raw, where, base)
         own = raw.get("physics", physics_.DEFAULT_PHYSICS)
         raw = {**raw, "physics": list(physics) if isinstance(physics, tuple) else physics}
+        raw = _only_knobs_of(raw, own, raw["physics"])
         return _parse(raw, where, base, physics_note=(
             f"; the physics {physics!r} was asked for in place of the spec's own {own!r} "
-            f"(--physics, or physics=): the spec's axes are knobs of its own model, so run it "
-            f"without that, or a spec written for {physics!r}"))
+            f"(--physics, or physics=): the spec's axes and fixed knobs are knobs of its own "
+            f"models, so run it without that, or a spec written for {physics!r}"))
 
     if isinstance(spec, Spec):
         if physics is None:
@@ -314,6 +318,33 @@ def load_spec(spec, *, source: Optional[str] = None, physics=None) -> Spec:
     if isinstance(spec, Mapping):
         return parse(dict(spec), source or "<dict>", base=Path.cwd())
     raise SpecError(f"a spec is a dict, a TOML path or a Spec, but got {type(spec).__name__}")
+
+
+def _only_knobs_of(raw, own, asked):
+    """``raw`` without the axes and fixed knobs that only models of ``own`` left out of
+    ``asked`` take, nor the outputs only they return, where ``asked`` names some of
+    ``own`` (model names or lists of them); else ``raw`` as it is (a knob of no asked
+    model is then refused, naming it)."""
+    def names(models):
+        models = [models] if isinstance(models, str) else models
+        if not isinstance(models, (list, tuple)) or not all(m in physics_.MODELS for m in models):
+            return None  # not model names: _parse refuses them with its message
+        return set(models)
+
+    own_models, asked_models = names(own), names(asked)
+    if not own_models or not asked_models or not asked_models < own_models:
+        return raw
+    kept = set(physics_.union_knobs(sorted(asked_models)))
+    dropped = set(physics_.union_knobs(sorted(own_models))) - kept
+    raw = dict(raw)
+    for key in ("axes", "fixed"):
+        if isinstance(raw.get(key), Mapping):
+            raw[key] = {name: value for name, value in raw[key].items() if name not in dropped}
+    if isinstance(raw.get("outputs"), list):
+        gone = (set(physics_.union_outputs(sorted(own_models)))
+                - set(physics_.union_outputs(sorted(asked_models))))
+        raw["outputs"] = [name for name in raw["outputs"] if name not in gone]
+    return raw
 
 
 def _parse(raw, source, base, physics_note="") -> Spec:

@@ -105,6 +105,31 @@ def test_an_output_of_the_other_model_only_is_refused():
         load_spec({"workload": WORKLOAD, "fleet": FLEET, "outputs": ["cp_communication_latency"]})
 
 
+def test_one_model_of_a_spec_of_both_is_its_slice():
+    # --physics megatron on a spec of both models: the knobs and outputs of mlsysim alone go
+    both = {**BOTH, "outputs": ["mfu", "scaling_efficiency", "cp_communication_latency"]}
+    spec = load_spec(both, physics="megatron")
+    assert spec.physics == ("megatron",)
+    blocks = list(grid.blocks(spec))
+    assert blocks and all(b.physics == "megatron" for b in blocks)
+    assert all("microbatch_count" not in b.knobs and "micro_batch_size" in b.knobs for b in blocks)
+    assert spec.outputs == ("mfu", "cp_communication_latency")
+    mlsysim_only = load_spec(both, physics="mlsysim")
+    assert all("micro_batch_size" not in b.knobs and "microbatch_count" in b.knobs
+               for b in grid.blocks(mlsysim_only))
+    assert mlsysim_only.outputs == ("mfu", "scaling_efficiency")
+    # the same cube as a spec of megatron alone
+    alone = load_spec({**both, "physics": "megatron",
+                       "axes": {k: v for k, v in BOTH["axes"].items() if k != "microbatch_count"},
+                       "outputs": ["mfu", "cp_communication_latency"]})
+    others = list(grid.blocks(alone))
+    assert len(others) == len(blocks)
+    for a, b in zip(others, blocks):
+        assert a.knobs.keys() == b.knobs.keys()
+        for name in a.knobs:
+            np.testing.assert_array_equal(a.knobs[name], b.knobs[name])
+
+
 def test_load_spec_physics_overrides_the_spec():
     spec = load_spec({"workload": WORKLOAD, "fleet": FLEET, "axes": {"tp_size": [1, 2]}},
                      physics="megatron")

@@ -312,3 +312,26 @@ def test_physics_asked_for_over_a_spec_of_the_other_model_says_where_it_came_fro
                                         r"megatron.*; the physics 'megatron' was asked for in "
                                         r"place of the spec's own 'mlsysim' \(--physics"):
         load_spec("default", physics="megatron")
+
+
+def test_the_readme_spec_runs_as_written(tmp_path):
+    """The README's example spec, copied as it stands: it loads, a search finds a layout
+    within its limits, and run refuses its continuous axis with a message saying so."""
+    import re
+    from pathlib import Path
+
+    from sweep.search import search
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = re.search(r"## Specs\n\nOne schema.*?```toml\n(.*?)```", readme, re.S).group(1)
+    path = tmp_path / "spec.toml"
+    path.write_text(block)
+    spec = load_spec(path)
+    names = {axis.name for axis in spec.axes}
+    assert spec.physics == ("mlsysim",) and {"efficiency", "dp_size"} <= names
+    result = search(path, seed=0, progress=False)
+    best = result.best_params
+    n = best["tp_size"] * best["pp_size"] * best["dp_size"]
+    assert 64 <= n <= 512 and result.best_value > 0.3
+    with pytest.raises(Exception, match="continuous"):
+        sweep.run(path)
