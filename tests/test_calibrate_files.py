@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -189,6 +190,21 @@ def test_cli_refuses_a_bad_file_in_one_line(tmp_path, capsys):
     assert err.endswith("runs.csv line 2, column tp_size: expected a whole number >= 1, "
                         "but got 'x'")
     assert "\n" not in err
+
+
+def test_a_fit_without_scipy_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    """scipy is an extra (``fidelity``): a plain install that calibrates is told, in one line
+    and before any work, how to get it; scoring a saved profile does not need it."""
+    path = _write(tmp_path, [HEADER, *GOOD])
+    monkeypatch.setitem(sys.modules, "scipy", None)  # as without the extra
+    assert main(["calibrate", str(path), "--no-loo"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("calibrate: expected scipy to be installed for the fit (pip install "
+                        "'layout-sweep[fidelity]', or pip install scipy), but it is not")
+    assert "\n" not in err
+    with pytest.raises(ImportError, match=r"a calibration fit needs scipy \(pip install "
+                                          r"'layout-sweep\[fidelity\]'"):
+        sweep.calibrate(path, loo=False)
 
 
 def test_plot_calibration_draws_the_identity_line():

@@ -392,12 +392,27 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
     return cal
 
 
+#: How to get the fit's optimizer (scipy.optimize.least_squares): the ``fidelity`` extra.
+SCIPY_HINT = "pip install 'layout-sweep[fidelity]', or pip install scipy"
+
+
+def require_scipy() -> None:
+    """Raise ``ImportError`` saying how to install scipy, before any work, where it is missing
+    (a fit needs it; scoring a saved profile does not)."""
+    import importlib.util
+
+    if importlib.util.find_spec("scipy") is None:
+        raise ImportError(f"a calibration fit needs scipy ({SCIPY_HINT}), but it is not "
+                          f"installed")
+
+
 def _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, noise):
     """:func:`calibrate`'s work; its notes are the result's ``warnings``, not yet warned."""
     if physics != "megatron":
         raise ValueError(f"physics must be 'megatron' (the physics with fitted constants), "
                          f"but got {physics!r}")
     _positive("noise", noise)
+    require_scipy()
     data = read_measurements(measurements)
     selection = ()
     if isinstance(free, str) and free == AUTO:

@@ -104,6 +104,13 @@ def command(args) -> int:
     # where the results go is checked before the fit, which can take a while
     if args.output:
         _check_output(args.output, "-o")
+    if not args.calibration:  # a fit (scoring a saved profile needs no optimizer)
+        from ..calibration.core import SCIPY_HINT
+        import importlib.util
+
+        if importlib.util.find_spec("scipy") is None:
+            raise UsageError(f"calibrate: expected scipy to be installed for the fit "
+                             f"({SCIPY_HINT}), but it is not")
     if args.plot:
         import importlib.util
 
