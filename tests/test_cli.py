@@ -336,6 +336,17 @@ def test_top_breakdown_of_an_mlsysim_cube_and_of_one_that_lacks_the_terms(files,
             assert row[column] == f"{100 * value / step:.1f}"
         assert row["DP exposed %"] == f"{100 * (step - sum(parts.values())) / step:.1f}"
     assert "DP exposed (mlsysim)" in out
+    # the default spec's outputs leave the memory parts out: the table says so, not its title
+    assert "where each step goes (share of step_latency_total, %):" in out
+    assert "and memory per accelerator" not in out and "weights [GB]" not in out
+    assert "memory by part: this cube does not keep it" in out
+    # a cube that keeps them shows them
+    sweep.run({**small, "outputs": spec.raw["outputs"] + ["memory_weights", "memory_activations"]},
+              path=tmp_path / "m.nc", progress=False)
+    code, out, err = _call(capsys, ["top", tmp_path / "m.nc", "-k", "2", "--breakdown"])
+    assert code == 0, err
+    assert "and memory per accelerator:" in out and "weights [GB]" in out
+    assert "memory by part" not in out
     # a cube whose spec's outputs leave the terms out: refused, nothing else printed
     code, out, err = _call(capsys, ["top", files["cube"], "--breakdown"])
     assert code == 2 and out == ""

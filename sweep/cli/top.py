@@ -176,8 +176,13 @@ def breakdown_table(cube, points, dims) -> str:
                          f"them on a few runs of your own (`python -m sweep calibrate`)")
     if "mlsysim" in models:
         notes.append("DP exposed (mlsysim): what the other terms leave of the step")
-    return "\n".join(["where each step goes (share of step_latency_total, %) and memory per "
-                      "accelerator:", format_table(headers, cells)] + notes)
+    if not memory:
+        notes.append(f"memory by part: this cube does not keep it (its spec's `outputs` leaves out "
+                     f"{', '.join(name for _, name in MEMORY_TERMS)}; add them to `outputs`, or "
+                     f"drop `outputs` to keep every output)")
+    title = "where each step goes (share of step_latency_total, %)" + (
+        " and memory per accelerator:" if memory else ":")
+    return "\n".join([title, format_table(headers, cells)] + notes)
 
 
 def _constraint_text(key, value) -> str:
