@@ -361,6 +361,23 @@ def test_a_calibrated_sweep_slows_only_the_layouts_that_cross_nodes(tmp_path):
     assert "calibration" not in sweep.run(_spec(), calibration=None).attrs
 
 
+def test_show_names_the_calibration_a_cube_was_priced_with(tmp_path, capsys):
+    from sweep.cli import main
+
+    _, slow_path = _profiles(tmp_path)
+    sweep.run(_spec(), calibration=slow_path, path=tmp_path / "slow.nc", progress=False)
+    sweep.run(_spec(), path=tmp_path / "plain.nc", progress=False)
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "slow.nc")]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("  calibration: "))
+    assert str(slow_path) in line and '"scale_out_efficiency": 0.005' in line
+    assert "physics megatron (the shipped constants; the calibration above replaced them)" in out
+    assert main(["show", str(tmp_path / "plain.nc")]) == 0
+    out = capsys.readouterr().out
+    assert "  calibration: " not in out and "  physics megatron: " in out
+
+
 def test_a_calibrated_search_finds_another_best_layout(tmp_path):
     base_path, slow_path = _profiles(tmp_path)
     spec = _spec(axes={"tp_size": [1, 2, 4, 8], "dp_size": [4, 8, 16, 32, 64]},
