@@ -366,7 +366,7 @@ def test_show_names_the_calibration_a_cube_was_priced_with(tmp_path, capsys):
 
     _, slow_path = _profiles(tmp_path)
     sweep.run(_spec(), calibration=slow_path, path=tmp_path / "slow.nc", progress=False)
-    sweep.run(_spec(), path=tmp_path / "plain.nc", progress=False)
+    sweep.run(_spec(physics="megatron"), path=tmp_path / "plain.nc", progress=False)
     capsys.readouterr()
     assert main(["show", str(tmp_path / "slow.nc")]) == 0
     out = capsys.readouterr().out
