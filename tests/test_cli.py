@@ -373,6 +373,23 @@ def test_top_minimize_select_and_constraints(files, capsys):
     assert code == 0 and default == out
 
 
+def test_top_says_when_its_ranking_spans_jobs(tmp_path, capsys):
+    # the main job's cube has a seq_len axis: a longer sequence gives a higher MFU, so a
+    # ranking over it puts one job's layouts first; top says so, and how to rank one job
+    spec = sweep.load_spec("default")
+    small = {**spec.raw, "axes": {**spec.raw["axes"], "tp_size": [4, 8], "pp_size": [4, 8],
+                                  "microbatch_count": [16, 32], "seq_len": [2048, 4096]}}
+    cube_path = tmp_path / "d.nc"
+    sweep.run(small, path=cube_path, progress=False)
+    code, out, err = _call(capsys, ["top", cube_path, "-k", "3"])
+    assert code == 0, err
+    assert out.rstrip().endswith("this ranking spans more than one seq_len (the job, not a "
+                                 "choice between layouts; the main job ranks each on its own): "
+                                 "--select seq_len=2048 ranks one job")
+    code, out, err = _call(capsys, ["top", cube_path, "-k", "3", "--select", "seq_len=4096"])
+    assert code == 0 and "this ranking spans" not in out
+
+
 def test_top_smallest_select_and_constraints(files, capsys):
     with pytest.warns(DeprecationWarning, match="--smallest is deprecated; use --minimize"):
         code, out, err = _call(capsys, ["top", files["cube"], "--by", "step_latency_total",

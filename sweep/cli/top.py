@@ -106,6 +106,13 @@ def command(args) -> int:
         if any(t > 1 for t in ties):
             print(f"a|b: layouts with these values are equal in every output "
                   f"({sum(ties):,} layouts in {len(ties)} rows; --keep-ties lists each)")
+        spans = [d for d in analysis.scenario_dims(cube)
+                 if d not in ("physics", "precision") and cube.sizes[d] > 1]
+        if spans:  # (physics and precision warn on their own, where they mislead)
+            one = ", ".join(f"{d}={_fmt(cube[d].values[0])}" for d in spans)
+            print(f"this ranking spans more than one {' and '.join(spans)} (the job, not a "
+                  f"choice between layouts; the main job ranks each on its own): --select "
+                  f"{one.replace(', ', ' ')} ranks one job")
         if breakdown:
             print()
             print(breakdown)
