@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import netCDF4
 import numpy as np
 import pytest
@@ -147,7 +149,7 @@ def test_resume_returns_a_finished_file(monkeypatch, tmp_path):
     again.close()
 
 
-def test_without_resume_staged_blocks_are_refused_not_replaced(monkeypatch, tmp_path):
+def test_without_resume_staged_blocks_are_refused_not_replaced(monkeypatch, tmp_path, capsys):
     path = tmp_path / "fresh.nc"
     with monkeypatch.context() as mp:
         _interrupt_after(mp, 2)
@@ -158,6 +160,18 @@ def test_without_resume_staged_blocks_are_refused_not_replaced(monkeypatch, tmp_
         sweep.run(SPEC, path=path)
     with pytest.raises(FileExistsError, match="of another spec or catalog, so delete it"):
         sweep.run({**SPEC, "dtype": "float64"}, path=path)
+    # the command line's one line names --resume once, in the message itself
+    from sweep.cli import main
+
+    toml = tmp_path / "sweep.toml"  # SPEC as TOML (JSON's lists, strings and bools are TOML's)
+    toml.write_text("\n".join(
+        [f"{k} = {json.dumps(v)}" for k, v in SPEC.items() if not isinstance(v, dict)]
+        + [line for table in ("axes", "fixed", "constraints") for line in
+           [f"[{table}]"] + [f"{k} = {json.dumps(v)}" for k, v in SPEC[table].items()]]) + "\n")
+    assert main(["run", str(toml), "-o", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("pass resume=True (--resume on the command line) to go on from it, or "
+                        "delete it to start anew") and err.count("--resume") == 1
     assert storage.staged_progress(partial_path(path))[0] == 2  # nothing was lost
     resumed = sweep.run(SPEC, path=path, resume=True)
     xr.testing.assert_identical(sweep.run(SPEC), resumed.load())

@@ -31,10 +31,8 @@ def command(args) -> int:
               f"with `{args.prog} run {args.spec} -o {path} --resume`", file=sys.stderr)
         return EXIT_INTERRUPTED
     except FileExistsError as err:  # staged blocks of an earlier run, and no --resume
-        # --resume continues only the same spec's blocks; for another spec's, the message
-        # already says to delete them or write elsewhere
-        hint = "" if "another spec" in str(err) else " (on the command line: add --resume)"
-        raise UsageError(f"{err}{hint}") from None
+        # (the message names --resume where it would continue them, else delete or elsewhere)
+        raise UsageError(str(err)) from None
     except ResourceError as err:  # refused before pricing: the disk cannot hold it
         raise UsageError(str(err)) from None
     elapsed = time.perf_counter() - started
