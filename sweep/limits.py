@@ -84,7 +84,8 @@ class MemoryLimit:
 
 def _suggestion(number: float) -> str:
     if 1 < number < MIN_BARE_BYTES:
-        hint = f"did you mean '{number:g} GB'"
+        # no accelerator holds 4 TB: past that a number in (1, 1e6) reads as MB (80000: 80 GB)
+        hint = f"did you mean '{number:g} {'GB' if number <= 4096 else 'MB'}'"
         if number <= 100:
             hint += f" or the fraction {number / 100:g}"
         return f" ({hint}?)"

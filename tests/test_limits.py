@@ -27,7 +27,7 @@ REFUSED = [("-5 GB", "finite size > 0"), ("0 GB", "finite size > 0"),
            ("1e400 GB", "finite size > 0"), (80, "did you mean '80 GB'"),
            ("80", "did you mean '80 GB'"), (0, "a limit is finite and > 0"),
            (-0.5, "a limit is finite and > 0"), ("1 B", "at least 1 MB"),
-           ("1e-300 GB", "at least 1 MB")]
+           ("1e-300 GB", "at least 1 MB"), (80000, "did you mean '80000 MB'")]
 ACCEPTED = [("80 GiB", 80 * 2**30), ("80e9 B", 80e9), (0.9, 0.9 * CAPACITY), (8e10, 8e10),
             ("72 GB", 72e9)]
 
