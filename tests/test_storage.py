@@ -172,9 +172,19 @@ def test_without_resume_staged_blocks_are_refused_not_replaced(monkeypatch, tmp_
     err = capsys.readouterr().err.strip()
     assert err.endswith("pass resume=True (--resume on the command line) to go on from it, or "
                         "delete it to start anew") and err.count("--resume") == 1
-    assert storage.staged_progress(partial_path(path))[0] == 2  # nothing was lost
-    resumed = sweep.run(SPEC, path=path, resume=True)
-    xr.testing.assert_identical(sweep.run(SPEC), resumed.load())
+    done, total = storage.staged_progress(partial_path(path))
+    assert done == 2  # nothing was lost
+    # resumed on the command line: no rate over points an earlier run priced
+    assert main(["run", str(toml), "-o", str(path), "--resume", "--no-progress",
+                 "--block-points", "500"]) == 0
+    out = capsys.readouterr().out
+    assert f"resumed: 2 of {total:,} blocks were staged by an earlier run; the other " \
+           f"{total - 2:,} priced and the cube written in " in out
+    assert "layouts/s" not in out
+    resumed = sweep.run(SPEC, path=path, resume=True).load()  # the finished file, as it is
+    expected = sweep.run(SPEC)
+    expected.attrs["spec_source"] = str(toml)  # (the command line read the spec from its file)
+    xr.testing.assert_identical(expected, resumed)
     resumed.close()
 
 

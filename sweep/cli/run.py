@@ -21,6 +21,7 @@ def command(args) -> int:
         require_realizable=args.require_realizable)
     path = _check_output(args.output or f"{spec.name}.nc", "-o")
     before = path.stat().st_mtime_ns if path.exists() else None
+    staged = _staged(path) if args.resume else None
     started = time.perf_counter()
     try:
         blocks = {"block_points": args.block_points} if args.block_points else {}
@@ -43,10 +44,29 @@ def command(args) -> int:
         print(f"{path} already holds this finished sweep; {admissible:,} admissible")
         cube.close()
         return EXIT_OK
-    # the file's staging, compression and assembly included: for small sweeps they, not the
-    # pricing, take most of this time
-    print(f"priced and written in {elapsed:.2f} s ({spec.size / max(elapsed, 1e-9):,.0f} "
-          f"layouts/s end to end); {admissible:,} admissible")
+    if staged and staged[0]:  # a rate over every point would count what an earlier run priced
+        done, total = staged
+        print(f"resumed: {done:,} of {total:,} blocks were staged by an earlier run; the other "
+              f"{total - done:,} priced and the cube written in {elapsed:.2f} s; "
+              f"{admissible:,} admissible")
+    else:
+        # the file's staging, compression and assembly included: for small sweeps they, not
+        # the pricing, take most of this time
+        print(f"priced and written in {elapsed:.2f} s ({spec.size / max(elapsed, 1e-9):,.0f} "
+              f"layouts/s end to end); {admissible:,} admissible")
     print(f"wrote {path} ({_human_bytes(path.stat().st_size)})")
     cube.close()
     return EXIT_OK
+
+
+def _staged(path):
+    """``(blocks staged, blocks in all)`` of the unfinished sweep beside ``path``; None if none."""
+    from ..storage import IncompleteCubeError, partial_path, staged_progress
+
+    staging = partial_path(path)
+    if not staging.is_dir():
+        return None
+    try:
+        return staged_progress(staging)
+    except IncompleteCubeError:  # the sweep's own resume says what is wrong with it
+        return None
