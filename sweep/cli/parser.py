@@ -182,7 +182,7 @@ def build_parser(prog: str = _PROG) -> argparse.ArgumentParser:
         epilog=f"examples:\n  {prog} run configs/sweeps/cluster_size.toml -o cluster.nc\n"
         f"  {prog} top cluster.nc --objective mfu -k 5 --select zero_stage=1\n"
         f"  {prog} plot cluster.nc --kind heatmap --x tp_size --y dp_size -o mfu.png\n"
-        f"  {prog} search configs/sweeps/search_llama70b.toml --trials 500 --seed 0\n"
+        f"  {prog} search configs/sweeps/search_llama70b.toml --seed 0\n"
         f"  {prog} COMMAND --help",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
@@ -240,7 +240,10 @@ def _add_search(commands):
                                  "by pricing whole sub-grids); --mode forces one.")
     search.add_argument("spec", metavar="SPEC", help="a spec (TOML)")
     search.add_argument("--trials", type=_positive_int, help="sampled mode: a fixed budget of "
-                        "optuna trials (the classic ask/tell loop); default: stop by evidence")
+                        "plain optuna trials (the classic ask/tell loop, as a study shared "
+                        "through --storage runs); default: the sub-grid search, which stops by "
+                        "evidence and in a large space finds better layouts than a few hundred "
+                        "plain trials")
     search.add_argument("--seed", type=_seed, help="seeds the sampler (0 .. 2**32 - 1)")
     search.add_argument("--physics", type=_PHYSICS_TYPE, metavar="MODEL",
                         help=f"the physics model ({_PHYSICS_HELP}), instead of the spec's")
@@ -281,7 +284,8 @@ def _add_top(commands):
     top.add_argument("cube", metavar="CUBE", help="a cube file (netCDF)")
     top.add_argument("--objective", default="mfu", help="variable to rank by (default: mfu)")
     _add_deprecated(top, "--by", "--objective", "objective")
-    top.add_argument("-k", type=_positive_int, default=10, help="layouts listed (default: 10)")
+    top.add_argument("-k", "--top", dest="k", type=_positive_int, default=10, metavar="K",
+                     help="layouts listed (default: 10)")
     _add_direction(top)
     _add_deprecated(top, "--smallest", "--minimize", "direction", nargs=0, const=MINIMIZE)
     top.add_argument("--keep-ties", action="store_true",
