@@ -116,7 +116,8 @@ def command(args) -> int:
 
         if importlib.util.find_spec("matplotlib") is None:
             raise UsageError("calibrate --plot: expected matplotlib to be installed (pip "
-                             "install 'layout-sweep[plot]'), but it is not")
+                             "install 'layout-sweep[plot]', or pip install matplotlib), but it "
+                             "is not")
         args.plot = str(_check_figure_output(args.plot, "--plot"))
     try:
         data = read_measurements(args.measurements)

@@ -23,7 +23,7 @@ def command(args) -> int:
 
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError("plot: expected matplotlib to be installed (pip install "
-                         "'layout-sweep[plot]'), but it is not")
+                         "'layout-sweep[plot]', or pip install matplotlib), but it is not")
     from .. import plot
 
     if args.output:  # refused before any work

@@ -331,7 +331,8 @@ def _open_rdb(url: str):
         driver = getattr(err.__cause__, "name", None) or err.name or str(err)  # optuna wraps it
         raise StorageError(f"storage {shown!r}: needs the database driver {driver!r}, which "
                            f"is not installed (for PostgreSQL: pip install "
-                           f"'layout-sweep[postgres]', then postgresql:// works)") from None
+                           f"'layout-sweep[postgres]' or pip install 'psycopg[binary]', then "
+                           f"postgresql:// works)") from None
     except sqlalchemy.exc.ArgumentError as err:  # NoSuchModuleError: an unknown dialect
         raise StorageError(f"storage {shown!r}: expected an RDB URL SQLAlchemy knows "
                            f"(sqlite:///x.db, postgresql://user@host/db), but "
