@@ -169,6 +169,22 @@ def test_a_search_with_no_admissible_layout_says_why_and_exits_3(ties, capsys):
     assert "within the memory limit removed" in err and "relax within the memory limit" in err
 
 
+def test_the_main_job_with_no_admissible_layout_says_why_once(tmp_path, capsys):
+    # one scenario: the reasons go to stderr with exit 3, not to stdout as well
+    spec = _spec(tmp_path, "none", "tp_size = [2, 4]\npp_size = [1]", "zero_stage = 3",
+                 "max_accelerators = 512")
+    code, out, err = _call(capsys, ["--spec", spec, "--no-save", "--no-progress"])
+    assert code == cli.EXIT_EMPTY == 3
+    assert "no admissible layout among 2 points" in err and "relax accelerator budget" in err
+    assert "no admissible layout" not in out and "relax" not in out
+    # two scenarios, one empty: its reasons are part of the report, under its name
+    spec = _spec(tmp_path, "some", "tp_size = [2, 4, 8]\npp_size = [1]\n"
+                 "seq_len = [1024, 131072]", "zero_stage = 3\noverlap_comm = false")
+    code, out, err = _call(capsys, ["--spec", spec, "--no-save", "--no-progress"])
+    assert code == 0, err
+    assert "seq_len=131072: no admissible layout among 3 points" in out
+
+
 def test_search_top_one_shows_its_whole_tie_group(ties, capsys):
     # The search's top-k counted layouts: a group cut at k showed only some of its equals.
     code, out, err = _call(capsys, ["search", ties["spec"], "--exact", "-k", "1",

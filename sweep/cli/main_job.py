@@ -112,10 +112,11 @@ def _report(spec, cube, k) -> bool:
             found = True
             _block(spec, cube, scenario, rows)
             continue
-        sub = cube.sel({d: [v] for d, v in scenario.items()}) if scenario else cube
+        if not scenario:  # the one scenario: the exit's message says why, on stderr
+            continue
+        sub = cube.sel({d: [v] for d, v in scenario.items()})
         where = ", ".join(f"{d}={_fmt(v)}" for d, v in scenario.items())
-        print(f"\n{where + ': ' if where else ''}"
-              f"{analysis.explain_empty(analysis.admissible_counts(sub))}")
+        print(f"\n{where}: {analysis.explain_empty(analysis.admissible_counts(sub))}")
     return found
 
 
