@@ -36,22 +36,23 @@ def _show_facts(attrs) -> list:
     return lines
 
 
-def _calibration_lines(text) -> list:
-    """The provenance lines of the calibration profile a cube was priced with ([] for none)."""
+def _calibration_lines(text) -> tuple:
+    """The provenance lines of the calibration profile a cube was priced with, and the
+    physics model it calibrates (``([], None)`` for none)."""
     if not text:
-        return []
+        return [], None
     try:
         profile = json.loads(text)
         constants = profile["constants"]
     except (ValueError, TypeError, KeyError):
-        return [f"  calibration: {text}"]
+        return [f"  calibration: {text}"], "megatron"  # (the one model with fitted constants)
     mape = profile.get("in_sample_mape")
     runs = profile.get("runs", "?")
     fit = (f"{runs} run{'' if runs == 1 else 's'} of {profile.get('data_source') or '?'}, "
            f"{profile.get('date', '?')}"
            + (f", in-sample error {100 * mape:.2f} %" if isinstance(mape, (int, float)) else ""))
     return [f"  calibration: {profile.get('path') or 'a profile'} ({fit}); priced with the "
-            f"constants {json.dumps(constants, sort_keys=True)}"]
+            f"constants {json.dumps(constants, sort_keys=True)}"], profile.get("physics", "megatron")
 
 
 def _physics_models(attrs) -> dict:
@@ -113,11 +114,12 @@ def command(args) -> int:
             print(f"  {key}: {attrs[key]}")
     if "fixed" in attrs:
         print(f"  fixed: {attrs['fixed']}")
-    calibrated = _calibration_lines(attrs.get("calibration"))
-    print(*calibrated, sep="\n")
+    calibrated, calibrated_model = _calibration_lines(attrs.get("calibration"))
+    for line in calibrated:
+        print(line)
     for model, facts in _physics_models(attrs).items():
-        shipped = " (the shipped constants; the calibration above replaced them)" if (
-            calibrated and model == "megatron") else ""
+        shipped = (" (the shipped constants; the calibration above replaced them)"
+                   if model == calibrated_model else "")
         print(f"  physics {model}{shipped}: " + "; ".join(f"{k} {v}" for k, v in facts.items()))
     if "spec" in attrs:
         print("  spec:")
