@@ -376,6 +376,7 @@ def test_show_names_the_calibration_a_cube_was_priced_with(tmp_path, capsys):
     assert main(["show", str(tmp_path / "plain.nc")]) == 0
     out = capsys.readouterr().out
     assert "  calibration: " not in out and "  physics megatron: " in out
+    assert "\n\n" not in out.split("provenance:\n")[1].split("  spec:")[0]  # no blank line
 
 
 def test_a_calibrated_search_finds_another_best_layout(tmp_path):
