@@ -47,7 +47,7 @@ def test_deepseek_v3_has_its_published_parameter_count():
 
 def test_deepseek_v2_lite_without_q_lora_has_its_parameter_count():
     """Queries projected directly (no q_lora_rank): DeepSeek-V2-Lite's 15.7B."""
-    from tests.test_fused_megatron import V2_LITE
+    from test_fused_megatron import V2_LITE
     shape = M._Shape(V2_LITE)
     attention = _mla_attention_params(2048, 16, 0, 512, 128, 64, 128)
     assert shape.attn_params == attention
@@ -213,7 +213,8 @@ def test_mla_turns_tp_comm_overlap_off(engine):
         pytest.importorskip("numba")
     fleet = catalog.fleet("GB200_NVL72_8_MC")
     kw = dict(batch_size=1152, seq_len=4096, tp_size=8, pp_size=9, ep_size=8, micro_batch_size=1,
-              sequence_parallel=True, tp_comm_overlap=np.array([False, True]), engine=engine)
+              sequence_parallel=True, tp_comm_overlap=np.array([False, True]), engine=engine,
+              num_layers_in_first_pipeline_stage=5)  # 61 layers: 5, then 7 on each of 8 stages
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mla, mha = M.solve(DSV3, fleet, **kw), M.solve(DSV3_MHA, fleet, **kw)

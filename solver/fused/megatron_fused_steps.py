@@ -52,7 +52,8 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, 
                      and ((_divides(rest, middle) and rest >= middle) if middle > 0.0 else rest == 0.0)
                      and (v == 1.0 or (_divides(first, v) and _divides(last, v) and _divides(n_mid, v))))
     else:
-        layers_ok = (_divides(layers, pp * v) or (v == 1.0 and pp <= layers)) and (v == 1.0 or pp > 1.0)
+        # neither set: Megatron-LM refuses layers that pp (and v) do not divide [13]
+        layers_ok = _divides(layers, pp * v) and (v == 1.0 or pp > 1.0)
     realizable = (valid and m_exact == fm and m_exact >= 1.0
                   and _divides(heads, tp) and _divides(kv_heads, tp)
                   and layers_ok

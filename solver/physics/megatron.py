@@ -6,13 +6,14 @@ with the reference. It is composed of the topic modules' formula functions in
 named steps, like pvlib's ModelChain:
 
 1. **split**: TP x CP x DP x PP ranks (EP folded into DP x CP, as Megatron-Core
-   does [6]); microbatches ``m = batch / (dp * micro_batch)``. Without
-   interleaving, stages may be uneven [13] (126 layers on 16 stages, as Llama 3
-   405B trained [14]): any ``pp_size`` up to the layer count is realizable and the
-   heaviest stage, ``ceil(layers / pp_size)`` layers, is priced with the LM head on it
-   (MoE layers only where a model's leading dense layers leave a stage of them:
-   ``megatron_steps.heavy_moe_stage``); interleaved schedules need ``layers``
-   divisible by ``pp_size * v_stages``. ``num_layers_in_first/last_pipeline_stage``
+   does [6]); microbatches ``m = batch / (dp * micro_batch)``. Realizable needs
+   ``layers`` divisible by ``pp_size * v_stages`` unless the first or last stage's
+   layers are set (Megatron-LM's ``validate_args`` refuses the rest [13]); a split the
+   layers do not divide is priced on its heaviest stage, ``ceil(layers / pp_size)``
+   layers, with the LM head on it (MoE layers only where a model's leading dense layers
+   leave a stage of them: ``megatron_steps.heavy_moe_stage``), the price of a set split
+   that evens it out (126 layers on 16 stages, as Llama 3 405B trained [14]: 7, 8 x 14,
+   7). ``num_layers_in_first/last_pipeline_stage``
    set the first and last stages' layers as Megatron-Core does [13] (the rest split
    evenly between): the slowest of the first, a middle and the last stage (with the
    head and any MTP modules) paces the pipeline (``megatron_steps.stage_layers``).
@@ -88,7 +89,9 @@ References
 [13] Megatron-Core ``TransformerConfig.num_layers_in_first_pipeline_stage`` /
     ``num_layers_in_last_pipeline_stage`` (``--decoder-first/last-pipeline-num-layers``)
     and ``pipeline_model_parallel_layout``: uneven pipeline stages, e.g. fewer layers
-    on the first and last stage when the layer count does not divide evenly.
+    on the first and last stage when the layer count does not divide evenly. Without
+    them Megatron-LM's ``arguments.validate_args`` raises "Number of layers should be
+    divisible by the pipeline-model-parallel size".
 [14] Dubey, A. et al. (2024), "The Llama 3 Herd of Models", arXiv:2407.21783: the
     405B model has 126 layers and trained with pipeline parallelism of 16.
 [15] Megatron-LM ``megatron/training/arguments.py`` (``validate_args``): with
@@ -352,7 +355,7 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
 #: Output name -> (CF units, long name).
 OUTPUTS = {
     "valid": ("1", "split is possible: TP*PP*CP divides the fleet and EP divides DP*CP"),
-    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers over the stages (unevenly only without interleaving, or as the first and last stages' layers set [13]), interleaving with the microbatches in groups of pp_size [17], no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], no ZeRO-2/3 with a pipeline [30], a precision the accelerator has [21]"),
+    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers into pp_size * v_stages equal chunks or as the first and last stages' layers set [13], interleaving with the microbatches in groups of pp_size [17], no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], no ZeRO-2/3 with a pipeline [30], a precision the accelerator has [21]"),
     "dp_size": ("1", "data-parallel degree"),
     "microbatch_count": ("1", "microbatches per step per data-parallel rank"),
     "step_latency_total": ("s", "training step time"),

@@ -195,14 +195,12 @@ def split(w, fleet, k) -> Split:
                              rest == 0)
                   & ((v == 1) | ((first % v == 0) & (last % v == 0) & (n_mid % v == 0))))
     realizable = (valid & (m_exact == np.floor(m_exact)) & (m_exact >= 1)
-                  # heads, layers (uneven stages without interleaving [13], even chunks
-                  # with it, or the first and last stages' as set) and experts (EP 1 on a
-                  # dense model) split evenly
+                  # heads, layers (into pp * v equal chunks, or the first and last stages'
+                  # as set: Megatron-LM's validate_args refuses layers pp does not divide
+                  # unless they are set [13]) and experts (EP 1 on a dense model) split evenly
                   & even_splits((w.heads, 0, w.experts if w.moe else 1),
                                 tp_size=tp, pp_size=pp, v_stages=v, ep_size=ep)
-                  & np.where((first > 0) | (last > 0), layers_set,
-                             even_splits((0, w.layers, 0), tp_size=tp, pp_size=pp, v_stages=v,
-                                         ep_size=ep))
+                  & np.where((first > 0) | (last > 0), layers_set, _even_chunks(w.layers, pp, v))
                   & (w.kv_heads % tp == 0)  # [16]
                   # the interleaved schedule runs microbatches in groups of pp [17]
                   & ((v == 1) | ((m_exact % pp == 0) & (m_exact >= pp)))
@@ -353,6 +351,14 @@ class Layer:
     layer_b: object
     #: a multi-token prediction module's projection and norms, forward and backward [34]
     t_mtp: object
+
+
+def _even_chunks(layers, pp, v):
+    """Whether ``layers`` split into ``pp * v`` equal chunks (and an interleaved schedule has a
+    pipeline): Megatron-LM's rule where neither the first nor the last stage is set [13]."""
+    pp, v = np.asarray(pp, dtype=np.int64), np.asarray(v, dtype=np.int64)
+    chunks = np.where((pp <= layers) & (v <= layers), pp * v, layers + 1)  # no int64 overflow
+    return (layers % chunks == 0) & ((v == 1) | (pp > 1))
 
 
 def stage_layers(w, pp, first, last):
