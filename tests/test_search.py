@@ -595,6 +595,21 @@ def test_local_moves_sampler_wraps_the_inner_sampler():
     assert len(seen) == len(set(seen))  # untried layouts, each once
 
 
+def test_a_search_across_jobs_warns():
+    """A seq_len (or workload, fleet, batch_size) axis is the job, not a layout choice: a
+    search over it finds the best over jobs, so it warns and says to search one job; a
+    search of one job does not."""
+    from sweep.analysis import JobMixWarning
+    jobs = dict(SMALL, axes=dict(SMALL["axes"], seq_len=[2048, 8192]))
+    with pytest.warns(JobMixWarning, match=r"the search's axes include seq_len \(it describes "
+                                           r"the job, not a choice between layouts\)"):
+        search(jobs, mode="exhaustive")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        search(SMALL, mode="exhaustive")
+    assert not [w for w in caught if issubclass(w.category, JobMixWarning)]
+
+
 def search_mod_attr(name):
     return getattr(importlib.import_module("sweep.search"), name)
 

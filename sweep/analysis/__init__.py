@@ -51,14 +51,14 @@ from .empty import NoAdmissibleError, admissible_counts, explain_empty
 from .explain import explain_runner_up, step_components, where_step_goes
 from .masks import aligned, mask
 from .ranking import BLOCK_POINTS, DEFAULT_OBJECTIVES, best_along, pareto_front, top_k
-from .scenarios import SCENARIO_DIMS, layout_dims, scenario_dims
+from .scenarios import SCENARIO_DIMS, JobMixWarning, layout_dims, scenario_dims
 from .utilization import ModelMixWarning, UtilizationWarning
 
 __all__ = ["top_k", "best_along", "pareto_front", "mask", "aligned", "explain_runner_up",
            "where_step_goes",
            "step_components", "BLOCK_POINTS", "DEFAULT_OBJECTIVES", "NoAdmissibleError",
            "admissible_counts", "explain_empty", "SCENARIO_DIMS", "scenario_dims",
-           "layout_dims", "UtilizationWarning", "ModelMixWarning"]
+           "layout_dims", "UtilizationWarning", "ModelMixWarning", "JobMixWarning"]
 
 
 def __getattr__(name):

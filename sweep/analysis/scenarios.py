@@ -10,7 +10,9 @@ over these dims) and ranks the layout knobs within each.
 
 from __future__ import annotations
 
-__all__ = ["SCENARIO_DIMS", "scenario_dims", "layout_dims"]
+import warnings
+
+__all__ = ["SCENARIO_DIMS", "scenario_dims", "layout_dims", "JobMixWarning", "warn_across_jobs"]
 
 #: Dims that describe the job rather than its layout, in the order they are shown.
 SCENARIO_DIMS = ("physics", "workload", "fleet", "seq_len", "batch_size", "precision")
@@ -24,3 +26,29 @@ def scenario_dims(cube) -> tuple:
 def layout_dims(cube) -> tuple:
     """The cube's other dims: the layout knobs a ranking chooses between."""
     return tuple(d for d in cube.dims if d not in SCENARIO_DIMS)
+
+
+class JobMixWarning(UserWarning):
+    """A search spans more than one job (filter it by class)."""
+
+
+#: Scenario dims whose mix the other warnings leave unsaid (physics and precision warn on
+#: their own, where they mislead: :mod:`sweep.analysis.utilization`).
+_JOB_DIMS = tuple(d for d in SCENARIO_DIMS if d not in ("physics", "precision"))
+
+
+def warn_across_jobs(axes, *, stacklevel: int = 3) -> bool:
+    """Warn (:class:`JobMixWarning`) when a search's ``axes`` (:class:`sweep.axes.Axis`)
+    span more than one workload, fleet, sequence length or global batch; returns whether
+    it warned. Its best point is then the best over jobs (the megatron model's MFU rises
+    with the sequence length), not the best layout of one."""
+    spans = [a.name for a in axes if a.name in _JOB_DIMS
+             and (a.values is None or len(set(map(str, a.values))) > 1)]
+    if not spans:
+        return False
+    they = "it describes" if len(spans) == 1 else "they describe"
+    warnings.warn(f"the search's axes include {' and '.join(spans)} ({they} the job, not a "
+                  f"choice between layouts): its best is the best over jobs; search one "
+                  f"job (each value in the spec's [fixed], one search each), as the main job "
+                  f"ranks each on its own", JobMixWarning, stacklevel=stacklevel)
+    return True

@@ -131,6 +131,7 @@ import optuna
 
 from solver.blocks import BLOCK_POINTS
 
+from ..analysis.scenarios import warn_across_jobs
 from ..analysis.utilization import warn_across_models, warn_across_precisions
 from ..calibration.profile import with_calibration
 from ..spec import SpecError, load_spec
@@ -377,6 +378,7 @@ def _warn_utilization_across_precisions(spec, objs) -> None:
                            stacklevel=4)
     models = next((a for a in spec.axes if a.name == "physics"), None)
     warn_across_models(None if models is None else models.values, stacklevel=4)
+    warn_across_jobs(spec.axes, stacklevel=4)
 
 
 def _check_storage(storage) -> None:
