@@ -249,6 +249,22 @@ def _accelerator_dims(spec: Spec) -> tuple:
     return ("fleet",) if "fleet" in spec.dims else ()
 
 
+def _long_name(name: str, models) -> str:
+    """The output's description by the spec's models: each model's own (the megatron model
+    describes its terms otherwise: exposed collectives, against the GEMM precision's peak),
+    one for all where they agree, each named where they differ."""
+    own = {}
+    for model in models:
+        entry = solver.physics.model(model).OUTPUTS.get(name)
+        if entry is not None:
+            own[model] = entry.long_name if hasattr(entry, "long_name") else entry[1]
+    if not own:
+        return REGISTRY[name].long_name
+    if len(set(own.values())) == 1:
+        return next(iter(own.values()))
+    return "; ".join(f"{model}: {text}" for model, text in own.items())
+
+
 def layout(spec: Spec) -> CubeLayout:
     """The dims, coordinates, variables and attributes of ``spec``'s cube."""
     dims, shape = spec.dims, spec.shape
@@ -261,7 +277,7 @@ def layout(spec: Spec) -> CubeLayout:
         output = REGISTRY[name]
         dtype = np.dtype(bool) if output.is_boolean else float_dtype
         variables[name] = Variable(dims, dtype, {"units": output.units,
-                                                 "long_name": output.long_name})
+                                                 "long_name": _long_name(name, spec.physics)})
     for name, long_name in MASKS.items():
         variables[name] = Variable(dims, np.dtype(bool), {"long_name": long_name})
     variables["n_accelerators"] = Variable(

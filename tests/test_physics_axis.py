@@ -105,6 +105,22 @@ def test_an_output_of_the_other_model_only_is_refused():
         load_spec({"workload": WORKLOAD, "fleet": FLEET, "outputs": ["cp_communication_latency"]})
 
 
+def test_a_cube_describes_each_output_as_its_models_do():
+    from sweep.cube import layout
+    from solver.physics import megatron as mg
+    one = layout(load_spec(BOTH, physics="megatron")).variables
+    assert one["tp_communication_latency"].attrs["long_name"] == \
+        mg.OUTPUTS["tp_communication_latency"][1] == "exposed tensor-parallel collectives"
+    assert one["mfu"].attrs["long_name"] == mg.OUTPUTS["mfu"][1]
+    both = layout(load_spec(BOTH)).variables
+    assert both["tp_communication_latency"].attrs["long_name"] == (
+        "mlsysim: tensor-parallel activation all-reduces; megatron: exposed tensor-parallel "
+        "collectives")
+    mlsysim_only = layout(load_spec(BOTH, physics="mlsysim")).variables
+    assert mlsysim_only["tp_communication_latency"].attrs["long_name"] == \
+        "tensor-parallel activation all-reduces"
+
+
 def test_one_model_of_a_spec_of_both_is_its_slice():
     # --physics megatron on a spec of both models: the knobs and outputs of mlsysim alone go
     both = {**BOTH, "outputs": ["mfu", "scaling_efficiency", "cp_communication_latency"]}
