@@ -120,3 +120,26 @@ def test_stage_layers_out_of_range_are_refused(bad):
         for engine in ("numpy", "fused"):
             with pytest.raises(ValueError, match=name):
                 M.solve(L405, FLEET, engine=engine, **KW, **{name: np.full(3, bad)})
+
+
+@pytest.mark.parametrize("name", ["Llama3_8B_MC", "Llama3_70B_MC", "Mixtral_8x7B_MC",
+                                  "DeepSeek_V3_MC"])
+def test_the_step_is_its_terms_the_launch_time_and_the_fixed_overhead(name):
+    """launch_latency is the host's launch time a layer's GPU work does not hide: with the
+    other terms and the fixed per-step overhead it makes up the step, on random layouts
+    (the draw of tests/test_fused_megatron.py: every knob, stages set and not)."""
+    from test_fused_megatron import _draw
+
+    rng = np.random.default_rng(7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = M.solve(catalog.workload(name), FLEET, **_draw(rng, 4000, dp_given=True))
+    ok = np.asarray(out["valid"])
+    assert ok.sum() > 500
+    terms = sum(np.asarray(out[t])[ok] for t in TERMS + ("launch_latency",))
+    step = np.asarray(out["step_latency_total"])[ok]
+    np.testing.assert_allclose(terms + M.CONSTANTS["step_overhead"], step, rtol=1e-9)
+    launch = np.asarray(out["launch_latency"])[ok]
+    assert (launch >= 0).all() and (launch == 0).any()
+    if name == "Llama3_8B_MC":  # small layers on small microbatches are launch-bound
+        assert (launch > 0).any()

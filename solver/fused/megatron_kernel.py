@@ -84,7 +84,7 @@ FLOAT_OUTPUTS = (
     "ep_communication_latency", "pp_communication_latency", "dp_communication_latency",
     "communication_latency", "pipeline_bubble_latency", "bubble_fraction", "optimizer_latency",
     "memory_footprint", "memory_weights", "memory_gradients", "memory_optimizer_state",
-    "memory_activations", "memory_communication_buffers")
+    "memory_activations", "memory_communication_buffers", "launch_latency")
 #: Bool outputs in the order of the rows of the kernel's bool block.
 BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 
@@ -330,6 +330,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         fo[21][i] = optim + x
         fo[22][i] = activations + x
         fo[23][i] = buffers + x
+        fo[24][i] = ms * ((window_f - (layer_f + tp_layer / 2 + cp_layer_f + ep_layer_f))
+                          + (window_b - (layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b))) + x
         bo[0][i] = valid
         bo[1][i] = realizable
         bo[2][i] = valid and footprint <= capacity

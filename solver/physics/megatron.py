@@ -374,6 +374,7 @@ OUTPUTS = {
     "pipeline_bubble_latency": ("s", "pipeline fill and drain"),
     "bubble_fraction": ("1", "idle share of the pipelined step"),
     "optimizer_latency": ("s", "optimizer step"),
+    "launch_latency": ("s", "host kernel-launch time the paced stage's GPU work does not hide (layer_overhead: where a layer's launches outlast its GPU work)"),
     "memory_footprint": ("byte", "training memory per accelerator (of the pipeline rank that holds the most): the memory terms, the optimizer step's FP32 copy of 16-bit gradients counted only where it outweighs the activations and buffers it never coexists with"),
     "memory_weights": ("byte", "weights per accelerator"),
     "memory_gradients": ("byte", "gradients per accelerator"),

@@ -322,6 +322,12 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         "pipeline_bubble_latency": pl.bubble,
         "bubble_fraction": pl.bubble / pl.t_pipe,
         "optimizer_latency": dpr.t_opt,
+        # the host's launches a phase's GPU work does not hide (megatron_steps.pipeline's
+        # windows over the same sums): with the terms above, the pipelined step's rest
+        "launch_latency": ms * ((pl.window_f - (ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f
+                                                + cm.ep_layer_f))
+                                + (pl.window_b - (ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b
+                                                  + cm.ep_layer_b))),
         "memory_footprint": mm.footprint,
         "memory_weights": mm.weights,
         "memory_gradients": mm.grads,
