@@ -171,8 +171,10 @@ def even_splits(divisors, *, tp_size, pp_size, v_stages, ep_size):
     stages), and EP divides the experts (an EP degree above 1 on a dense model
     leaves its ranks nothing to hold). These are the megatron model's rules for the
     same knobs (Megatron-Core's ``TransformerConfig`` and schedules; see
-    ``solver.physics.megatron``, which checks them here too). Facts the workload does
-    not state are not checked.
+    ``solver.physics.megatron``, which checks heads and experts here too) but one: an
+    uneven split without interleaving, which pipeline engines that partition layers
+    unevenly run, Megatron-LM only with the first or last stage's layers set
+    (``megatron_steps.split``). Facts the workload does not state are not checked.
 
     Examples
     --------
