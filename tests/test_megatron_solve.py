@@ -1,6 +1,7 @@
 """solver.physics.megatron.solve: limits, broadcasting, validation, realizable mask."""
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -667,3 +668,36 @@ def test_a_knob_of_the_other_model_names_the_model():
         solver.solve(WL, FL, physics="megatron", microbatch_count=4)
     with pytest.raises(TypeError, match=r"^solve\(\) got an unexpected keyword argument 'foo'"):
         solver.solve(WL, FL, physics="megatron", foo=1)
+
+
+def test_why_unrealizable_names_each_rule_a_layout_breaks():
+    """realizable is the split's validity and each condition of
+    megatron_steps.REALIZABLE_CONDITIONS: why_unrealizable names the ones broken, layout by
+    layout, and where none is, the layout is realizable (random layouts of every knob)."""
+    from test_fused_megatron import _draw
+
+    from solver.physics.megatron_steps import REALIZABLE_CONDITIONS
+
+    for workload in (WL, catalog.workload("Mixtral_8x7B_MC"), catalog.workload("DeepSeek_V3_MC")):
+        knobs = _draw(np.random.default_rng(11), 3000, dp_given=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = M.solve(workload, FL, engine="numpy", **knobs)
+            why = M.why_unrealizable(workload, FL, **knobs)
+        assert set(why) <= {"valid", *REALIZABLE_CONDITIONS} and len(why) >= 5
+        broken = np.zeros(3000, dtype=bool)
+        for where in why.values():
+            broken |= where
+        np.testing.assert_array_equal(out["realizable"], ~broken)
+        assert out["realizable"].any() and broken.any()
+    # one rule at a time
+    dsv3 = catalog.workload("DeepSeek_V3_MC")
+    kw = dict(batch_size=1024, seq_len=4096, tp_size=1, pp_size=16, ep_size=8)
+    assert sorted(M.why_unrealizable(dsv3, FL, **kw)) == ["layers"]  # 61 layers, no stage set
+    assert not M.why_unrealizable(dsv3, FL, **kw, num_layers_in_first_pipeline_stage=1)
+    assert sorted(M.why_unrealizable(WL, FL, batch_size=1024, tp_size=8, tp_comm_overlap=True,
+                                     sequence_parallel=False)) == ["tp_comm_overlap_needs_sp"]
+    assert sorted(M.why_unrealizable(WL, FL, batch_size=1024, tp_size=8, sequence_parallel=True,
+                                     precision="fp4")) == ["precision"]  # no FP4 on H100
+    with pytest.raises(TypeError, match="microbatch_count"):
+        M.why_unrealizable(WL, FL, microbatch_count=4)

@@ -231,8 +231,8 @@ from ..specs import Fleet, Workload
 from . import megatron_compose as after
 from . import megatron_steps as steps
 
-__all__ = ["solve", "prepare", "OUTPUTS", "KNOBS", "DEFAULTS", "CONSTANTS", "CONSTANTS_PROVENANCE",
-           "RECOMPUTE", "PRECISIONS", "load_constants"]
+__all__ = ["solve", "prepare", "why_unrealizable", "OUTPUTS", "KNOBS", "DEFAULTS", "CONSTANTS",
+           "CONSTANTS_PROVENANCE", "RECOMPUTE", "PRECISIONS", "load_constants"]
 
 #: The model's sourced constants, kept in the steps module (documented there).
 RECOMPUTE, PRECISIONS = steps.RECOMPUTE, steps.PRECISIONS
@@ -757,6 +757,54 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
     def price(**constants):
         return _price(w, fleet, k, constants, engine, memo)
     return price
+
+
+def why_unrealizable(workload: Workload, fleet: Fleet, **knobs) -> dict:
+    """Why :func:`solve` marks layouts not ``realizable``: each rule they break, and where.
+
+    Parameters
+    ----------
+    workload, fleet, **knobs
+        As for :func:`solve` (the same defaults; constants play no part).
+
+    Returns
+    -------
+    dict of str -> numpy.ndarray of bool
+        Rule name -> True where a layout breaks it, for the rules some layout breaks:
+        ``"valid"`` (the split cannot be made: TP x PP x CP does not divide the fleet, or
+        the expert grid does not tile the ranks) and the conditions of
+        :data:`megatron_steps.REALIZABLE_CONDITIONS`, which says what each asks. Empty
+        where every layout is realizable.
+
+    Examples
+    --------
+    >>> from solver import catalog
+    >>> why = why_unrealizable(catalog.workload("DeepSeek_V3_MC"), catalog.fleet("HGX_H100_1K_MC"),
+    ...                        batch_size=1024, tp_size=1, pp_size=16, ep_size=8)
+    >>> sorted(why)  # 61 layers on 16 stages, no stage set
+    ['layers']
+    >>> steps.REALIZABLE_CONDITIONS["layers"][:43]
+    'the layers split into pp_size * v_stages eq'
+    """
+    _check_inputs(workload, fleet, "numpy")
+    unknown = [name for name in knobs if name not in KNOBS]
+    if unknown:
+        raise TypeError(f"why_unrealizable() got an unexpected keyword argument {unknown[0]!r} "
+                        f"(knobs: {', '.join(KNOBS)})")
+    values = {name: knobs.get(name, default) for name, default in DEFAULTS.items()
+              if default is not None}
+    for name in ("dp_size", "etp_size"):  # None: absent (the fleet sizes dp; etp is tp)
+        if knobs.get(name) is not None:
+            values[name] = knobs[name]
+    k = _normalize(values)
+    w = _Shape(workload)
+    split = steps.split(w, fleet, k)
+    shape = np.broadcast_shapes(*(np.shape(v) for v in k.values()))
+    broken = {"valid": ~np.asarray(split.valid)}
+    broken.update({name: ~np.asarray(holds) for name, holds in
+                   steps.realizable_conditions(w, fleet, k, split.m_exact).items()})
+    return {name: np.broadcast_to(where, shape).copy() for name, where in broken.items()
+            if np.any(where)}
 
 
 def _check_inputs(workload, fleet, engine):

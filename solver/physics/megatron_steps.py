@@ -156,6 +156,79 @@ class Split:
     last: object
 
 
+#: What each condition of :func:`realizable_conditions` asks, by name (the ``realizable``
+#: output holds where the split is valid and every one holds).
+REALIZABLE_CONDITIONS = {
+    "whole_microbatches": "the global batch splits into whole microbatches, one or more, on "
+                          "each data-parallel rank (batch_size divisible by dp_size * "
+                          "micro_batch_size)",
+    "heads_and_experts": "tp_size divides the attention heads and ep_size the experts (1 on a "
+                         "dense model)",
+    "layers": "the layers split into pp_size * v_stages equal chunks, or as the first and last "
+              "stages' layers are set (the rest evenly over the stages between, every stage's "
+              "by v_stages; Megatron-LM refuses other splits) [13]",
+    "kv_heads": "tp_size divides the KV heads [16]",
+    "interleaved_microbatches": "an interleaved schedule's microbatches come in groups of "
+                                "pp_size [17]",
+    "cp_sequence": "seq_len divides by 2 * cp_size",
+    "cp_flash": "context parallelism runs with flash attention [18]",
+    "sp_sequence": "under sequence parallelism seq_len divides by tp_size * cp_size [19]",
+    "ep_precision": "expert parallelism does not run in fp16 [15]",
+    "expert_width": "etp_size divides an expert's width [6]",
+    "moe_tp_needs_sp": "an MoE model with tp_size > 1 needs sequence_parallel [20]",
+    "tp_comm_overlap_needs_sp": "tp_comm_overlap needs sequence_parallel (and tp_size > 1) [15]",
+    "param_gather_needs_grad_reduce": "overlap_param_gather needs overlap_grad_reduce under the "
+                                      "distributed optimizer",
+    "no_sharding_with_pipeline": "ZeRO-2/3 (FSDP) runs without a pipeline [30]",
+    "precision": "the accelerator has the precision [21]",
+}
+
+
+def realizable_conditions(w, fleet, k, m_exact) -> dict:
+    """Each condition of ``realizable`` (:data:`REALIZABLE_CONDITIONS`): name -> where it
+    holds, for the knobs ``k`` and the microbatches ``m_exact`` of :func:`split`."""
+    tp, pp, cp, ep = k["tp_size"], k["pp_size"], k["cp_size"], k["ep_size"]
+    etp = k.get("etp_size", tp)
+    v, s, prec = k["v_stages"], k["seq_len"], k["precision"]
+    sp = k["sequence_parallel"] & (tp > 1)
+    first, last = k["num_layers_in_first_pipeline_stage"], k["num_layers_in_last_pipeline_stage"]
+    n_mid = stage_layers(w, pp, first, last)[2]
+    middle = pp - (first > 0) - (last > 0)
+    rest = w.layers - first - last
+    # Set first and last stages [13]: a pipeline, the rest of the layers split evenly over
+    # the stages between, a layer or more each (none left where there are none), each
+    # stage's layers divisible by v_stages when interleaved.
+    layers_set = ((pp > 1) & (rest >= 0)
+                  & np.where(middle > 0, (rest % np.maximum(middle, 1) == 0) & (rest >= middle),
+                             rest == 0)
+                  & ((v == 1) | ((first % v == 0) & (last % v == 0) & (n_mid % v == 0))))
+    return {
+        "whole_microbatches": (m_exact == np.floor(m_exact)) & (m_exact >= 1),
+        # heads and experts (EP 1 on a dense model) split evenly
+        "heads_and_experts": even_splits((w.heads, 0, w.experts if w.moe else 1),
+                                         tp_size=tp, pp_size=pp, v_stages=v, ep_size=ep),
+        # layers into pp * v equal chunks, or the first and last stages' as set:
+        # Megatron-LM's validate_args refuses layers pp does not divide unless they are set [13]
+        "layers": np.where((first > 0) | (last > 0), layers_set, _even_chunks(w.layers, pp, v)),
+        "kv_heads": w.kv_heads % tp == 0,  # [16]
+        # the interleaved schedule runs microbatches in groups of pp [17]
+        "interleaved_microbatches": (v == 1) | ((m_exact % pp == 0) & (m_exact >= pp)),
+        "cp_sequence": (cp == 1) | (s % (2 * cp) == 0),
+        "cp_flash": (cp == 1) | k["flash_attention"],  # [18]
+        "sp_sequence": ~sp | (s % (tp * cp) == 0),  # [19]
+        "ep_precision": (ep == 1) | (prec != _FP16),  # [15]
+        # an expert's width splits evenly over its TP ranks [6]
+        "expert_width": (not w.moe) | (w.moe_ffn % etp == 0),
+        "moe_tp_needs_sp": (tp == 1) | sp | (not w.moe),  # [20]
+        "tp_comm_overlap_needs_sp": ~(k["tp_comm_overlap"] & ~sp),  # [15]: tp 1 turns SP off
+        "param_gather_needs_grad_reduce": ~(k["overlap_param_gather"] & ~k["overlap_grad_reduce"]
+                                            & (k["zero_stage"] >= 1)),
+        # sharded gradients or parameters (ZeRO-2/3, FSDP) with a pipeline [30]
+        "no_sharding_with_pipeline": ~((k["zero_stage"] >= 2) & (pp > 1)),
+        "precision": np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec],
+    }
+
+
 def split(w, fleet, k) -> Split:
     """TP x CP x DP x PP ranks (EP folded into DP x CP [6]) and microbatches."""
     tp, pp, cp, ep = k["tp_size"], k["pp_size"], k["cp_size"], k["ep_size"]
@@ -184,38 +257,9 @@ def split(w, fleet, k) -> Split:
     m = np.maximum(np.ceil(m_exact), 1.0)
     prec = k["precision"]
     first, last = k["num_layers_in_first_pipeline_stage"], k["num_layers_in_last_pipeline_stage"]
-    n_mid = stage_layers(w, pp, first, last)[2]
-    middle = pp - (first > 0) - (last > 0)
-    rest = w.layers - first - last
-    # Set first and last stages [13]: a pipeline, the rest of the layers split evenly over
-    # the stages between, a layer or more each (none left where there are none), each
-    # stage's layers divisible by v_stages when interleaved.
-    layers_set = ((pp > 1) & (rest >= 0)
-                  & np.where(middle > 0, (rest % np.maximum(middle, 1) == 0) & (rest >= middle),
-                             rest == 0)
-                  & ((v == 1) | ((first % v == 0) & (last % v == 0) & (n_mid % v == 0))))
-    realizable = (valid & (m_exact == np.floor(m_exact)) & (m_exact >= 1)
-                  # heads, layers (into pp * v equal chunks, or the first and last stages'
-                  # as set: Megatron-LM's validate_args refuses layers pp does not divide
-                  # unless they are set [13]) and experts (EP 1 on a dense model) split evenly
-                  & even_splits((w.heads, 0, w.experts if w.moe else 1),
-                                tp_size=tp, pp_size=pp, v_stages=v, ep_size=ep)
-                  & np.where((first > 0) | (last > 0), layers_set, _even_chunks(w.layers, pp, v))
-                  & (w.kv_heads % tp == 0)  # [16]
-                  # the interleaved schedule runs microbatches in groups of pp [17]
-                  & ((v == 1) | ((m_exact % pp == 0) & (m_exact >= pp)))
-                  & ((cp == 1) | (s % (2 * cp) == 0))
-                  & ((cp == 1) | k["flash_attention"])  # [18]
-                  & (~sp | (s % (tp * cp) == 0))  # [19]
-                  & ((ep == 1) | (prec != _FP16))  # [15]
-                  # an expert's width splits evenly over its TP ranks [6]
-                  & ((not w.moe) | (w.moe_ffn % etp == 0))
-                  & ((tp == 1) | sp | (not w.moe))  # [20]
-                  & ~(k["tp_comm_overlap"] & ~sp)  # [15]: needs SP, which tp 1 turns off
-                  & ~(k["overlap_param_gather"] & ~k["overlap_grad_reduce"] & (k["zero_stage"] >= 1))
-                  # sharded gradients or parameters (ZeRO-2/3, FSDP) with a pipeline [30]
-                  & ~((k["zero_stage"] >= 2) & (pp > 1))
-                  & np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec])
+    realizable = valid
+    for holds in realizable_conditions(w, fleet, k, m_exact).values():
+        realizable = realizable & holds
     return Split(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
                  rc=k["recompute"], zero=k["zero_stage"], prec=prec, dp=dp, group=group,
                  valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable,
