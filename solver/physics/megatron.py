@@ -740,15 +740,7 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
         For a knob value no configuration can have, as :func:`solve` does.
     """
     _check_inputs(workload, fleet, engine)
-    unknown = [name for name in knobs if name not in KNOBS]
-    if unknown:
-        raise TypeError(f"prepare() got an unexpected keyword argument {unknown[0]!r} (knobs: "
-                        f"{', '.join(KNOBS)}; the constants go to the callable it returns)")
-    values = {name: knobs.get(name, default) for name, default in DEFAULTS.items()
-              if default is not None}
-    for name in ("dp_size", "etp_size"):  # None: absent (the fleet sizes dp; etp is tp)
-        if knobs.get(name) is not None:
-            values[name] = knobs[name]
+    values = _knob_values(knobs, "prepare", "; the constants go to the callable it returns")
     # copies: an array the caller changes later must not reach the physics unchecked
     k = {name: np.array(v) for name, v in _normalize(values, fast=engine != "numpy").items()}
     w = _Shape(workload)
@@ -787,16 +779,7 @@ def why_unrealizable(workload: Workload, fleet: Fleet, **knobs) -> dict:
     'the layers split into pp_size * v_stages eq'
     """
     _check_inputs(workload, fleet, "numpy")
-    unknown = [name for name in knobs if name not in KNOBS]
-    if unknown:
-        raise TypeError(f"why_unrealizable() got an unexpected keyword argument {unknown[0]!r} "
-                        f"(knobs: {', '.join(KNOBS)})")
-    values = {name: knobs.get(name, default) for name, default in DEFAULTS.items()
-              if default is not None}
-    for name in ("dp_size", "etp_size"):  # None: absent (the fleet sizes dp; etp is tp)
-        if knobs.get(name) is not None:
-            values[name] = knobs[name]
-    k = _normalize(values)
+    k = _normalize(_knob_values(knobs, "why_unrealizable"))
     w = _Shape(workload)
     split = steps.split(w, fleet, k)
     shape = np.broadcast_shapes(*(np.shape(v) for v in k.values()))
@@ -805,6 +788,21 @@ def why_unrealizable(workload: Workload, fleet: Fleet, **knobs) -> dict:
                    steps.realizable_conditions(w, fleet, k, split.m_exact).items()})
     return {name: np.broadcast_to(where, shape).copy() for name, where in broken.items()
             if np.any(where)}
+
+
+def _knob_values(knobs, caller, hint=""):
+    """``knobs`` over :data:`DEFAULTS` (``dp_size`` and ``etp_size`` only where given: the
+    fleet sizes dp, etp is tp); TypeError naming ``caller`` for a name that is no knob."""
+    unknown = [name for name in knobs if name not in KNOBS]
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r} (knobs: "
+                        f"{', '.join(KNOBS)}{hint})")
+    values = {name: knobs.get(name, default) for name, default in DEFAULTS.items()
+              if default is not None}
+    for name in ("dp_size", "etp_size"):
+        if knobs.get(name) is not None:
+            values[name] = knobs[name]
+    return values
 
 
 def _check_inputs(workload, fleet, engine):
