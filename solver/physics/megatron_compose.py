@@ -290,7 +290,7 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
             dpr: DataParallel, mm: Memory, shape, order):
     """Step time, throughput, utilization and the breakdowns, named as in ``order``."""
     batch, s, m, rc, n_acc = sp.batch, sp.s, sp.m, sp.rc, sp.n_acc
-    h, layers_stage = ly.h, pl.layers_stage
+    h = ly.h
     total = pl.t_pipe + pl.t_pp + dpr.t_dp + dpr.t_opt + c["step_overhead"]
     mtp = sp.mtp
     model_flops = _model_flops(w, batch, s, h, ly.d, mtp)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["SCENARIO_DIMS", "scenario_dims", "layout_dims", "JobMixWarning", "warn_across_jobs"]
+__all__ = ["SCENARIO_DIMS", "JOB_DIMS", "scenario_dims", "layout_dims", "JobMixWarning",
+           "warn_across_jobs"]
 
 #: Dims that describe the job rather than its layout, in the order they are shown.
 SCENARIO_DIMS = ("physics", "workload", "fleet", "seq_len", "batch_size", "precision")
@@ -34,7 +35,7 @@ class JobMixWarning(UserWarning):
 
 #: Scenario dims whose mix the other warnings leave unsaid (physics and precision warn on
 #: their own, where they mislead: :mod:`sweep.analysis.utilization`).
-_JOB_DIMS = tuple(d for d in SCENARIO_DIMS if d not in ("physics", "precision"))
+JOB_DIMS = tuple(d for d in SCENARIO_DIMS if d not in ("physics", "precision"))
 
 
 def warn_across_jobs(axes, *, stacklevel: int = 3) -> bool:
@@ -42,7 +43,7 @@ def warn_across_jobs(axes, *, stacklevel: int = 3) -> bool:
     span more than one workload, fleet, sequence length or global batch; returns whether
     it warned. Its best point is then the best over jobs (the megatron model's MFU rises
     with the sequence length), not the best layout of one."""
-    spans = [a.name for a in axes if a.name in _JOB_DIMS
+    spans = [a.name for a in axes if a.name in JOB_DIMS
              and (a.values is None or len(set(map(str, a.values))) > 1)]
     if not spans:
         return False

@@ -9,6 +9,7 @@ from solver.outputs import MAXIMIZE
 from .. import analysis
 from ..analysis import NoAdmissibleError, step_components
 from ..analysis._aliases import direction_of
+from ..analysis.scenarios import JOB_DIMS
 from ..analysis.explain import _plain
 from ..analysis.ties import EQUIVALENT, TIES, parse_equivalent
 from ._common import _GB, EXIT_OK, UsageError
@@ -109,8 +110,7 @@ def command(args) -> int:
         if any(t > 1 for t in ties):
             print(f"a|b: layouts with these values are equal in every output "
                   f"({sum(ties):,} layouts in {len(ties)} rows; --keep-ties lists each)")
-        spans = [d for d in analysis.scenario_dims(cube)
-                 if d not in ("physics", "precision") and cube.sizes[d] > 1]
+        spans = [d for d in JOB_DIMS if d in cube.dims and cube.sizes[d] > 1]
         if spans:  # (physics and precision warn on their own, where they mislead)
             one = ", ".join(f"{d}={_fmt(cube[d].values[0])}" for d in spans)
             print(f"this ranking spans more than one {' and '.join(spans)} (the job, not a "
