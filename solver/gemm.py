@@ -30,14 +30,21 @@ __all__ = [
     "GEMM_CURVE_EFFICIENCY",
     "MEMORY_EFFICIENCY",
     "gemm_size_efficiency",
-    "gemm_depth_efficiency",
+    "gemm_tile_time",
     "gemm_time",
     "memory_bound_time",
 ]
 
 #: Knots of the GEMM size curve: ideal durations [s] = Calculon's A100 GFLOP
-#: thresholds [1] over its 312 TFLOP/s (1, 16, 128 GFLOP), with a floor knot.
-GEMM_CURVE_SECONDS = np.array([0.01e9, 1e9, 16e9, 128e9]) / 312e12
+#: thresholds [1] over its 312 TFLOP/s (1, 16, 128 GFLOP), with a floor knot at 5 MFLOP.
+#: The floor knot is placed so that time never falls as work grows: between two knots
+#: the efficiency is ``a + b log(x)``, and the time ``x / eff`` rises with ``x`` only
+#: where ``eff >= b``. With the floor at 10 MFLOP the first segment's slope (0.114) was
+#: above the floor's efficiency (0.105): a GEMM just above it took up to 0.3 % longer
+#: than a slightly larger one, and a higher peak made it slower (an audit, 2026-12-05).
+#: At 5 MFLOP the slope is 0.0995 (tests/test_megatron_solve.py checks the time falls
+#: with the peak).
+GEMM_CURVE_SECONDS = np.array([0.005e9, 1e9, 16e9, 128e9]) / 312e12
 #: Relative efficiency at those knots [1], normalized to the 128-GFLOP plateau (0.95).
 GEMM_CURVE_EFFICIENCY = np.array([0.1, 0.6, 0.9, 0.95]) / 0.95
 #: Share of HBM bandwidth achieved by large streaming kernels [1] (>= 100 MB: 0.9).
@@ -70,31 +77,39 @@ def gemm_size_efficiency(flops, peak_flops, *, size_shift=1.0):
     return np.interp(x, _LOG_KNOTS, GEMM_CURVE_EFFICIENCY)
 
 
-def gemm_depth_efficiency(k_dim, k_overhead):
-    """Share of a GEMM's time spent in its main loop over the reduction dimension [2].
+def gemm_tile_time(flops, k_dim, tile_cost):
+    """Fixed cost of a GEMM's output tiles [s] [2].
 
-    Each output tile streams ``K`` columns of A and rows of B through the
-    tensor cores, then pays a fixed cost (pipeline fill, epilogue, writing the
-    tile) worth ``k_overhead`` columns: efficiency ``K / (K + K0)``.
+    Each output tile streams ``K`` columns of A and rows of B through the tensor
+    cores, then pays a fixed cost (pipeline fill, epilogue, writing the tile). A GEMM
+    of ``F`` FLOPs has ``F / (2 K)`` output elements, so its tiles' fixed costs add up
+    to ``F / K`` times a cost per output element pair, ``tile_cost``. It is a time paid
+    beside the main loop: the size curve's fall-off does not stretch it, and a faster
+    main loop (a higher peak, FP8) does not lengthen it. (Before 2026-12-05 it was an
+    efficiency ``K / (K + K0)`` multiplying the size curve's, which counted it again
+    in the curve's fall-off: a small GEMM of short ``K``, an MoE expert's, took longer
+    at a higher peak, and FP8 priced slower than BF16.)
 
     Parameters
     ----------
+    flops : array_like [FLOP]
+        Work of one call.
     k_dim : array_like [1]
         Reduction dimension of the GEMM on this rank.
-    k_overhead : array_like [1]
-        The fixed cost per tile in columns of K (a fitted constant; 0 = none).
+    tile_cost : array_like [s column / FLOP]
+        The fixed cost per tile in columns of ``K``, over the rate a column streams at:
+        ``K0 / rate`` (0 = none).
 
     Returns
     -------
-    numpy.ndarray [1]
-        In (0, 1].
+    numpy.ndarray [s]
     """
-    k = np.asarray(k_dim, dtype=np.float64)
-    return k / (k + k_overhead)
+    return flops / np.asarray(k_dim, dtype=np.float64) * tile_cost
 
 
-def gemm_time(flops, peak_flops, *, plateau, size_shift=1.0, calls=1.0, k_dim=None, k_overhead=0.0):
-    """Time of ``calls`` GEMMs of ``flops`` FLOPs each [s].
+def gemm_time(flops, peak_flops, *, plateau, size_shift=1.0, calls=1.0, k_dim=None, tile_cost=0.0):
+    """Time of ``calls`` GEMMs of ``flops`` FLOPs each [s]: the main loop on the
+    efficiency curve plus, where ``k_dim`` is given, the tiles' fixed cost.
 
     Parameters
     ----------
@@ -107,18 +122,19 @@ def gemm_time(flops, peak_flops, *, plateau, size_shift=1.0, calls=1.0, k_dim=No
     size_shift : array_like [1]
         See :func:`gemm_size_efficiency`.
     calls : array_like [1]
-    k_dim, k_overhead : array_like [1], optional
-        Reduction dimension and fixed cost per tile, see
-        :func:`gemm_depth_efficiency` (no depth term when ``k_dim`` is None).
+    k_dim, tile_cost : array_like, optional
+        Reduction dimension and fixed cost per tile, see :func:`gemm_tile_time`
+        (no tile term when ``k_dim`` is None).
 
     Returns
     -------
     numpy.ndarray [s]
     """
     eff = plateau * gemm_size_efficiency(flops, peak_flops, size_shift=size_shift)
-    if k_dim is not None:
-        eff = eff * gemm_depth_efficiency(k_dim, k_overhead)
-    return calls * flops / (peak_flops * eff)
+    main = calls * flops / (peak_flops * eff)
+    if k_dim is None:
+        return main
+    return main + calls * gemm_tile_time(flops, k_dim, tile_cost)
 
 
 def memory_bound_time(bytes_moved, memory_bandwidth, *, efficiency=MEMORY_EFFICIENCY):

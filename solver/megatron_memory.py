@@ -167,13 +167,16 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     # layer the router's input stays 16-bit and the routed copies are counted below) and
     # of the second MLP GEMM are kept in one byte, not two. The output projection's input is kept in one byte too,
     # where an unfused attention kept it in two for that GEMM alone; beside a fused
-    # attention, which keeps its 16-bit output itself, the FP8 copy is one byte more.
+    # attention, which keeps its 16-bit output itself for its backward, the FP8 copy is one
+    # byte more. Under selective recompute the fused attention runs inside the checkpoint
+    # and keeps nothing of its own (its output is recomputed), so there too one byte, not two.
     # (Taken off the numerators below: no division of its own, the same bits without FP8.)
     low = np.asarray(low_bits)
     moe = np.asarray(moe_top_k) > 0
     fp8_replicated = np.where(low, np.where(moe, 1.0, 2.0), 0.0)
     mlp_width = np.where(moe_top_k > 0, moe_top_k * moe_ffn_hidden, ffn_hidden)
-    fp8_split = np.where(low, mlp_width / h + np.where(np.asarray(flash_attention), -1.0, 1.0)
+    keeps_output = np.asarray(flash_attention) & (np.asarray(recompute_code) == 0)
+    fp8_split = np.where(low, mlp_width / h + np.where(keeps_output, -1.0, 1.0)
                          * context_ratio, 0.0)
     # Table 2 of [1]: s b h (10 + 24/t + 5 a s/(h t)); the 10 (norm inputs, dropout
     # masks, residuals) is replicated on every TP rank unless SP splits it too.

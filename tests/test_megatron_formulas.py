@@ -98,6 +98,13 @@ def test_fp8_keeps_linear_inputs_in_one_byte():
         flash = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=sp, recompute_code=0,
                                            flash_attention=True, low_bits=True, **kw)
         assert flash == pytest.approx(sbh * (8 / div + 21 / t))
+        # Under selective recompute the fused attention runs inside the checkpoint and keeps
+        # nothing of its own: the projection's input is its FP8 copy alone, as unfused
+        # (an audit found the fused attention then charged a byte more than the unfused).
+        flash_sel = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=sp,
+                                               recompute_code=1, flash_attention=True,
+                                               low_bits=True, **kw)
+        assert flash_sel == pytest.approx(fp8)
     one = mem.layer_activation_bytes(b, s, h, tp_size=1, sequence_parallel=False, recompute_code=1,
                                      flash_attention=False, low_bits=True, **kw)
     assert one == pytest.approx(27 * sbh)

@@ -499,11 +499,16 @@ def test_launch_floor_makes_small_microbatches_cost_the_same():
     assert np.all(fast_host < slow_host)
 
 
-def test_gemm_depth_term_and_lm_head_stay_16_bit_under_fp8():
+def test_gemm_tile_term_and_lm_head_stay_16_bit_under_fp8():
     from solver import gemm
 
-    assert gemm.gemm_depth_efficiency(np.array([1.0, 1e9]), 0.0).tolist() == [1.0, 1.0]
-    assert gemm.gemm_depth_efficiency(256.0, 256.0) == pytest.approx(0.5)
+    assert gemm.gemm_tile_time(np.array([1.0, 1e9]), 256.0, 0.0).tolist() == [0.0, 0.0]
+    # F / K output element pairs, each paying tile_cost: 2 M N K / K = 2 M N
+    assert gemm.gemm_tile_time(2.0 * 64 * 32 * 256, 256.0, 1e-3) == pytest.approx(2 * 64 * 32 * 1e-3)
+    # the tile term adds to the main loop's time, unstretched by the size curve
+    main = gemm.gemm_time(1e9, 1e15, plateau=0.5)
+    assert gemm.gemm_time(1e9, 1e15, plateau=0.5, k_dim=128.0, tile_cost=1e-15) == pytest.approx(
+        main + 1e9 / 128.0 * 1e-15, rel=1e-15)
     kw = {**BASE, "precision": np.array(["bf16", "fp8"])}
     deep = M.solve(WL, FL, **kw, gemm_k_overhead=0.0)["step_latency_total"]
     shallow = M.solve(WL, FL, **kw, gemm_k_overhead=1024.0)["step_latency_total"]
@@ -701,3 +706,59 @@ def test_why_unrealizable_names_each_rule_a_layout_breaks():
                                      precision="fp4")) == ["precision"]  # no FP4 on H100
     with pytest.raises(TypeError, match="microbatch_count"):
         M.why_unrealizable(WL, FL, microbatch_count=4)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_a_faster_peak_never_makes_a_gemm_or_a_step_slower(engine):
+    """A GEMM's tiles pay a fixed time beside the main loop (gemm.gemm_tile_time). Taken as
+    an efficiency multiplying the size curve's, it was counted twice: a small GEMM of short
+    K (Qwen3-30B-A3B's experts, 768 wide, over 4 expert-TP ranks: K 192) took longer at a
+    higher peak, so FP8 priced slower than BF16 and FP4 than FP8 on B200 (an audit,
+    2026-12-05: FP8's compute 0.1251 -> 0.1453 s). Now every GEMM time falls with the peak,
+    and the step with it."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    from solver import gemm
+
+    peaks = np.geomspace(1e14, 2e16, 60)
+    for flops in np.geomspace(1e6, 1e13, 40):
+        for k in (64.0, 192.0, 8192.0):
+            t = gemm.gemm_time(flops, peaks, plateau=0.7, size_shift=M.CONSTANTS["gemm_size_shift"],
+                               k_dim=k, tile_cost=M.CONSTANTS["gemm_k_overhead"] / (312e12 * 0.7))
+            assert np.all(np.diff(t) <= 1e-12 * t[:-1]), (flops, k)
+    wl, fl = catalog.workload("Qwen3_30B_A3B_MC"), catalog.fleet("DGX_B200_1K_MC")
+    out = M.solve(wl, fl, engine=engine, batch_size=8, dp_size=8, tp_size=4, seq_len=4096,
+                  sequence_parallel=True, precision=np.array(["bf16", "fp8", "fp4"]))
+    assert out["realizable"].all()
+    assert np.all(np.diff(out["compute_latency"]) < 0)
+    assert np.all(np.diff(out["step_latency_total"]) < 0)
+    acc = fl.node.accelerator
+    fast = dataclasses.replace(fl, node=dataclasses.replace(fl.node, accelerator=dataclasses.replace(
+        acc, peak_flops=2 * acc.peak_flops,
+        precision_flops={p: 2 * v for p, v in acc.precision_flops.items()})))
+    twice = M.solve(wl, fast, engine=engine, batch_size=8, dp_size=8, tp_size=4, seq_len=4096,
+                    sequence_parallel=True, precision=np.array(["bf16", "fp8", "fp4"]))
+    assert np.all(twice["compute_latency"] < out["compute_latency"])
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_sharded_gradient_bucket_is_no_larger_than_the_gradients(engine):
+    """ZeRO-2/3's bucket is max(40M, 1M x the DP x CP group) gradients [7], but the buckets
+    partition the rank's gradients [23]: at a group of 2048 the size (2.05e9) passes Llama 3
+    8B's 1.0e9 a rank at TP 8, and the bucket stays the rank's gradients (an audit found
+    8.19 GB of bucket beside 4.0 GB of FP32 gradients, ZeRO-2 then above ZeRO-1)."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("GB200_NVL72_8_MC")
+    out = M.solve(wl, fl, engine=engine, batch_size=2048 * 8, seq_len=4096, tp_size=8, cp_size=4,
+                  dp_size=512, recompute="full", zero_stage=np.array([1, 2, 3]), sequence_parallel=True)
+    assert out["realizable"].all()
+    # ZeRO-1 keeps whole FP32 gradients, ZeRO-2/3 a bucket of them: no more than those
+    grads_unsharded = out["memory_gradients"][0]
+    assert out["memory_communication_buffers"][1] == pytest.approx(grads_unsharded, rel=1e-12)
+    assert out["memory_footprint"][1] <= out["memory_footprint"][0] * (1 + 1e-3)
+    assert out["memory_footprint"][2] < out["memory_footprint"][0]
+    # below the cap the bucket is the size Megatron-Core asks for
+    small = M.solve(wl, fl, engine=engine, batch_size=64, seq_len=4096, tp_size=8, dp_size=16,
+                    zero_stage=2, sequence_parallel=True)
+    assert small["memory_communication_buffers"] == 4 * 4e7

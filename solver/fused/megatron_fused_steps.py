@@ -15,7 +15,7 @@ from numba import njit
 
 from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _MAX_INTEGER, _MGB,
     _MTP_BYTES, _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _gemm, _gemm_nok,
-    _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _two_level, _within,
+    _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _tile_cost, _two_level, _within,
     _a2a_split)
 
 
@@ -183,22 +183,23 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
     h, d, moe, gated = w[1], w[4], w[6], w[7]
     top_k, moe_ffn, shared = w[9], w[10], w[11]
     hbm, flash_eff = f[4], f[5]
-    log_shift, k_overhead, attn_eff, elem_bytes = c[2], c[3], c[4], c[5]
+    log_shift, attn_eff, elem_bytes = c[2], c[4], c[5]
+    tile_cost = _tile_cost(c[3], plateau16)
     s_local, tokens, heads_t, kv_t, ffn_t = _local(w, s, tp, cp, mbs)
     (f_qkv, f_proj, core_flops, calls_core, _f1, _f2, _m1, _m2, local_experts, _s1, _s2, f_router,
      _fh, f_qup, f_kvdown, f_kvup, f_eh) = _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp)
     norm_split = tp if sp else 1.0
-    t_qkv = _gemm(f_qkv, 1.0, peak_gemm, plateau, h, lg[G_QKV], log_shift, k_overhead)
+    t_qkv = _gemm(f_qkv, 1.0, peak_gemm, plateau, h, lg[G_QKV], log_shift, tile_cost)
     if w[25] != 0.0:  # multi-head latent attention: its four projections, summed as layer_times does
         q_lora, kv_lora = w[26], w[27]
         if q_lora != 0.0:
             t_qkv = t_qkv + _gemm(f_qup, 1.0, peak_gemm, plateau, q_lora, lg[G_QUP], log_shift,
-                                  k_overhead)
+                                  tile_cost)
         t_qkv = t_qkv + (_gemm(f_kvdown, 1.0, peak_gemm, plateau, h, lg[G_KVDOWN], log_shift,
-                               k_overhead)
+                               tile_cost)
                          + _gemm(f_kvup, 1.0, peak_gemm, plateau, kv_lora, lg[G_KVUP], log_shift,
-                                 k_overhead))
-    t_proj = _gemm(f_proj, 1.0, peak_gemm, plateau, heads_t * d, lg[G_PROJ], log_shift, k_overhead)
+                                 tile_cost))
+    t_proj = _gemm(f_proj, 1.0, peak_gemm, plateau, heads_t * d, lg[G_PROJ], log_shift, tile_cost)
     # Attention core: fused causal kernel, or the unfused softmax (np.where: a select).
     # The loop is scalar (see _kernel), so only the side np.where keeps is computed.
     if flash:
@@ -209,7 +210,7 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
                     + _mbt(_SOFTMAX * scores, hbm))
     t_core_b = t_core_f * (_FLASH_BWD if flash else 2.0)
     t_mlp_dense = _mlp_time(tokens, ffn_t, 1.0, h, gated, hbm, peak_gemm, plateau, log_shift,
-                            k_overhead, lg[G_FC1], lg[G_FC2])
+                            tile_cost, lg[G_FC1], lg[G_FC2])
     elementwise = _mbt(elem_bytes * tokens * h / norm_split, hbm)
     attn_gemms_f = t_qkv + t_proj
     if w[25] != 0.0:  # multi-head latent attention's norms, RoPE and concatenations
@@ -220,13 +221,13 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
     if moe != 0.0:
         routed = tokens * top_k * (etp / (tp * 1.0))
         t_moe = _mlp_time(routed, moe_ffn / etp, local_experts, h, gated, hbm, peak_gemm, plateau,
-                          log_shift, k_overhead, lg[G_MOE1], lg[G_MOE2])
+                          log_shift, tile_cost, lg[G_MOE1], lg[G_MOE2])
         if shared != 0.0:
             t_moe = t_moe + _mlp_time(tokens, shared * moe_ffn / tp, 1.0, h, gated, hbm, peak_gemm,
-                                      plateau, log_shift, k_overhead, lg[G_SH1], lg[G_SH2])
+                                      plateau, log_shift, tile_cost, lg[G_SH1], lg[G_SH2])
         else:
             t_moe = t_moe + 0.0
-        t_moe = t_moe + _gemm(f_router, 1.0, peak_gemm, plateau, h, lg[G_ROUTER], log_shift, k_overhead)
+        t_moe = t_moe + _gemm(f_router, 1.0, peak_gemm, plateau, h, lg[G_ROUTER], log_shift, tile_cost)
         permutes = ((3.0 * top_k + 2.0) * (tokens / norm_split)
                     + (4.0 * routed if local_experts > 1.0 else 0.0))
         t_moe = t_moe + _mbt(2.0 * permutes * h, hbm)
@@ -238,7 +239,7 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
     layer_b = layer_b + ((layer_f + t_core_f) if rc == 2 else (t_core_f if rc == 1 else 0.0))
     layer_f = layer_f + t_core_f
     act_bytes = 2.0 * tokens * h
-    t_mtp = 3.0 * (_gemm(f_eh, 1.0, peak_gemm, plateau, 2.0 * h, lg[G_EH], log_shift, k_overhead)
+    t_mtp = 3.0 * (_gemm(f_eh, 1.0, peak_gemm, plateau, 2.0 * h, lg[G_EH], log_shift, tile_cost)
                    + _mbt(_MTP_BYTES * tokens * h / norm_split, hbm))
     return s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b, t_mtp
 
@@ -317,10 +318,11 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
     """megatron_steps.pipeline's LM head time (forward and backward GEMMs, cross entropy)."""
     h, vocab = w[1], w[13]
     hbm = f[4]
-    log_shift, k_overhead = c[2], c[3]
+    log_shift = c[2]
     f_head = 2.0 * tokens * h * (vocab / tp)  # as _gemm_flops computes it
     vocab_t = vocab / tp
-    return 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift, k_overhead) \
+    return 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift,
+                       _tile_cost(c[3], plateau16)) \
         + _mbt(_CE_BYTES * tokens * vocab_t, hbm)
 
 
@@ -462,7 +464,8 @@ def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc,
     sbh = mbs * s * h
     spt = t if sp else 1.0
     fp8_replicated = (1.0 if top_k > 0 else 2.0) if low_bits else 0.0
-    fp8_split = (width_over_h + (-1.0 if flash else 1.0) * context_ratio) if low_bits else 0.0
+    # a fused attention keeps its 16-bit output unless selective recompute reruns it
+    fp8_split = (width_over_h + (-1.0 if (flash and rc == 0) else 1.0) * context_ratio) if low_bits else 0.0
     replicated = (10.0 - fp8_replicated + latent) / spt
     attention = attention0 / t
     mlp = (mlp_scale / h - fp8_split) / t
@@ -544,7 +547,7 @@ def _memory(w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_byte
     if moe != 0.0:
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
                                     low_bits, w[24], latent, w[33], etp / (tp * 1.0))
-    bucket = grad_bytes * _max(4e7, 1e6 * group) if zero >= 2 else 0.0
+    bucket = grad_bytes * _min(_max(4e7, 1e6 * group), params_bytes / _WB) if zero >= 2 else 0.0
     buffers = (bucket + 2.0 * act_bytes / p2p_split * (1.0 if pp > 1.0 else 0.0)
                + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
     sw, sg, so, sc = _state_bytes(group, zero, grad_bytes)

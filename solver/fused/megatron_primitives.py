@@ -113,14 +113,20 @@ def _ideal(flops, calls, peak):
 
 
 @njit(**_PRIM)
-def _gemm(flops, calls, peak, plat, k, log_ideal, log_shift, k_overhead):
-    """Hardware.gemm -> gemm.gemm_time with a depth term (k_dim given); ``log_ideal`` is
-    ``np.log(_ideal(flops, calls, peak))``, taken by the kernel's ``_logs``."""
+def _gemm(flops, calls, peak, plat, k, log_ideal, log_shift, tile_cost):
+    """Hardware.gemm -> gemm.gemm_time with a tile term (k_dim given); ``log_ideal`` is
+    ``np.log(_ideal(flops, calls, peak))``, taken by the kernel's ``_logs``; ``tile_cost``:
+    :func:`_tile_cost`."""
     f1 = flops / calls
     x = log_ideal - log_shift
     eff = plat * _interp(x)
-    eff = eff * (k / (k + k_overhead * peak / _REF_PEAK))
-    return calls * f1 / (peak * eff)
+    return calls * f1 / (peak * eff) + calls * (f1 / k * tile_cost)
+
+
+@njit(**_PRIM)
+def _tile_cost(k_overhead, plateau16):
+    """megatron_steps.hardware's ``tile_cost``: the fixed cost per GEMM tile."""
+    return k_overhead / (_REF_PEAK * plateau16)
 
 
 @njit(**_PRIM)
@@ -175,12 +181,12 @@ def _mlp_flops(tok, width, h, gated):
 
 
 @njit(**_PRIM)
-def _mlp_time(tok, width, calls, h, gated, hbm, peak, plat, log_shift, k_overhead, lg1, lg2):
+def _mlp_time(tok, width, calls, h, gated, hbm, peak, plat, log_shift, tile_cost, lg1, lg2):
     """megatron_steps._mlp_time (``lg1``, ``lg2``: the logs of its two GEMMs' ideal durations)."""
     fc1, fc2 = _mlp_flops(tok, width, h, gated)
     act = _mbt(2.0 * tok * width * (3.0 if gated != 0.0 else 2.0), hbm)
-    return (_gemm(fc1, calls, peak, plat, h, lg1, log_shift, k_overhead)
-            + _gemm(fc2, calls, peak, plat, width, lg2, log_shift, k_overhead) + act)
+    return (_gemm(fc1, calls, peak, plat, h, lg1, log_shift, tile_cost)
+            + _gemm(fc2, calls, peak, plat, width, lg2, log_shift, tile_cost) + act)
 
 
 @njit(**_PRIM)

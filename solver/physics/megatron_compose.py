@@ -178,8 +178,11 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
             low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
             context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0))
     # Megatron DDP's buckets are views into the gradient buffer [23]: a bucket of its own
-    # (size [7]) only where the gradients are sharded and one is gathered to reduce it.
-    bucket = np.where(zero >= 2, hw.grad_bytes * np.maximum(4e7, 1e6 * group), 0.0)
+    # (size [7]) only where the gradients are sharded and one is gathered to reduce it;
+    # no larger than the rank's gradients (the buckets partition them [23]), which the
+    # size's 1e6 per rank of the group outgrows at a large DP x CP.
+    bucket = np.where(zero >= 2, hw.grad_bytes * np.minimum(
+        np.maximum(4e7, 1e6 * group), dpr.params_bytes / mem.WEIGHT_BYTES), 0.0)
     buffers = (bucket + 2.0 * ly.act_bytes / sp.p2p_split * (pp > 1)
                + (zero == 3) * 2.0 * mem.WEIGHT_BYTES * (dpr.params_bytes / mem.WEIGHT_BYTES / layers_stage))
     # Bytes a parameter: weights, gradients, optimizer state, and the optimizer's FP32 copy

@@ -304,7 +304,7 @@ class Hardware:
     grad_bytes: object
     hbm: float
     shift: object
-    k_overhead: object
+    tile_cost: object
     flash_eff: float
     domain: int
     up_bw: object
@@ -317,14 +317,12 @@ class Hardware:
 
     def gemm(self, flops, calls=1.0, peak=None, plat=None, k=None):
         """Time of ``calls`` GEMMs of ``flops`` in all, at ``peak`` (default: the GEMM precision's)."""
-        # k: the GEMM's reduction dimension on this rank (its depth term, gemm [2]); the
-        # backward's data- and weight-gradient GEMMs are priced at the forward's.
-        # The fixed cost per tile is a time: in columns of K it grows with the device's
-        # rate (normalized to the A100's 312 TFLOP/s, like the size curve's knots).
+        # k: the GEMM's reduction dimension on this rank (its tiles' fixed cost, gemm [2]);
+        # the backward's data- and weight-gradient GEMMs are priced at the forward's.
         peak = self.peak_gemm if peak is None else peak
         plat = self.plateau if plat is None else plat
         return gemm.gemm_time(flops / calls, peak, plateau=plat, size_shift=self.shift, calls=calls,
-                              k_dim=k, k_overhead=self.k_overhead * peak / GEMM_REFERENCE_PEAK)
+                              k_dim=k, tile_cost=self.tile_cost)
 
     def link(self, inside):
         """(bandwidth, latency) of a group inside the NVLink domain where ``inside``, else scale-out."""
@@ -366,7 +364,11 @@ def hardware(fleet, c, prec, grad_bf16=False) -> Hardware:
         peak_gemm=peak_gemm, peak16=peak16, plateau=plateau, plateau16=plateau16,
         # FP32 reduce for BF16 and FP8 [7], unless grad_reduce_in_bf16 [25]; FP16's are FP16
         grad_bytes=np.where((prec == PRECISIONS.index("fp16")) | np.asarray(grad_bf16), 2.0, 4.0),
-        hbm=acc.memory_bandwidth, shift=c["gemm_size_shift"], k_overhead=c["gemm_k_overhead"],
+        hbm=acc.memory_bandwidth, shift=c["gemm_size_shift"],
+        # The fixed cost per tile is a time, gemm_k_overhead columns of K at the A100's
+        # 312 TFLOP/s (the size curve's knots' rate) times the 16-bit plateau: the same
+        # for every precision of the accelerator (gemm.gemm_tile_time).
+        tile_cost=c["gemm_k_overhead"] / (GEMM_REFERENCE_PEAK * plateau16),
         flash_eff=acc.gemm_efficiency.get("flash_attention", DEFAULT_FLASH_ATTENTION_EFFICIENCY),
         domain=node.scale_up_domain or node.accelerators_per_node,
         up_bw=(node.scale_up_bus_bandwidth or node.intra_node_bandwidth) * c["scale_up_efficiency"],
