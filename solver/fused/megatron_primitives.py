@@ -131,7 +131,7 @@ def _tile_cost(k_overhead, plateau16):
 
 @njit(**_PRIM)
 def _gemm_nok(flops, calls, peak, plat, log_ideal, log_shift):
-    """Hardware.gemm -> gemm.gemm_time without a depth term (k_dim None)."""
+    """Hardware.gemm -> gemm.gemm_time without a tile term (k_dim None)."""
     f1 = flops / calls
     x = log_ideal - log_shift
     eff = plat * _interp(x)

@@ -18,8 +18,8 @@ named steps, like pvlib's ModelChain:
    evenly between): the slowest of the first, a middle and the last stage (with the
    head and any MTP modules) paces the pipeline (``megatron_steps.stage_layers``).
 2. **layer**: GEMM by GEMM FLOPs (:mod:`solver.flops`) timed on the accelerator's
-   efficiency curve (:mod:`solver.gemm`: size curve times the depth term
-   ``K / (K + K0)`` of each GEMM's local reduction dimension after the TP split),
+   efficiency curve (:mod:`solver.gemm`: the size curve, plus each output tile's fixed
+   time, ``K0`` columns of the GEMM's local reduction dimension after the TP split),
    FP8/FP4 for the transformer layers' GEMMs only; attention core (fused causal
    kernel at the accelerator's sourced efficiency [10], or unfused softmax);
    memory-bound kernels at HBM bandwidth; TP all-reduces (or RS + AG under SP,
