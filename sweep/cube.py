@@ -214,7 +214,10 @@ def _attrs(spec: Spec) -> dict:
         attrs["physics"] = spec.physics[0]
     models = {m: physics_.provenance(m) for m in spec.physics}
     attrs["physics_models"] = json.dumps(models, sort_keys=True)
-    if physics_.DEFAULT_PHYSICS not in spec.physics:
+    if len(spec.physics) > 1:  # each point is one model's: name both, by the axis' values
+        attrs["reference"] = "; ".join(f"physics={m}: {models[m]['reference']}"
+                                       for m in spec.physics)
+    elif physics_.DEFAULT_PHYSICS not in spec.physics:
         attrs["reference"] = models[spec.physics[0]]["reference"]
     for i, key in enumerate(("min_accelerators", "max_accelerators")):
         bounds = {label: spec.accelerator_range(f)[i] for label, f in spec.fleets.items()}

@@ -57,6 +57,10 @@ def _check_var(cube: xr.Dataset, name: str, what: str) -> None:
     if name not in cube.data_vars:
         raise ValueError(f"{what} must be a data variable of the cube "
                          f"({', '.join(cube.data_vars)}), but got {name!r}")
+    try:  # an output of neither model of the points plotted: an all-NaN (grey) plot otherwise
+        analysis.masks.require_output(cube, name, what)
+    except KeyError as error:
+        raise ValueError(str(error)) from None
 
 
 def _select(cube: xr.Dataset, select: Optional[Mapping]) -> xr.Dataset:
@@ -110,11 +114,13 @@ def reduce_to(cube: xr.Dataset, var: str, dims, *, reduce: str = "max", where=No
                                  f"(select={dict(select)!r})")
     _check_var(cube, var, "var")
     cube = _select(cube, select)
+    _check_var(cube, var, "var")  # again: the models of the points selected
     for dim in dims:
         _check_dim(cube, dim, "a plotted dim")
     selected = _selected(cube, where, constraints)
     values = cube[var].astype(np.float64).where(selected)
     others = [d for d in values.dims if d not in dims]
+    analysis.ranking.warn_reduced(cube, others, stacklevel=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: no selected point
         reduced = getattr(values, reduce)(dim=others, skipna=True) if others else values
@@ -365,6 +371,8 @@ def pareto(cube: xr.Dataset, x: str = "memory_footprint", y: str = "mfu", *,
         _check_var(cube, name, what)
     directions = {x: _direction(x), y: _direction(y), **dict(directions or {})}
     cube = _select(cube, select)
+    for name, what in ((x, "x"), (y, "y")):
+        _check_var(cube, name, what)  # again: the models of the points selected
     selected = _selected(cube, where, constraints)
     cloud_x, cloud_y = _flat(cube, (x, y), selected)
     front = analysis.pareto_front(cube, {x: directions[x], y: directions[y]}, where=selected,

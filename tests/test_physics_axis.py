@@ -315,3 +315,78 @@ def test_cli_run_physics_overrides_the_spec_and_show_says_so(tmp_path, capsys):
     assert re.search(r"tp_size=8, dp_size=64\b", out), out  # 1024 / (tp*cp): megatron's rule
     code, out, err = _call(capsys, ["run", spec, "-o", path, "--physics", "megatorn"])
     assert code == 2 and "megatron" in err
+
+
+# ------------------------------------- an output of the other model (audit, 2026-12-05)
+
+def test_ranking_one_models_points_by_the_other_models_output_is_refused(both_cube, tmp_path):
+    """A cube of both models holds mlsysim's scaling_efficiency as NaN over megatron's
+    points: ranking those by it selected nothing and said no layout was admissible (16
+    were), and the CLI exited 0 with "top 0 of 16". Now it names the model that has it."""
+    megatron_points = both_cube.sel(physics="megatron")
+    with pytest.raises(KeyError, match=r"'scaling_efficiency' is an output of the mlsysim "
+                                       r"model only, but these points are priced by megatron"):
+        sweep.top_k(megatron_points, objective="scaling_efficiency")
+    with pytest.raises(KeyError, match="output of the mlsysim model only"):
+        sweep.best_along(megatron_points, "tp_size", objective="scaling_efficiency")
+    with pytest.raises(KeyError, match="output of the megatron model only"):
+        sweep.top_k(both_cube.sel(physics="mlsysim"), objective="tokens_per_second_per_accelerator")
+    # each model's own output ranks its points; a shared one ranks either
+    # (4 admissible points, 2 layouts: megatron's outputs are constant along mlsysim's
+    # microbatch_count axis, and top_k collapses such ties)
+    assert int(megatron_points["admissible"].sum()) == 4
+    ranked = sweep.top_k(megatron_points, objective="tokens_per_second_per_accelerator", k=3)
+    assert ranked.sizes["rank"] == 2
+    assert np.isfinite(ranked["tokens_per_second_per_accelerator"].values).all()
+    assert sweep.top_k(both_cube.sel(physics="mlsysim"), objective="scaling_efficiency",
+                       k=2).sizes["rank"] >= 1
+    path = sweep.save(both_cube, tmp_path / "both.nc")
+    assert cli.main(["top", str(path), "--select", "physics=megatron",
+                     "--objective", "scaling_efficiency"]) == 2
+
+
+def test_search_refuses_an_objective_its_models_do_not_output():
+    with pytest.raises(ValueError, match=r"'node_energy' is no output of the megatron model, "
+                                         r"which prices spec 'sweep' beside mlsysim: search one "
+                                         r"model"):
+        sweep.search(BOTH, objective="node_energy")
+    with pytest.raises(ValueError, match="it is the megatron model's"):
+        sweep.search({**BOTH, "physics": "mlsysim",
+                      "axes": {"tp_size": [2, 4, 8], "pp_size": [1, 4]}},
+                     objective="tokens_per_second_per_accelerator")
+    assert cli.main(["search", "megatron_moe", "--objective", "node_energy", "--no-progress"]) == 2
+
+
+def test_a_reduction_across_models_or_jobs_warns(both_cube):
+    """best_along (and the plots, which reduce the same way) took each cell's best over both
+    models' predictions, and over sequence lengths, without a word; top_k warned."""
+    with pytest.warns(sweep.analysis.ModelMixWarning):
+        sweep.best_along(both_cube, "tp_size", objective="mfu")
+    cube = sweep.run({"workload": WORKLOAD, "fleet": FLEET, "physics": "megatron",
+                      "axes": {"tp_size": [4, 8], "seq_len": [2048, 4096]},
+                      "fixed": {"batch_size": 512}})
+    with pytest.warns(sweep.analysis.JobMixWarning, match=r"spans seq_len.*cube.sel\(seq_len=2048\)"):
+        sweep.best_along(cube, "tp_size", objective="mfu")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sweep.best_along(cube, ["tp_size", "seq_len"], objective="mfu")  # one job a cell
+        sweep.best_along(cube.sel(seq_len=4096), "tp_size", objective="mfu")
+        sweep.best_along(both_cube.sel(physics="megatron"), "tp_size", objective="mfu")
+
+
+def test_a_cube_of_both_models_names_both_references(both_cube):
+    assert both_cube.attrs["reference"] == (
+        "physics=mlsysim: mlsysim 0.3.0 DistributedModel.solve; physics=megatron: "
+        "solver.physics.megatron (Megatron-Core training step, fitted constants)")
+
+
+def test_plots_refuse_the_other_models_output_and_warn_across_models(both_cube):
+    import sweep.plot
+
+    with pytest.raises(ValueError, match="output of the mlsysim model only"):
+        sweep.plot.reduce_to(both_cube, "scaling_efficiency", ("tp_size",),
+                             select={"physics": "megatron"})
+    with pytest.warns(sweep.analysis.ModelMixWarning):
+        sweep.plot.reduce_to(both_cube, "mfu", ("tp_size",))

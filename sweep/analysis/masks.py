@@ -16,7 +16,11 @@ import difflib
 import json
 from typing import Mapping, Optional
 
+import numpy as np
 import xarray as xr
+
+from solver.outputs import REGISTRY, outputs_of
+from solver.physics import PHYSICS
 
 from ..cube import COMPLETE
 from ..limits import MemoryLimitError, parse_memory_limit
@@ -56,6 +60,41 @@ def _require(cube, name, what):
         raise UnknownVariableError(f"{what} must be a data variable of the cube "
                                    f"({', '.join(cube.data_vars)}), but got {name!r}{hint}")
     return cube[name]
+
+
+def models_of(cube) -> Optional[list]:
+    """The physics models whose points ``cube`` (or a selection of it) holds, sorted; None
+    where the cube does not say (a cube made by hand)."""
+    if "physics" in cube.coords:
+        return sorted({str(v) for v in np.atleast_1d(cube["physics"].values)})
+    if cube.attrs.get("physics"):
+        return [str(cube.attrs["physics"])]
+    try:
+        return sorted(json.loads(cube.attrs["physics_models"]))
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def require_output(cube, name, what):
+    """:func:`_require`, and refuse an output none of the cube's points' physics models
+    produce: a cube of both models holds each model's own outputs as NaN over the other's
+    points, so ranking one model's points by the other's output selects nothing, and the
+    reason would read as if no layout were admissible."""
+    var = _require(cube, name, what)
+    models = models_of(cube)
+    if name not in REGISTRY or not models:
+        return var
+    try:
+        producing = [m for m in models if name in outputs_of(m)]
+    except ValueError:  # a model this version does not know: nothing to check against
+        return var
+    if not producing:
+        owners = [m for m in PHYSICS if name in outputs_of(m)]
+        raise UnknownVariableError(
+            f"{what} {name!r} is an output of the {' and '.join(owners)} model only, but these "
+            f"points are priced by {' and '.join(models)} (the cube holds it as NaN there); "
+            f"rank by an output of {models[0]} (solver.outputs.outputs_of({models[0]!r}))")
+    return var
 
 
 def _capacities(cube):

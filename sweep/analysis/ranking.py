@@ -8,6 +8,7 @@ disk is never loaded whole. See :mod:`sweep.analysis` for what the results hold.
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Mapping, Optional
 
 import numpy as np
@@ -20,7 +21,8 @@ from .._reader import suggest
 from ..pareto import nondominated
 from ._aliases import OLD_DIRECTIONS, checked_direction, direction_of, renamed
 from .empty import admissible_counts, explain_empty
-from .masks import _check_complete, _require, aligned, mask
+from .masks import _check_complete, aligned, mask, require_output
+from .scenarios import JOB_DIMS, JobMixWarning
 from .ties import collapse
 from .utilization import warn_across_models, warn_across_precisions
 
@@ -68,7 +70,7 @@ def _candidates(cube, names, signs, where, constraints, slab_points):
     """
     dims = _cube_dims(cube)
     for name in names:
-        _require(cube, name, "objective")
+        require_output(cube, name, "objective")
     for offset, sub, sub_where in _slabs(cube, dims, where, slab_points):
         sizes = sub.sizes
         selected = _full(mask(sub, sub_where, constraints), sizes, dims).ravel()
@@ -169,6 +171,24 @@ def _warn_models(cube, where) -> None:
     warn_across_models(models, stacklevel=4)
 
 
+def warn_reduced(cube, reduced, *, stacklevel: int = 3) -> None:
+    """Warn where a reduction over the dims ``reduced`` (a best per cell, a plot's cell)
+    takes its best across physics models (:class:`ModelMixWarning`) or across jobs
+    (:class:`JobMixWarning`: more than one workload, fleet, sequence length or global
+    batch), as :func:`top_k` and ``top`` do for a ranking."""
+    if "physics" in reduced and "physics" in cube.dims:
+        warn_across_models(cube["physics"].values, stacklevel=stacklevel + 1)
+    jobs = [d for d in reduced if d in JOB_DIMS and d in cube.dims and cube.sizes[d] > 1]
+    if jobs:
+        first = {d: cube[d].values[0].item() for d in jobs}
+        warnings.warn(f"the reduction spans {' and '.join(jobs)} (the job, not a choice between "
+                      f"layouts): each value is the best over jobs; keep "
+                      f"{'it' if len(jobs) == 1 else 'them'} (dims=) or select one "
+                      f"(cube.sel({', '.join(f'{d}={v!r}' for d, v in first.items())}); on the "
+                      f"command line --select {' '.join(f'{d}={v}' for d, v in first.items())})",
+                      JobMixWarning, stacklevel=stacklevel)
+
+
 def _sign(direction):
     return -1.0 if direction == MAXIMIZE else 1.0
 
@@ -236,7 +256,7 @@ def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
     objective, keyword = _objective(objective, by)
     direction = direction_of(objective, direction, largest)
     block_points = _block_points(block_points, slab_points)
-    _require(cube, objective, keyword)
+    require_output(cube, objective, keyword)
     if cube[objective].dtype == bool:  # a mask ranks nothing (the command line refuses it too)
         raise ValueError(f"{keyword} must be a numeric variable, but got the boolean mask "
                          f"{objective!r} (pass it as where= to select points)")
@@ -349,8 +369,9 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
         if d not in all_dims:
             raise KeyError(f"dims must be dims of the cube ({', '.join(all_dims)}), "
                            f"but got {d!r}")
-    _require(cube, objective, keyword)
+    require_output(cube, objective, keyword)
     others = tuple(d for d in all_dims if d not in dims)
+    warn_reduced(cube, others)
     order = dims + others
     group_shape = tuple(cube.sizes[d] for d in dims)
     groups = int(np.prod(group_shape, dtype=np.int64))

@@ -92,6 +92,10 @@ def command(args) -> int:
                          f"{_suggest(args.objective, choices)}")
     spec = load_spec(args.spec, physics=args.physics).with_constraints(
         min_accelerators=args.min_accelerators, require_realizable=args.require_realizable)
+    try:  # an output of the other physics model than the spec's: refused before any work
+        search_mod.check_objectives_of_models(spec, [(args.objective, None)])
+    except ValueError as err:
+        raise UsageError(f"--objective: {err}") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "no feasible layout": the summary says
         try:

@@ -78,6 +78,12 @@ def command(args) -> int:
         # by position: a list of one boolean would be read as a mask of the dim
         cube = cube.isel({d: [int(np.flatnonzero(cube[d].values == v)[0])]
                           for d, v in select.items()})
+    try:  # an output of neither physics model of the points selected: all NaN there
+        analysis.masks.require_output(cube, objective, getattr(args, "objective_flag",
+                                                               "--objective"))
+    except KeyError as err:
+        cube.close()
+        raise UsageError(str(err)) from None
     constraints = _constraints(args)
     count = int(analysis.mask(cube, where, constraints).sum())
     if not count:

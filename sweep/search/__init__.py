@@ -324,6 +324,7 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     spec = with_calibration(load_spec(spec), calibration)
     spec = spec.with_constraints(require_realizable=require_realizable)
     objs = parse_objectives(objective, direction, objectives)
+    check_objectives_of_models(spec, objs)
     _warn_utilization_across_precisions(spec, objs)
     limits = {label: resolve_memory_limit(memory_limit, spec, fleet)
               for label, fleet in spec.fleets.items()}
@@ -368,6 +369,28 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
                     progress=progress, refine=refine, started=started,
                     time_budget=max(0.0, time_budget - (time.perf_counter() - started)),
                     patience=patience)
+
+
+def check_objectives_of_models(spec, objs) -> None:
+    """Refuse an objective that is an output of another physics model than the spec's: the
+    models' outputs differ (mlsysim's node_energy, megatron's cp_communication_latency...),
+    and an output no point has cannot rank any."""
+    from solver.outputs import REGISTRY, outputs_of
+
+    for name, _ in objs:
+        if name not in REGISTRY:
+            continue  # a derived quantity: every model's
+        missing = [m for m in spec.physics if name not in outputs_of(m)]
+        if missing:
+            owners = [m for m in spec.physics if m not in missing] or [
+                m for m in ("mlsysim", "megatron") if name in outputs_of(m)]
+            raise ValueError(
+                f"objective {name!r} is no output of the {' and '.join(missing)} model, which "
+                f"prices spec {spec.name!r}"
+                + (f" beside {' and '.join(owners)}: search one model (sweep.load_spec(spec, "
+                   f"physics={owners[0]!r}); on the command line --physics {owners[0]})" if len(missing) < len(spec.physics)
+                   else f"; it is the {' and '.join(owners)} model's")
+                + f" (outputs: solver.outputs.outputs_of({missing[0]!r}))")
 
 
 def _warn_utilization_across_precisions(spec, objs) -> None:
