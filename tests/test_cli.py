@@ -475,7 +475,8 @@ def test_search_samples(files, capsys):
     code, out, err = _call(capsys, ["search", files["spec"], "--mode", "sampled", "--trials",
                                     "12", "--seed", "0", "--top", "3", "--no-progress"])
     assert code == 0, err
-    assert out.startswith("search [tpe] for mfu (maximize): 12 layouts evaluated")
+    assert out.startswith("search [tpe] for mfu (maximize): 12 layout pricings (12 this run; a "
+                          "layout priced again counts again)")
     assert "top 3 distinct layouts by mfu" in out
 
 

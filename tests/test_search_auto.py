@@ -85,7 +85,10 @@ def test_forced_sampled_search_is_admissible_and_reaches_the_optimum():
         _check_admissible(entry["params"])
     assert result.best_value >= 0.99 * exact.best_value
     ev = result.evidence
-    assert ev.stopped_by == "patience" and ev.stale_rounds == ev.patience == 4
+    # a space this small is covered (COVER times its size priced) before patience runs out
+    from sweep.search.subgrid import COVER
+
+    assert ev.stopped_by == "covered" and ev.n_priced >= COVER * result.space_size
     assert 1 <= ev.agree <= ev.restarts and ev.n_priced == result.n_evaluated
     bests = [b for _, _, b in ev.history]
     assert bests == sorted(bests) and bests[-1] == result.best_value
@@ -211,3 +214,24 @@ def test_sampled_search_walks_from_inadmissible_starts_to_a_realizable_best():
     assert bool(out["valid"]) and bool(out["realizable"])
     assert out["memory_footprint"] <= 0.9 * fl.node.accelerator.memory_capacity
     assert abs(float(out["mfu"]) - result.best_value) < 1e-12
+
+
+def test_a_sampled_search_of_a_small_space_stops_when_it_has_covered_it():
+    """Sub-grids overlap: a sampled search of 61,440 layouts (asked for) had reported
+    "1,171,591 layouts evaluated (1,171,591 new) of a space of 6.14e+04", and with a limit
+    nothing met spent its whole 60 s budget pricing the same layouts again. It now stops at
+    COVER times the space's size and counts pricings as pricings."""
+    from sweep.search.subgrid import COVER
+
+    exact = search("cluster_size", mode="exhaustive")
+    result = search("cluster_size", mode="sampled", seed=0)
+    assert result.best_value == exact.best_value
+    assert result.evidence.stopped_by == "covered"
+    # a round's last climb may pass the mark: 4.09-4.48x the space over seeds 0-2
+    assert COVER * exact.space_size <= result.n_evaluated < (COVER + 1) * exact.space_size
+    text = result.summary()
+    assert "layout pricings" in text and "a layout priced again counts again" in text
+    assert "trials recorded" in text and "layouts evaluated" not in text
+    none = search("cluster_size", mode="sampled", seed=0, memory_limit="1e3 MB", time_budget=60)
+    assert none.best_params is None and none.evidence.stopped_by == "covered"
+    assert none.n_evaluated < (COVER + 1) * exact.space_size

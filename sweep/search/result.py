@@ -158,8 +158,16 @@ class SearchResult:
         names = ", ".join(f"{n} ({d})" for n, d in self.objectives)
         how = "exhaustive" if self.mode == "exact" else f"{self.sampler}"
         size = ("continuous" if math.isinf(self.space_size) else f"{self.space_size:.3g}")
-        lines = [f"search [{how}] for {names}: {self.n_evaluated:,} layouts evaluated "
-                 f"({self.n_new:,} new) of a space of {size}; {self.n_admissible:,} admissible"]
+        if self.mode == "exact":
+            lines = [f"search [{how}] for {names}: {self.n_evaluated:,} layouts evaluated "
+                     f"({self.n_new:,} new) of a space of {size}; {self.n_admissible:,} admissible"]
+        else:  # a sample prices a layout again where its trials or sub-grids meet
+            recorded = (len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+                        if self.study is not None else None)
+            lines = [f"search [{how}] for {names}: {self.n_evaluated:,} layout pricings "
+                     f"({self.n_new:,} this run; a layout priced again counts again) in a space "
+                     f"of {size}; {self.n_admissible:,} admissible"
+                     + (f" among the {recorded:,} trials recorded" if recorded is not None else "")]
         if self.reason:
             lines.append(f"mode {self.reason}")
         if self.evidence is not None:

@@ -62,6 +62,12 @@ _LABELS = ("workload", "fleet")
 _REL_TOL = 1e-12
 
 
+#: A sub-grid search stops once it has priced this many times the space's size: the
+#: sub-grids overlap, so past it the rounds mostly price layouts again (a sampled search
+#: of a space of 61,440 had spent its whole 60 s budget on 83 million pricings).
+COVER = 4
+
+
 @dataclass
 class Evidence:
     """Why a sampled search stopped, and how sure it is.
@@ -80,7 +86,10 @@ class Evidence:
     stale_rounds : int
         Rounds since the best last improved.
     stopped_by : str
-        ``"patience"`` (no better best for ``patience`` rounds) or ``"time"``.
+        ``"patience"`` (no better best for ``patience`` rounds), ``"time"``, or
+        ``"covered"`` (the pricings reached :data:`COVER` times the space's size: an
+        exhaustive walk would have cost less, and more rounds would price the same
+        layouts again).
     n_priced : int
         Layouts priced, sub-grids included.
     """
@@ -97,10 +106,12 @@ class Evidence:
     def summary(self) -> str:
         """One line: what was priced, since when the best holds, how many restarts agree."""
         last = self.history[-1] if self.history else (0, 0.0, math.nan)
-        why = (f"no better layout in the last {self.stale_rounds} rounds "
-               f"(patience {self.patience})" if self.stopped_by == "patience"
-               else "the time budget was spent")
-        return (f"evidence: {self.n_priced:.3g} layouts priced in {self.rounds} rounds, "
+        why = {"patience": f"no better layout in the last {self.stale_rounds} rounds "
+                           f"(patience {self.patience})",
+               "covered": f"the pricings reached {COVER} times the space's size (sub-grids "
+                          f"price a layout again; mode='exhaustive' prices each once)",
+               }.get(self.stopped_by, "the time budget was spent")
+        return (f"evidence: {self.n_priced:.3g} layout pricings in {self.rounds} rounds, "
                 f"{self.restarts} refined restarts; best found after {last[0]:.3g} layouts "
                 f"({last[1]:.3g} s), reached by {self.agree} of {self.restarts} restarts; "
                 f"stopped: {why}")
@@ -337,10 +348,16 @@ def refine_search(study, space: SearchSpace, setup: _Setup, *, seed: Optional[in
     def out_of_time():
         return time.perf_counter() - began >= time_budget
 
+    def covered():  # (a small space, sampled as asked)
+        return climber.n_priced >= COVER * space.size
+
     with _Owner() as owner:
         while evidence.stale_rounds < patience:
             if evidence.rounds and out_of_time():  # one round at least, whatever the budget
                 evidence.stopped_by = "time"
+                break
+            if evidence.rounds and covered():
+                evidence.stopped_by = "covered"
                 break
             trials = [study.ask(space.distributions) for _ in range(starts)]
             scores = _tell(study, setup, space, trials, owner.id, None)
@@ -354,7 +371,7 @@ def refine_search(study, space: SearchSpace, setup: _Setup, *, seed: Optional[in
             improved = False
             refined = []
             for layout, score in points:
-                if refined and out_of_time():
+                if refined and (out_of_time() or covered()):
                     break
                 layout, score = climber.climb(layout, score)
                 evidence.restarts += 1
