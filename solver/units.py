@@ -30,7 +30,7 @@ __all__ = ["UNITS", "DIMENSIONS", "parse_quantity", "accepted_units"]
 
 _BYTES = {
     "B": 1, "byte": 1, "bytes": 1,
-    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+    "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
     "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
 }
 _BITS_PER_SECOND = {
@@ -141,7 +141,11 @@ def parse_quantity(text, dimension: str, *, where: str = "") -> float:
     factor = UNITS[dimension].get(unit)
     if factor is None:
         other = [d for d, table in UNITS.items() if unit in table]
-        hint = f" ({unit!r} is a {other[0]} unit)" if other else f" (unknown unit {match['unit']!r})"
+        cased = [u for u in UNITS[dimension] if u.lower() == unit.lower()]
+        hint = (f" ({unit!r} is a {other[0]} unit)" if other
+                else f" (unknown unit {match['unit']!r}; did you mean "
+                     f"{' or '.join(repr(u) for u in cased)}?)" if cased
+                else f" (unknown unit {match['unit']!r})")
         raise ValueError(f"{prefix}{expected}, but got {text!r}{hint}")
     number = match["number"]
     magnitude = int(number) if re.fullmatch(r"[+-]?\d+", number) else float(number)

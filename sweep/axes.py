@@ -176,6 +176,11 @@ def _helper_values(reader, key, kind, table, workloads, fleets):
         if (isinstance(high, bool) or not isinstance(high, int) or high < 1
                 or high >= solver.knobs.MAX_INTEGER):
             reader.fail(f"{key}.powers_of_two", "a whole number from 1 to 2**53 - 1", high)
+        if high & (high - 1):  # the largest value, not a count: 6 would quietly mean 1, 2, 4
+            below = 1 << (high.bit_length() - 1)
+            reader.fail(f"{key}.powers_of_two", f"the largest power of two of the axis (1, 2, "
+                        f"..., N; {below} gives {', '.join(map(str, powers_of_two(below)))})",
+                        high)
         return {"values": powers_of_two(high)}
     if "divisors_of" in table:
         of = table["divisors_of"]

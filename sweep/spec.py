@@ -378,11 +378,32 @@ def _parse(raw, source, base, physics_note="") -> Spec:
     description = raw.get("description", "")
     if not isinstance(description, str):
         reader.fail("description", "a string", description)
-    return Spec(workloads=workloads, fleets=fleets, axes=axes,
+    spec = Spec(workloads=workloads, fleets=fleets, axes=axes,
                 fixed=_fixed(reader, raw.get("fixed", {}), raw.get("axes", {}), models),
                 outputs=_outputs(reader, raw.get("outputs"), models), dtype=dtype,
                 name=name, description=description, source=source, raw=raw, physics=models,
                 calibration=calibration, **constraints)
+    _check_reachable_minimum(reader, spec)
+    return spec
+
+
+def _check_reachable_minimum(reader, spec) -> None:
+    """Refuse a ``min_accelerators`` no layout of a fleet can reach: above the fleet's size
+    where the fleet sizes the cluster (no ``dp_size``), or above its own maximum (the
+    fleet's size when ``dp_size`` sizes it): every layout would be left out."""
+    least = spec.min_accelerators
+    if least is None:
+        return
+    for label, fleet in spec.fleets.items():
+        _, high = spec.accelerator_range(fleet)
+        if not spec.sizes_cluster:
+            high = fleet.total_accelerators
+            how = (f"the {high:,} accelerators fleet {label!r} has (the layouts take the "
+                   f"fleet's size; make dp_size an axis to size the cluster)")
+        else:
+            how = f"the {high:,} accelerators at most of fleet {label!r} (max_accelerators)"
+        if high is not None and least > high:
+            reader.fail("constraints.min_accelerators", f"at most {how}", least)
 
 
 def _physics(reader, given) -> tuple:

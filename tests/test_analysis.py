@@ -246,6 +246,8 @@ def test_deprecated_spellings_give_the_same_answers():
     xr.testing.assert_identical(old, new)
     # The registry's direction by default: step time is minimized, MFU maximized.
     xr.testing.assert_identical(new, sweep.top_k(cube, objective="step_latency_total", k=4))
+    with pytest.raises(TypeError, match=r"largest \(deprecated\) must be True or False, but got 'no'"):
+        sweep.top_k(cube, objective="mfu", largest="no")  # a string had read as True
     with pytest.warns(DeprecationWarning, match="largest= is deprecated"):
         old = sweep.best_along(cube, "pp_size", by="mfu", largest=True)
     xr.testing.assert_identical(old, sweep.best_along(cube, "pp_size", objective="mfu"))

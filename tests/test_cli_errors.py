@@ -191,3 +191,12 @@ def test_the_packages_warnings_are_one_line(tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("layout-sweep: warning: objective 'mfu'")
     assert ".py:" not in err
+
+
+def test_a_minimum_above_the_maximum_is_refused(files, capsys):
+    """top had run with --min-accelerators 64 --max-accelerators 32 and said no layout was
+    admissible (exit 3); the spec parser already refused min > max."""
+    code, out, err = _call(capsys, ["top", files["cube"], "--max-accelerators", "32",
+                                    "--min-accelerators", "64"])
+    assert code == 2 and out == ""
+    assert "--min-accelerators: expected at most --max-accelerators (32), but got 64" in err

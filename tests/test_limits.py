@@ -119,3 +119,14 @@ def test_a_limit_above_the_memory_is_the_memory_with_a_warning():
     # asked of a cube, a limit looser than the cube's own (here its capacity) is refused
     with pytest.raises(MemoryLimitError, match="looser than the cube's own limit"):
         sweep.top_k(capped, k=12, constraints={"memory_limit": "1 TB"})
+
+
+def test_units_take_the_si_kilo_and_suggest_the_case():
+    from solver.units import parse_quantity
+
+    assert parse_quantity("500 kB", "bytes") == parse_quantity("500 KB", "bytes") == 5e5
+    assert sweep.limits.parse_memory_limit("72000 kB").size == 72e6
+    with pytest.raises(MemoryLimitError, match=r"unknown unit 'gb'; did you mean 'GB'\?"):
+        sweep.search(SPEC, mode="exact", memory_limit="72 gb")
+    with pytest.raises(ValueError, match=r"unknown unit 'gbps'; did you mean 'Gbps'\?"):
+        parse_quantity("400 gbps", "bandwidth")

@@ -133,6 +133,16 @@ def test_workload_and_fleet_lists_become_axes():
     # a knob both fixed and an axis
     ({"axes": {"tp_size": [1, 2]}, "fixed": {"tp_size": 2}},
      r"fixed\.tp_size: expected a knob that is not also an axis, but got 2"),
+    # powers_of_two takes the largest value, not a count (6 had quietly given 1, 2, 4)
+    ({"axes": {"tp_size": {"powers_of_two": 6}}},
+     r"axes\.tp_size\.powers_of_two: expected the largest power of two of the axis \(1, 2, "
+     r"\.\.\., N; 4 gives 1, 2, 4\), but got 6"),
+    # a minimum of accelerators the fleet cannot reach (it had run, with nothing admissible)
+    ({"constraints": {"min_accelerators": 2048}},
+     r"constraints\.min_accelerators: expected at most the 1,024 accelerators fleet "
+     r"'Training_1K' has \(the layouts take the fleet's size; make dp_size an axis"),
+    ({"axes": {"dp_size": [1, 2]}, "constraints": {"min_accelerators": 64, "max_accelerators": 32}},
+     r"constraints\.min_accelerators: expected at most max_accelerators \(32\)"),
 ])
 def test_refusals(change, match):
     with pytest.raises(SpecError, match=match):

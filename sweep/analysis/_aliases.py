@@ -5,6 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Optional
 
+import numpy as np
+
 from solver.outputs import MAXIMIZE, MINIMIZE, better
 
 #: Old words for the directions (deprecated) -> optuna's.
@@ -43,6 +45,9 @@ def direction_of(name: str, direction=None, largest: Optional[bool] = None, *,
     if largest is not None:
         if direction is not None:
             raise TypeError("give direction= only, not also its deprecated spelling largest=")
+        if not isinstance(largest, (bool, np.bool_)):  # "no" would read as True
+            raise TypeError(f"largest (deprecated) must be True or False, but got {largest!r}; "
+                            f"use direction='maximize' or direction='minimize'")
         _warn("largest= is deprecated; use direction='maximize' or direction='minimize'",
               stacklevel)
         return MAXIMIZE if largest else MINIMIZE

@@ -55,9 +55,9 @@ class NoAdmissibleError(ValueError):
         super().__init__(explain_empty(counts, what))
 
 
-def _budget(cube) -> Optional[float]:
-    """The spec's ``max_accelerators`` recorded in the cube, if any."""
-    value = cube.attrs.get("max_accelerators")
+def _budget(cube, key: str = "max_accelerators") -> Optional[float]:
+    """The spec's ``max_accelerators`` (or ``key``) recorded in the cube, if any."""
+    value = cube.attrs.get(key)
     try:
         return None if value is None else float(value)
     except (TypeError, ValueError):
@@ -108,6 +108,9 @@ def _parts_of_admissible(cube) -> dict:
     budget = _budget(cube)
     if budget is not None and "n_accelerators" in cube.data_vars:
         parts[f"{BUDGET} (<= {budget:g}, the spec's)"] = cube["n_accelerators"] <= budget
+    least = _budget(cube, "min_accelerators")
+    if least is not None and "n_accelerators" in cube.data_vars:
+        parts[f"accelerator minimum (>= {least:g}, the spec's)"] = cube["n_accelerators"] >= least
     parts = {name: c for name, c in parts.items() if not bool((admissible & ~c).any())}
     every = xr.DataArray(True)
     for condition in parts.values():

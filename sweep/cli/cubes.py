@@ -184,6 +184,10 @@ def _constraints(args) -> dict:
         out["max_accelerators"] = args.max_accelerators
     if getattr(args, "min_accelerators", None) is not None:
         out["min_accelerators"] = args.min_accelerators
+    low, high = out.get("min_accelerators"), out.get("max_accelerators")
+    if low is not None and high is not None and low > high:
+        raise UsageError(f"--min-accelerators: expected at most --max-accelerators ({high}), "
+                         f"but got {low}: no layout could pass both")
     return out
 
 
