@@ -514,3 +514,14 @@ def test_a_boolean_mask_is_no_objective():
     with pytest.raises(ValueError, match="objective must be a numeric variable, but got the "
                                          "boolean mask 'valid'"):
         sweep.top_k(cube, "valid")
+
+
+def test_an_empty_answer_names_the_accelerator_minimum():
+    """The spec's min_accelerators is one of the conditions an empty answer counts (it
+    had been lumped into 'admissible (its other conditions)')."""
+    cube = sweep.run({"workload": "Llama3_70B", "fleet": "Training_1K",
+                      "axes": {"tp_size": [8], "dp_size": [1, 2], "pp_size": [1, 2]},
+                      "fixed": {"batch_size": 1024}, "constraints": {"min_accelerators": 64}})
+    why = sweep.top_k(cube).attrs["why_empty"]
+    assert "accelerator minimum (>= 64, the spec's) removed" in why
+    assert "its other conditions" not in why
