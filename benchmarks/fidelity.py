@@ -342,13 +342,37 @@ def _prepared(run):
     return kept[1]
 
 
+#: Rules of today's Megatron-LM a run of its time did not have to meet: the interleaved
+#: schedule on two stages without overlap_p2p_comm, refused since overlap_p2p_comm came
+#: (2023, [27] of the model), which NAR21's 39.1B run (PP 2, interleaved, 2021) predates.
+LATER_RULES = ("interleaved_p2p",)
+_RAN = {}
+
+
+def _ran(run):
+    """Where the run's candidates are ones its Megatron-LM could run: realizable, or (a run
+    whose software predates overlap_p2p_comm) breaking only :data:`LATER_RULES`."""
+    kept = _RAN.get(id(run))
+    if kept is None or kept[0] is not run:
+        knobs = _candidates(run)
+        broken = M.why_unrealizable(run.workload, megatron_fleet(run), **knobs)
+        shape = np.broadcast_shapes(*(np.shape(v) for v in knobs.values()))
+        ok = np.ones(shape, dtype=bool)
+        legacy = not np.all(np.asarray(knobs.get("overlap_p2p_comm", True)))
+        for name, where in broken.items():
+            if not (legacy and name in LATER_RULES):
+                ok &= ~np.broadcast_to(where, shape)
+        kept = _RAN[id(run)] = (run, ok)
+    return kept[1]
+
+
 def megatron_solve(run, constants):
     """(solve outputs over the run's candidates, index of the chosen one or None)."""
     out = _prepared(run)(**constants)
     if not run.choices:
         return out, None
     step = np.asarray(out["step_latency_total"], dtype=np.float64)
-    ok = np.asarray(out["realizable"])
+    ok = _ran(run)
     fits = ok & np.asarray(out["feasible"])
     pool = fits if fits.any() else ok
     return out, int(np.argmin(np.where(pool, step, np.inf)))

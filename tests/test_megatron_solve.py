@@ -709,6 +709,25 @@ def test_why_unrealizable_names_each_rule_a_layout_breaks():
 
 
 @pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_interleaving_two_stages_needs_overlapped_p2p(engine):
+    """Megatron-LM's validate_args: "When interleaved schedule is used and p2p communication
+    overlap is disabled, pipeline-model-parallel size should be greater than 2" ([27]; an
+    audit against its source found the model letting it through)."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    pp = np.array([2, 2, 4, 4, 2])
+    v = np.array([2, 2, 2, 2, 1])
+    overlap = np.array([False, True, False, True, False])
+    kw = dict(batch_size=512, tp_size=8, sequence_parallel=True, pp_size=pp, v_stages=v,
+              overlap_p2p_comm=overlap)
+    out = M.solve(WL, FL, engine=engine, **kw)
+    assert out["realizable"].tolist() == [False, True, True, True, True]
+    why = M.why_unrealizable(WL, FL, **kw)
+    assert sorted(why) == ["interleaved_p2p"] and why["interleaved_p2p"].tolist() == [
+        True, False, False, False, False]
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
 def test_a_faster_peak_never_makes_a_gemm_or_a_step_slower(engine):
     """A GEMM's tiles pay a fixed time beside the main loop (gemm.gemm_tile_time). Taken as
     an efficiency multiplying the size curve's, it was counted twice: a small GEMM of short

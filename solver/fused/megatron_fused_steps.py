@@ -23,9 +23,10 @@ from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _
 
 @njit(**_INLINE)
 def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, prec, flash,
-           ogr, opg, zero, supported, first, last):
+           ogr, opg, zero, supported, first, last, op2p):
     """megatron_steps.split (``supported``: the fleet's 4-tuple of 1.0 where it has the
-    precision; ``first``, ``last``: the set stages' layers, 0.0 where not set)."""
+    precision; ``first``, ``last``: the set stages' layers, 0.0 where not set; ``op2p``:
+    ``overlap_p2p_comm``)."""
     layers, heads, kv_heads, experts, moe = w[0], w[2], w[3], w[5], w[6]
     sp = spk and tp > 1.0
     model_parallel = tp * 1.0 * pp * cp
@@ -58,6 +59,7 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, 
                   and _divides(heads, tp) and _divides(kv_heads, tp)
                   and layers_ok
                   and (v == 1.0 or (_divides(m_exact, pp) and m_exact >= pp))
+                  and (v == 1.0 or op2p or pp > 2.0)
                   and (cp == 1.0 or _divides(s, 2.0 * cp))
                   and (cp == 1.0 or flash)
                   and (not sp or _divides(s, tp * cp))

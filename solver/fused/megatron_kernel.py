@@ -95,7 +95,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "f1ba09234dd44e72"
+SOURCES_DIGEST = "6fc8b1d4ac83f4e3"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -272,7 +272,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             first, last = 0.0, 0.0
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
-            prec, flash, ogr, opg, zero, f[13], first, last)
+            prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0)
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
         grad_bytes = 2.0 if gbf_a[i] else grad_bytes  # grad_reduce_in_bf16 [25]
         r = values[rows[i - b0]]

@@ -152,7 +152,10 @@ References
 [27] Megatron-Core ``model_parallel_config.py`` (``ModelParallelConfig.overlap_p2p_comm``,
     2023: some of the pipeline's peer-to-peer communication overlaps with computation,
     in the interleaved schedule) and ``pipeline_parallel/schedules.py`` (1F1B's
-    ``send_forward_recv_backward`` and ``send_backward_recv_forward`` block).
+    ``send_forward_recv_backward`` and ``send_backward_recv_forward`` block). Megatron-LM's
+    ``arguments.py`` (``validate_args``) refuses the interleaved schedule without it on two
+    stages: "When interleaved schedule is used and p2p communication overlap is disabled,
+    pipeline-model-parallel size should be greater than 2".
 [28] Transformer Engine (TE 1.x as in NeMo 24.07): under FP8 with sequence parallelism
     the all-gathers move FP8 tensors. ``module/linear.py`` (``_Linear.forward``) casts
     a column-parallel layer's input to FP8 before ``gather_along_first_dim``;
@@ -343,7 +346,8 @@ REALIZABLE_RULES = (
     "between, a layer or more each, and every stage's by v_stages), seq_len by "
     "2 x cp_size (and by tp_size x cp_size under sequence_parallel), experts by ep_size, an "
     "expert's width by etp_size, an "
-    "interleaved schedule's microbatches by pp_size; tp_comm_overlap and MoE with tp_size > 1 "
+    "interleaved schedule's microbatches by pp_size (and, without overlap_p2p_comm, more "
+    "than two stages); tp_comm_overlap and MoE with tp_size > 1 "
     "need sequence_parallel, cp_size > 1 flash_attention, overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, and every layout a precision its accelerator has (fp8 and fp4 only where the "
@@ -355,7 +359,7 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
 #: Output name -> (CF units, long name).
 OUTPUTS = {
     "valid": ("1", "split is possible: TP*PP*CP divides the fleet and EP divides DP*CP"),
-    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers into pp_size * v_stages equal chunks or as the first and last stages' layers set [13], interleaving with the microbatches in groups of pp_size [17], no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], no ZeRO-2/3 with a pipeline [30], a precision the accelerator has [21]"),
+    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers into pp_size * v_stages equal chunks or as the first and last stages' layers set [13], interleaving with the microbatches in groups of pp_size [17] (on more than two stages without overlap_p2p_comm [27]), no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], no ZeRO-2/3 with a pipeline [30], a precision the accelerator has [21]"),
     "dp_size": ("1", "data-parallel degree"),
     "microbatch_count": ("1", "microbatches per step per data-parallel rank"),
     "step_latency_total": ("s", "training step time"),

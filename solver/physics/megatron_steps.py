@@ -170,6 +170,9 @@ REALIZABLE_CONDITIONS = {
     "kv_heads": "tp_size divides the KV heads [16]",
     "interleaved_microbatches": "an interleaved schedule's microbatches come in groups of "
                                 "pp_size [17]",
+    "interleaved_p2p": "an interleaved schedule without overlap_p2p_comm runs on more than two "
+                       "stages (two would batch several sends and receives between the same "
+                       "two ranks) [27]",
     "cp_sequence": "seq_len divides by 2 * cp_size",
     "cp_flash": "context parallelism runs with flash attention [18]",
     "sp_sequence": "under sequence parallelism seq_len divides by tp_size * cp_size [19]",
@@ -213,6 +216,10 @@ def realizable_conditions(w, fleet, k, m_exact) -> dict:
         "kv_heads": w.kv_heads % tp == 0,  # [16]
         # the interleaved schedule runs microbatches in groups of pp [17]
         "interleaved_microbatches": (v == 1) | ((m_exact % pp == 0) & (m_exact >= pp)),
+        # Megatron-LM's validate_args: "When interleaved schedule is used and p2p
+        # communication overlap is disabled, pipeline-model-parallel size should be
+        # greater than 2" [27]
+        "interleaved_p2p": (v == 1) | k["overlap_p2p_comm"] | (pp > 2),
         "cp_sequence": (cp == 1) | (s % (2 * cp) == 0),
         "cp_flash": (cp == 1) | k["flash_attention"],  # [18]
         "sp_sequence": ~sp | (s % (tp * cp) == 0),  # [19]
