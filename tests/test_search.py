@@ -322,6 +322,7 @@ def solve(*args, **kwargs):
         time.sleep(600)
     return real(*args, **kwargs)
 solver.solve = solve
+Path({ready!r}).write_text("ready")  # imported: the parent starts every worker at once
 while not go.exists():
     time.sleep(0.01)
 result = search(spec, n_trials={n_trials}, seed={seed}, sampler={sampler!r}, batch_size={batch},
@@ -334,7 +335,8 @@ def _child(tmp_path, tag, *, seed, n_trials, batch, hang_on=-1, sampler="random"
     script = tmp_path / f"child_{tag}.py"
     marker = tmp_path / f"marker_{tag}"
     script.write_text(_CHILD.format(main=MAIN, spec=json.dumps(SMALL), marker=str(marker),
-                                    go=str(tmp_path / "go"), hang_on=hang_on, n_trials=n_trials,
+                                    go=str(tmp_path / "go"), ready=str(tmp_path / f"ready_{tag}"),
+                                    hang_on=hang_on, n_trials=n_trials,
                                     seed=seed, sampler=sampler, batch=batch,
                                     journal=str(tmp_path / "shared.jsonl")))
     env = {**os.environ, "PYTHONPATH": MAIN}
@@ -375,7 +377,13 @@ def test_journal_workers_share_one_study(tmp_path):
     n_trials, workers = 96, 3
     procs = [_child(tmp_path, f"w{i}", seed=i, n_trials=n_trials, batch=8, sampler="tpe")[0]
              for i in range(workers)]
-    time.sleep(0.5)
+    # Go once every worker has imported (a fixed 0.5 s wait let one worker, imported first
+    # on a loaded machine, price all 96 trials before the others began)
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready_w{i}").exists() for i in range(workers)):
+        assert all(p.poll() is None for p in procs), [p.stderr.read() for p in procs]
+        assert time.monotonic() < deadline, "a worker never finished importing"
+        time.sleep(0.05)
     (tmp_path / "go").touch()
     reports = []
     for proc in procs:
