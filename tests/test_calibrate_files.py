@@ -254,3 +254,11 @@ def test_shipped_h100_measurements_are_the_benchmarks_records(tmp_path):
     shipped = root / "benchmarks" / "data" / "h100_measurements.csv"
     assert fresh.read_text() == shipped.read_text()
     assert len(read_measurements(shipped)) == 27
+
+
+def test_cli_refuses_a_directory_as_the_profile_before_the_fit(tmp_path, capsys):
+    path = _write(tmp_path, [HEADER, *GOOD])
+    (tmp_path / "out").mkdir()
+    assert main(["calibrate", str(path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"-o: expected a file, but got the directory {str(tmp_path / 'out')!r}")

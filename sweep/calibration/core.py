@@ -73,7 +73,7 @@ from solver import fused
 from solver.physics import megatron
 
 from . import fit as fit_
-from .measurements import Measurements, read_measurements
+from .measurements import MeasurementError, Measurements, read_measurements
 from .profile import Profile, load_profile, now
 
 __all__ = ["calibrate", "Calibration", "CalibrationWarning", "DEFAULT_FREE", "LAUNCH_FLOOR",
@@ -103,6 +103,28 @@ FLOOR_START = 1e-3
 IDENTIFIED_SENSITIVITY = 1e-3
 #: Widest step (in log) of the identifiability check: a factor of e.
 IDENTIFY_STEP = 1.0
+#: Where the near check sees nothing, the runs are looked at this many prior widths from
+#: the start too (at most :data:`FAR_STEP` in log), up and down: a per-step overhead of
+#: 3 s against the shipped 3.7 ms has no slope near the start, yet the runs plainly need
+#: it. A constant seen only there is fitted from that far point as well (a second start).
+FAR_WIDTHS = 3.0
+FAR_STEP = 6.0
+#: A fit whose in-sample error exceeds the start's by more than this many percentage
+#: points is said to be worse than no calibration; a run whose error after the fit is
+#: above :data:`OUTLIER_APE` % and this many times the median run's is named.
+IN_SAMPLE_WORSE_MARGIN = 0.1
+OUTLIER_APE = 10.0
+OUTLIER_FACTOR = 3.0
+#: Above this many runs leave-one-out (one fit per run) is skipped unless asked for
+#: (``loo=True``): its cost grows with the square of the runs (10,000 runs ran for more
+#: than 14 minutes with nothing printed).
+LOO_MAX_RUNS = 200
+#: A constant this close (in log) to a bound is at it (the optimizer stops just inside).
+AT_BOUND = 1e-4
+#: A run measured this many times slower than the start constants predict is refused:
+#: its step time is in milliseconds, most likely (the runs of benchmarks/data/ are at most
+#: 8x off uncalibrated).
+SLOWER_THAN_MODEL = 100.0
 #: Above this |correlation| two fitted constants are not told apart by the runs.
 SEPARABLE_CORRELATION = 0.99
 #: Relative step of the finite-difference Jacobian in log(constant).
@@ -299,6 +321,61 @@ def _jacobian(residuals, start, names, steps):
     return np.stack(cols, axis=1) if cols else np.zeros((len(base), 0))
 
 
+def _check_not_milliseconds(data, start) -> None:
+    """Refuse a run measured :data:`SLOWER_THAN_MODEL` times slower than the start constants
+    predict: milliseconds read as seconds (a fit would take it at its word and drive the
+    constants to their bounds). Too fast a step is refused on reading (above the peak)."""
+    ratio = data.step_times / predict(data, start)
+    bad = np.flatnonzero(ratio > SLOWER_THAN_MODEL)
+    if bad.size:
+        run = data.runs[int(bad[0])]
+        raise MeasurementError(
+            f"{data.source} line {run.line}, column {run.measured_as}: expected a step time in "
+            f"seconds, but got {run.step_time:.4g} s, {ratio[bad[0]]:.0f}x what the model "
+            f"predicts at its start constants ({run.step_time / ratio[bad[0]]:.4g} s): "
+            f"milliseconds? (seconds per optimizer step; batch_size is global, in sequences)")
+
+
+def _far_sensitivity(residuals, start, name, width) -> tuple:
+    """(largest secant sensitivity, the far value it was seen at) of ``name`` over
+    :data:`FAR_WIDTHS` prior widths from ``start`` (at most :data:`FAR_STEP` in log), up
+    and down, within its bounds."""
+    low, high = megatron.CONSTANT_BOUNDS[name][:2]
+    value = max(start[name], fit_.LOG_FLOOR)
+    reach = min(FAR_WIDTHS * width, FAR_STEP) if np.isfinite(width) else FAR_STEP
+    base = residuals(start)
+    best, at = 0.0, value
+    for sign in (1.0, -1.0):
+        moved = float(np.clip(value * np.exp(sign * reach), max(low, fit_.LOG_FLOOR), high))
+        if not abs(np.log(moved / value)) > 1e-6:
+            continue
+        col = (residuals(dict(start, **{name: moved})) - base) / np.log(moved / value)
+        s = float(fit_.sensitivity(col[:, None])[0])
+        if s > best:
+            best, at = s, moved
+    return best, at
+
+
+def _fit_notes(data, predicted, uncalibrated, measured, fitted) -> list:
+    """Warnings on the fit as a whole: worse in sample than the start; a run far off."""
+    notes = []
+    after, before = _ape(predicted, measured), _ape(uncalibrated, measured)
+    if fitted and float(np.mean(after)) > float(np.mean(before)) + IN_SAMPLE_WORSE_MARGIN:
+        notes.append(f"the fit predicts these runs worse than the start constants, in sample "
+                     f"({float(np.mean(after)):.2f} % against {float(np.mean(before)):.2f} %): "
+                     f"some run's step time or layout is likely wrong, or the runs ask for what "
+                     f"the free constants cannot give; do not use this profile as it is")
+    if len(after) >= 3:
+        worst = int(np.argmax(after))
+        rest = np.delete(after, worst)
+        if after[worst] > OUTLIER_APE and after[worst] > OUTLIER_FACTOR * float(np.median(rest)):
+            run = data.runs[worst]
+            notes.append(f"run {run.run_id!r} (line {run.line}) is {after[worst]:.1f} % off after "
+                         f"the fit, the others at most {float(np.max(rest)):.1f} %: check its "
+                         f"step time (seconds) and layout")
+    return notes
+
+
 def _why_unidentified(name, measurements) -> str:
     if name == "scale_out_efficiency":
         inside = all(r.n_accelerators <= (r.fleet.node.scale_up_domain
@@ -342,7 +419,7 @@ def _start(start) -> dict:
 
 
 def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[str]] = None, *,
-              start=None, loo: bool = True, max_nfev: int = 300,
+              start=None, loo: Optional[bool] = None, max_nfev: int = 300,
               prior_width=None, noise: float = DEFAULT_NOISE) -> Calibration:
     """Fit the physics' free constants to measured step times.
 
@@ -363,8 +440,9 @@ def calibrate(measurements, physics: str = "megatron", free: Optional[Sequence[s
     start : mapping, Profile or path, optional
         Start values, and the values of the constants not fitted (default: the
         shipped fit :data:`solver.physics.megatron.CONSTANTS`).
-    loo : bool
-        Also refit with each run left out and predict it (one fit per run).
+    loo : bool, optional
+        Also refit with each run left out and predict it (one fit per run). Default:
+        where there are at most :data:`LOO_MAX_RUNS` runs (skipped above, with a warning).
     max_nfev : int
         Most residual evaluations of one fit.
     prior_width : float or mapping of str -> float, optional
@@ -423,10 +501,17 @@ def _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, n
         names = _free_names(free, data)
     base = _start(start)
     widths = _prior_widths(prior_width, names)
+    _check_not_milliseconds(data, base)
     residuals = _log_residuals(data)
     notes = []
     steps = {n: min(widths[n], IDENTIFY_STEP) for n in names}
     sens0 = fit_.sensitivity(_jacobian(residuals, base, names, steps))
+    far = {}  # constants the runs see only far from the start: a start of their own there
+    for i, n in enumerate(names):
+        if sens0[i] < IDENTIFIED_SENSITIVITY and n != LAUNCH_FLOOR:
+            far_sens, at = _far_sensitivity(residuals, base, n, widths[n])
+            if far_sens >= IDENTIFIED_SENSITIVITY:
+                sens0[i], far[n] = far_sens, at
     floor_start = ({LAUNCH_FLOOR: FLOOR_START}
                    if LAUNCH_FLOOR in names and base[LAUNCH_FLOOR] < FLOOR_START else None)
     if floor_start:  # seen from above the floor too: from below, it may have no slope at all
@@ -447,16 +532,17 @@ def _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, n
     if seen:
         prior = {"prior_center": base,
                  "prior_weight": [float(noise) / widths[n] for n in seen]}
+        others = ((floor_start,) if floor_start and LAUNCH_FLOOR in seen else ()) + tuple(
+            {n: at} for n, at in far.items() if n in seen)
         solution = fit_.fit_log(residuals, base, seen, megatron.CONSTANT_BOUNDS, held=held,
                                 diff_step=DIFF_STEP, max_nfev=max_nfev, **prior,
-                                other_starts=(floor_start,) if floor_start and LAUNCH_FLOOR in seen
-                                else ())
+                                other_starts=others)
         constants = dict(solution.constants)
     else:
         solution, constants, prior = None, dict(base), {}
     constants = {k: constants[k] for k in megatron.CONSTANT_BOUNDS}
     uncertainty, sens, corr = _uncertainty(solution, names, constants, len(data), notes,
-                                           widths, noise)
+                                           widths, noise, base)
     if free is None and LAUNCH_FLOOR in seen and not sens[LAUNCH_FLOOR] >= IDENTIFIED_SENSITIVITY:
         # The runs bound the floor from above only (none is launch-bound at the fit, where
         # it has no slope): it is no default free constant of theirs; the fit is made
@@ -468,6 +554,13 @@ def _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, n
     predicted = predict(data, constants)
     meas = data.step_times
     uncalibrated = predict(data, base)
+    notes += _fit_notes(data, predicted, uncalibrated, meas, bool(seen))
+    if loo is None:
+        loo = len(data) <= LOO_MAX_RUNS
+        if not loo:
+            notes.append(f"leave-one-out skipped: {len(data):,} runs would take {len(data):,} "
+                         f"fits (more than {LOO_MAX_RUNS}); pass loo=True (the command line: "
+                         f"--loo) to run it anyway")
     loo_pred = (_leave_one_out(data, constants, seen, max_nfev, prior) if loo
                 else np.full(len(data), np.nan))
     if loo and seen:
@@ -529,7 +622,7 @@ def select_free(measurements, *, start=None, max_nfev: int = 300, prior_width=No
 
 
 def _uncertainty(solution, names, constants, n_runs, notes, widths,
-                 noise=DEFAULT_NOISE) -> tuple:
+                 noise=DEFAULT_NOISE, start=None) -> tuple:
     """``(std per free constant, sensitivity per fitted one, correlation)``; notes appended.
 
     With a prior (a finite width in ``widths``), the posterior's (always
@@ -544,8 +637,12 @@ def _uncertainty(solution, names, constants, n_runs, notes, widths,
     n_prior = len(fitted) if prior_width is not None else 0
     data_jac = solution.jac[:solution.jac.shape[0] - n_prior]
     sens = dict(zip(fitted, map(float, fit_.sensitivity(data_jac))))
-    use = ~solution.active
-    for n, at_bound in zip(fitted, solution.active):
+    near = np.array([min(abs(np.log(max(constants[n], fit_.LOG_FLOOR)
+                                 / max(megatron.CONSTANT_BOUNDS[n][i], fit_.LOG_FLOOR)))
+                         for i in (0, 1)) < AT_BOUND for n in fitted], dtype=bool)
+    active = np.asarray(solution.active, dtype=bool) | near
+    use = ~active
+    for n, at_bound in zip(fitted, active):
         if at_bound:
             low, high = megatron.CONSTANT_BOUNDS[n][:2]
             notes.append(f"{n}: ended at its bound ({constants[n]:.4g} in [{low:g}, {high:g}]): "
@@ -565,9 +662,17 @@ def _uncertainty(solution, names, constants, n_runs, notes, widths,
     if prior_width is not None:
         for n, s in zip(fitted, sd_x):
             if np.isfinite(s) and s > PRIOR_DOMINATED * widths[n]:
-                notes.append(f"{n}: barely constrained by these runs (posterior sd {s:.2f} in "
-                             f"log against the prior's {widths[n]:g}); its value is mostly "
-                             f"the start's")
+                moved = (abs(np.log(max(constants[n], fit_.LOG_FLOOR)
+                                    / max(start[n], fit_.LOG_FLOOR))) if start else 0.0)
+                if moved > widths[n]:  # far from the start: not "mostly the start's"
+                    notes.append(f"{n}: moved from {start[n]:.4g} to {constants[n]:.4g}, "
+                                 f"though these runs barely constrain it (posterior sd {s:.2f} "
+                                 f"in log against the prior's {widths[n]:g}): another constant "
+                                 f"or a wrong run may be what moved it")
+                else:
+                    notes.append(f"{n}: barely constrained by these runs (posterior sd {s:.2f} "
+                                 f"in log against the prior's {widths[n]:g}); its value is "
+                                 f"mostly the start's")
     for n, s in zip(fitted, sd_x):
         std[n] = float(constants[n] * s)  # delta method: d c = c d log c
     with np.errstate(invalid="ignore", divide="ignore"):

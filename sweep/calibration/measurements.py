@@ -433,8 +433,14 @@ def read_measurements(source, *, name: Optional[str] = None) -> Measurements:
         except OSError as err:
             raise MeasurementError(f"{path}: expected a readable measurements CSV file, but got "
                                    f"{err.strerror or err}") from None
-        return _from_text(data.decode("utf-8-sig"), name or str(path),
-                          hashlib.sha256(data).hexdigest())
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as err:
+            line = data[:err.start].count(b"\n") + 1
+            raise MeasurementError(f"{path} line {line}: expected UTF-8 text (save the CSV as "
+                                   f"UTF-8), but got the byte {data[err.start]:#04x} at offset "
+                                   f"{err.start}") from None
+        return _from_text(text, name or str(path), hashlib.sha256(data).hexdigest())
     if isinstance(source, Sequence) and all(isinstance(r, Mapping) for r in source):
         buffer = io.StringIO()
         header = list(dict.fromkeys(k for r in source for k in r))

@@ -174,21 +174,53 @@ def _from_data(data: Mapping, where: str) -> Profile:
     uncertainty = data.get("uncertainty", {})
     constants, notes = dict(constants), []
     predated = getattr(model, "PREDATED_CONSTANTS", {})
+    if not constants:
+        raise ProfileError(f"{where}: constants: expected the fitted constants of the {name} "
+                           f"physics (a profile sweep.calibrate wrote), but got an empty table")
     missing = set(known) - set(constants)
     if missing and missing <= set(predated):  # a whole profile, written before `missing` existed
         for key in sorted(missing):
             constants[key] = predated[key]
             notes.append(f"constants.{key}: not in this profile, which predates it; taken as "
                          f"{predated[key]:g}, the value the profile was fitted under")
+    elif missing:  # a profile cut short or written by hand: say what prices in its place
+        import warnings
+
+        from .core import CalibrationWarning
+
+        shipped = getattr(model, "CONSTANTS", {})
+        notes.append(f"{where}: constants {', '.join(sorted(missing))}: not in this profile; "
+                     f"priced at the shipped values ("
+                     + ", ".join(f"{k} = {shipped[k]:.4g}" for k in sorted(missing) if k in shipped)
+                     + "), not fitted with the others")
+        warnings.warn(notes[-1], CalibrationWarning, stacklevel=4)
+
+    def number(key, kind, default):
+        value = meta.get(key, default)
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            return kind(value)
+        except (TypeError, ValueError):
+            raise ProfileError(f"{where}: calibration.{key}: expected "
+                               f"{'a whole number' if kind is int else 'a number'}, but got "
+                               f"{value!r}") from None
+
+    try:
+        prior_width = {k: float(v) for k, v in data.get("prior_width", {}).items()}
+        uncertainty = {k: float(v) for k, v in uncertainty.items()}
+    except (TypeError, ValueError, AttributeError):
+        raise ProfileError(f"{where}: prior_width and uncertainty: expected tables of numbers, "
+                           f"but got {data.get('prior_width')!r} and {uncertainty!r}") from None
     return Profile(physics=name, constants={k: float(v) for k, v in constants.items()},
-                   uncertainty={k: float(v) for k, v in uncertainty.items()},
+                   uncertainty=uncertainty,
                    free=tuple(meta.get("free", ())), data_sha256=str(meta.get("data_sha256", "")),
                    data_source=str(meta.get("data_source", "")), date=str(meta.get("date", "")),
-                   runs=int(meta.get("runs", 0)),
-                   in_sample_mape=float(meta.get("in_sample_mape", math.nan)),
-                   loo_mape=float(meta.get("loo_mape", math.nan)),
-                   prior_width={k: float(v) for k, v in data.get("prior_width", {}).items()},
-                   noise=float(meta.get("noise", math.nan)),
+                   runs=number("runs", int, 0),
+                   in_sample_mape=number("in_sample_mape", float, math.nan),
+                   loo_mape=number("loo_mape", float, math.nan),
+                   prior_width=prior_width,
+                   noise=number("noise", float, math.nan),
                    warnings=tuple(meta.get("warnings", ())) + tuple(notes), path=where)
 
 

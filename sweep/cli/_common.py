@@ -62,6 +62,8 @@ def _check_output(path, flag) -> Path:
     if not path.parent.is_dir():
         raise UsageError(f"{flag}: expected a file in an existing directory, but got {str(path)!r} "
                          f"({path.parent} does not exist)")
+    if path.is_dir():
+        raise UsageError(f"{flag}: expected a file, but got the directory {str(path)!r}")
     return path
 
 

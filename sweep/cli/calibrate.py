@@ -69,7 +69,8 @@ def _fit(args, data):
         warnings.simplefilter("always")
         try:
             extra = {} if args.noise is None else {"noise": args.noise}
-            cal = sweep.calibrate(data, free=free, loo=not args.no_loo,
+            cal = sweep.calibrate(data, free=free,
+                                  loo=False if args.no_loo else (True if args.loo else None),
                                   prior_width=args.prior_width, **extra)
         except ValueError as err:
             raise UsageError(f"calibrate: {err}") from None
@@ -85,7 +86,8 @@ def _fit(args, data):
                         "LOO error [%]", "uncalibrated [%]"], _residual_rows(cal.residuals())))
     loo = "" if args.no_loo else (
         f", leave-one-out {cal.loo_error:.2f} %" if math.isfinite(cal.loo_error)
-        else ", leave-one-out needs two runs or more")
+        else ", leave-one-out needs two runs or more" if len(data) < 2
+        else ", leave-one-out skipped (--loo runs it)")
     print(f"mean absolute error: in sample {cal.in_sample_error:.2f} %{loo} (uncalibrated "
           f"{np.mean(np.abs(cal.uncalibrated / data.step_times - 1)) * 100:.2f} %)")
     for w in caught:

@@ -358,7 +358,11 @@ def _add_calibrate(commands):
                      "overlap_efficiency, step_overhead[, layer_overhead where runs are "
                      "launch-bound]; auto: those of them the runs support, chosen by "
                      "leave-one-out error)")
-    cal.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
+    loo = cal.add_mutually_exclusive_group()
+    loo.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits "
+                     "(default: run them up to 200 runs, one fit per run)")
+    loo.add_argument("--loo", action="store_true", help="run the leave-one-out refits however "
+                     "many the runs")
     cal.add_argument("--prior-width", metavar="W", type=float, default=None,
                      help="standard deviation of the prior on each log constant around its "
                      "start (default: per constant, sweep.calibration.core.PRIOR_WIDTHS; "

@@ -50,7 +50,7 @@ def _calibration_lines(text) -> tuple:
     runs = profile.get("runs", "?")
     fit = (f"{runs} run{'' if runs == 1 else 's'} of {profile.get('data_source') or '?'}, "
            f"{profile.get('date', '?')}"
-           + (f", in-sample error {100 * mape:.2f} %" if isinstance(mape, (int, float)) else ""))
+           + (f", in-sample error {mape:.2f} %" if isinstance(mape, (int, float)) else ""))
     return [f"  calibration: {profile.get('path') or 'a profile'} ({fit}); priced with the "
             f"constants {json.dumps(constants, sort_keys=True)}"], profile.get("physics", "megatron")
 
