@@ -384,6 +384,10 @@ def _parse(raw, source, base, physics_note="") -> Spec:
                 name=name, description=description, source=source, raw=raw, physics=models,
                 calibration=calibration, **constraints)
     _check_reachable_minimum(reader, spec)
+    if calibration is not None:  # fitted on other accelerators than the spec prices: say so
+        from .calibration.profile import _warn_other_hardware
+
+        _warn_other_hardware(calibration, spec)
     return spec
 
 

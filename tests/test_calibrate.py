@@ -519,3 +519,20 @@ def test_a_file_not_in_utf8_is_one_line(tmp_path):
     path.write_bytes("run_id,workload\nr\xe9,Llama3_8B_MC\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"runs\.csv line 2: expected UTF-8 text"):
         read_measurements(path)
+
+
+def test_a_profile_used_on_other_hardware_is_warned(synthetic_fit, tmp_path):
+    """A profile fitted on H100 runs priced a B200 spec without a word (an audit); it now
+    records its runs' accelerators and warns where a spec prices others."""
+    path = synthetic_fit.save(tmp_path / "h100.toml")
+    profile = load_profile(path)
+    assert profile.accelerators == (synthetic_fit.measurements.runs[0].fleet.node.accelerator.name,)
+    spec = {"workload": "Llama3_8B_MC", "physics": "megatron", "calibration": str(path),
+            "axes": {"tp_size": [1, 2]}, "fixed": {"batch_size": 64, "dp_size": 8}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CalibrationWarning)
+        sweep.load_spec({**spec, "fleet": "EOS_H100_MC"}).calibration  # noqa: B018 - the same GPU
+        sweep.run({**spec, "fleet": "EOS_H100_MC"})
+    with pytest.warns(CalibrationWarning, match=r"fitted on runs of .*H100.*, but spec .* prices "
+                                                r"fleet 'DGX_B200_1K_MC' of .*B200"):
+        sweep.run({**spec, "fleet": "DGX_B200_1K_MC"})

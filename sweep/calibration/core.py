@@ -575,7 +575,9 @@ def _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, n
                       data_sha256=data.sha256, data_source=data.source, date=now(), runs=len(data),
                       in_sample_mape=float(np.mean(_ape(predicted, meas))),
                       loo_mape=float(np.mean(_ape(loo_pred, meas))),
-                      prior_width=dict(widths), noise=float(noise), warnings=tuple(notes))
+                      prior_width=dict(widths), noise=float(noise), warnings=tuple(notes),
+                      accelerators=tuple(dict.fromkeys(r.fleet.node.accelerator.name
+                                                       for r in data.runs)))
     return Calibration(profile=profile, measurements=data, predicted=predicted,
                        loo_predicted=loo_pred, uncalibrated=uncalibrated,
                        sensitivity=sens, correlation=corr, warnings=tuple(notes),

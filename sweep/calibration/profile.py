@@ -74,6 +74,9 @@ class Profile:
     noise: float = math.nan
     warnings: tuple = ()
     path: str = ""
+    #: The accelerators of the runs fitted (names as the catalog gives them; empty for a
+    #: profile written before 2026-12-05 or by hand): a spec priced on others is warned.
+    accelerators: tuple = ()
 
     def solve_keywords(self) -> dict:
         """``{"physics": ..., **constants}``: keywords for :func:`solver.solve`."""
@@ -84,7 +87,7 @@ class Profile:
         meta = {"physics": self.physics, "date": self.date, "data_source": self.data_source,
                 "data_sha256": self.data_sha256, "runs": int(self.runs), "free": list(self.free),
                 "in_sample_mape": float(self.in_sample_mape), "loo_mape": float(self.loo_mape),
-                "noise": float(self.noise),
+                "noise": float(self.noise), "accelerators": list(self.accelerators),
                 "warnings": list(self.warnings)}
         lines = [f"# written by sweep.calibrate (layout-sweep {solver.__version__})",
                  "[calibration]"]
@@ -221,7 +224,8 @@ def _from_data(data: Mapping, where: str) -> Profile:
                    loo_mape=number("loo_mape", float, math.nan),
                    prior_width=prior_width,
                    noise=number("noise", float, math.nan),
-                   warnings=tuple(meta.get("warnings", ())) + tuple(notes), path=where)
+                   warnings=tuple(meta.get("warnings", ())) + tuple(notes), path=where,
+                   accelerators=tuple(str(a) for a in meta.get("accelerators", ())))
 
 
 def with_calibration(spec, calibration):
@@ -243,7 +247,27 @@ def with_calibration(spec, calibration):
                            f"{profile.physics!r} physics, but the spec {spec.name!r} prices with "
                            f"{', '.join(spec.physics)}: set physics = {profile.physics!r} in the "
                            f"spec (or --physics {profile.physics})")
+    _warn_other_hardware(profile, spec)
     return dataclasses.replace(spec, calibration=profile)
+
+
+def _warn_other_hardware(profile, spec) -> None:
+    """Warn where ``spec`` prices accelerators the profile's runs did not run on: its
+    constants (GEMM efficiency, link shares) were fitted to those."""
+    if not profile.accelerators:
+        return
+    import warnings
+
+    from .core import CalibrationWarning
+
+    for label, fleet in spec.fleets.items():
+        name = fleet.node.accelerator.name
+        if name not in profile.accelerators:
+            warnings.warn(f"{profile.path or 'the calibration'}: fitted on runs of "
+                          f"{', '.join(profile.accelerators)}, but spec {spec.name!r} prices "
+                          f"fleet {label!r} of {name}: its GEMM efficiency and link shares "
+                          f"were fitted to other hardware (calibrate on runs of {name})",
+                          CalibrationWarning, stacklevel=4)
 
 
 def solve_keywords(calibration: Optional[Profile], physics: Optional[str] = None) -> dict:
