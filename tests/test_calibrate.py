@@ -536,3 +536,11 @@ def test_a_profile_used_on_other_hardware_is_warned(synthetic_fit, tmp_path):
     with pytest.warns(CalibrationWarning, match=r"fitted on runs of .*H100.*, but spec .* prices "
                                                 r"fleet 'DGX_B200_1K_MC' of .*B200"):
         sweep.run({**spec, "fleet": "DGX_B200_1K_MC"})
+
+
+def test_one_layout_measured_far_apart_is_named():
+    rows = _synthetic(_rows(dps=(1, 4), tps=(1, 2, 4), pps=(1,)), M.CONSTANTS, noise=0.0)
+    twin = dict(rows[2], run_id="again", step_time_s=rows[2]["step_time_s"] * 1.6)
+    with pytest.warns(CalibrationWarning, match=rf"runs {rows[2]['run_id']!r}, 'again' \(lines 4, "
+                                                r"8\) are one layout measured"):
+        sweep.calibrate(rows + [twin], free=["gemm_scale"], loo=False)

@@ -262,3 +262,14 @@ def test_cli_refuses_a_directory_as_the_profile_before_the_fit(tmp_path, capsys)
     assert main(["calibrate", str(path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith(f"-o: expected a file, but got the directory {str(tmp_path / 'out')!r}")
+
+
+def test_a_column_of_the_mlsysim_model_says_what_the_megatron_model_takes(tmp_path):
+    """The close-match hint had sent microbatch_count to micro_batch_size (another quantity)."""
+    from sweep.calibration import MeasurementError, read_measurements
+
+    path = _write(tmp_path, [HEADER + ",microbatch_count", GOOD[0] + ",8"])
+    with pytest.raises(MeasurementError, match=r"column microbatch_count: .* \('microbatch_count' "
+                                               r"is a knob of the mlsysim model; .* follows from "
+                                               r"batch_size, dp_size and micro_batch_size"):
+        read_measurements(path)

@@ -356,9 +356,32 @@ def _far_sensitivity(residuals, start, name, width) -> tuple:
     return best, at
 
 
-def _fit_notes(data, predicted, uncalibrated, measured, fitted) -> list:
-    """Warnings on the fit as a whole: worse in sample than the start; a run far off."""
+#: Runs of one layout whose step times differ by more than this share are named.
+SAME_LAYOUT_SPREAD = 0.2
+
+
+def _same_layout_notes(data) -> list:
+    """Runs of the same layout (workload, fleet, knobs) measured far apart: one is likely
+    wrong, or the cluster changed between them (the fit takes both at their word)."""
+    seen = {}
+    for run in data.runs:
+        key = (run.group, tuple(sorted((k, repr(v)) for k, v in run.knobs.items())))
+        seen.setdefault(key, []).append(run)
     notes = []
+    for runs in seen.values():
+        times = [r.step_time for r in runs]
+        if len(runs) > 1 and max(times) > (1.0 + SAME_LAYOUT_SPREAD) * min(times):
+            notes.append(f"runs {', '.join(repr(r.run_id) for r in runs)} (lines "
+                         f"{', '.join(str(r.line) for r in runs)}) are one layout measured "
+                         f"{min(times):.4g} s to {max(times):.4g} s apart: one is likely wrong "
+                         f"(the fit takes each at its word)")
+    return notes
+
+
+def _fit_notes(data, predicted, uncalibrated, measured, fitted) -> list:
+    """Warnings on the fit as a whole: worse in sample than the start; a run far off;
+    one layout measured far apart."""
+    notes = _same_layout_notes(data)
     after, before = _ape(predicted, measured), _ape(uncalibrated, measured)
     if fitted and float(np.mean(after)) > float(np.mean(before)) + IN_SAMPLE_WORSE_MARGIN:
         notes.append(f"the fit predicts these runs worse than the start constants, in sample "

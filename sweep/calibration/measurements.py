@@ -348,11 +348,29 @@ def _run(source, line, row) -> Run:
                fleet=fleet, knobs=knobs, step_time=step, measured_as=kind, group=(wkey, fkey))
 
 
+#: Knobs of the mlsysim model a measurements file may carry by mistake -> what the megatron
+#: model takes instead ("" where nothing): the close-match hint pointed microbatch_count to
+#: micro_batch_size, a different quantity, and efficiency to moe_ffn_hidden_dim.
+_MLSYSIM_ONLY = {
+    "microbatch_count": "the microbatch count follows from batch_size, dp_size and "
+                        "micro_batch_size (sequences per microbatch)",
+    "efficiency": "its GEMM efficiency is a fitted constant (what calibrate fits), not a column",
+    "activation_recomputation": "use recompute (none, selective or full)",
+    "overlap_comm": "use overlap_grad_reduce and overlap_param_gather",
+    "gradient_accumulation_steps": "the microbatch count follows from batch_size, dp_size and "
+                                   "micro_batch_size",
+}
+
+
 def _check_columns(source, header):
     for column in header:
         if column not in COLUMNS:
             close = difflib.get_close_matches(column, list(COLUMNS), n=1, cutoff=0.4)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
+            if column in _MLSYSIM_ONLY:  # a knob of the other model: say so, not a look-alike
+                hint = (f" ({column!r} is a knob of the mlsysim model; the megatron model, which "
+                        f"calibrate fits, has no such knob"
+                        + (f": {_MLSYSIM_ONLY[column]}" if _MLSYSIM_ONLY[column] else "") + ")")
             raise MeasurementError(f"{source} line 1, column {column}: expected a column of the "
                                    f"measurements format{hint}, but got {column!r}")
     twice = sorted({c for c in header if header.count(c) > 1})
