@@ -385,9 +385,9 @@ def _parse(raw, source, base, physics_note="") -> Spec:
                 calibration=calibration, **constraints)
     _check_reachable_minimum(reader, spec)
     if calibration is not None:  # fitted on other accelerators than the spec prices: say so
-        from .calibration.profile import _warn_other_hardware
+        from .calibration.profile import warn_other_hardware
 
-        _warn_other_hardware(calibration, spec)
+        warn_other_hardware(calibration, spec)
     return spec
 
 

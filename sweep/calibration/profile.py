@@ -247,11 +247,11 @@ def with_calibration(spec, calibration):
                            f"{profile.physics!r} physics, but the spec {spec.name!r} prices with "
                            f"{', '.join(spec.physics)}: set physics = {profile.physics!r} in the "
                            f"spec (or --physics {profile.physics})")
-    _warn_other_hardware(profile, spec)
+    warn_other_hardware(profile, spec)
     return dataclasses.replace(spec, calibration=profile)
 
 
-def _warn_other_hardware(profile, spec) -> None:
+def warn_other_hardware(profile, spec) -> None:
     """Warn where ``spec`` prices accelerators the profile's runs did not run on: its
     constants (GEMM efficiency, link shares) were fitted to those."""
     if not profile.accelerators:
