@@ -544,3 +544,20 @@ def test_one_layout_measured_far_apart_is_named():
     with pytest.warns(CalibrationWarning, match=rf"runs {rows[2]['run_id']!r}, 'again' \(lines 4, "
                                                 r"8\) are one layout measured"):
         sweep.calibrate(rows + [twin], free=["gemm_scale"], loo=False)
+
+
+def test_search_and_top_name_the_calibration_they_priced_with(synthetic_fit, tmp_path, capsys):
+    """search's summary and top's table had never said a calibration priced them."""
+    from sweep.cli import main
+
+    path = synthetic_fit.save(tmp_path / "fit.toml")
+    spec = {"workload": "Llama3_8B_MC", "fleet": "EOS_H100_MC", "calibration": str(path),
+            "axes": {"tp_size": [1, 2, 4]}, "fixed": {"batch_size": 64, "dp_size": 8}}
+    summary = sweep.search(spec).summary()
+    assert f"priced with the calibration {path} ({len(synthetic_fit.measurements)} runs of" in summary
+    plain = sweep.search({k: v for k, v in spec.items() if k != "calibration"} | {
+        "physics": "megatron"}).summary()
+    assert "calibration" not in plain
+    cube = sweep.save(sweep.run(spec), tmp_path / "c.nc")
+    assert main(["top", str(cube), "-k", "1"]) == 0
+    assert f"priced with the calibration {path} (see show for its constants)" in capsys.readouterr().out

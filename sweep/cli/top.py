@@ -66,6 +66,19 @@ def _empty(cube, where, constraints, select, source) -> NoAdmissibleError:
     return error
 
 
+def _calibration_name(text) -> str:
+    """The calibration profile a cube was priced with, as ``top`` names it ("" for none)."""
+    if not text:
+        return ""
+    import json
+
+    try:
+        profile = json.loads(text)
+    except ValueError:
+        return "(unreadable: see show)"
+    return f"{profile.get('path') or '(a profile)'} (see show for its constants)"
+
+
 def command(args) -> int:
     """``top``: the best layouts of a cube as a table; status 3 when none is admissible."""
     cube = _open_cube(args.cube, args.allow_partial)
@@ -109,6 +122,9 @@ def command(args) -> int:
     print(f"top {len(rows)} of {count:,} {where} layouts by {objective} "
           f"({'largest' if direction == MAXIMIZE else 'smallest'} first)"
           + (f", {', '.join(narrowed)}" if narrowed else "") + f": {args.cube}")
+    calibration = _calibration_name(cube.attrs.get("calibration"))
+    if calibration:
+        print(f"priced with the calibration {calibration}")
     if rows:
         units = {v: cube[v].attrs.get("units") for v in values}
         print(_layout_table(rows, dims, values, units))

@@ -105,6 +105,9 @@ class SearchResult:
     #: Exhaustive mode: how many points each constraint removed (``total``, ``removed``,
     #: ``relaxed``; :func:`sweep.analysis.explain_empty` reads it).
     empty_counts: Optional[dict] = None
+    #: The calibration profile the layouts were priced with, as the summary names it ("" for
+    #: none: the shipped constants).
+    calibration: str = ""
 
     @property
     def is_multi_objective(self) -> bool:
@@ -170,6 +173,8 @@ class SearchResult:
                      + (f" among the {recorded:,} trials recorded" if recorded is not None else "")]
         if self.reason:
             lines.append(f"mode {self.reason}")
+        if self.calibration:
+            lines.append(f"priced with the calibration {self.calibration}")
         if self.evidence is not None:
             lines.append(self.evidence.summary())
         if self.best_params is None:
@@ -315,6 +320,16 @@ def _entry(setup, layout, values, described, number):
     return {"params": params, "values": shown, "trial": number}
 
 
+def _calibration_text(setup) -> str:
+    """How a summary names the spec's calibration profile ("" for none)."""
+    profile = getattr(setup.spec, "calibration", None)
+    if profile is None:
+        return ""
+    runs = f"{profile.runs} run{'' if profile.runs == 1 else 's'}" if profile.runs else "runs"
+    return (f"{profile.path or '(a profile)'} ({runs} of {profile.data_source or '?'}, "
+            f"{profile.date or 'undated'})")
+
+
 def finish_result(setup, entries_best_first, pareto, *, study, n_evaluated, n_new, n_admissible,
                   mode, sampler, space_size, k, started, reason="", empty_counts=None) -> SearchResult:
     """entries: [(layout, values, number)] best first; pareto: same for the Pareto set.
@@ -343,7 +358,7 @@ def finish_result(setup, entries_best_first, pareto, *, study, n_evaluated, n_ne
                           n_admissible=n_admissible, memory_limits=dict(setup.limits), mode=mode,
                           sampler=sampler, space_size=space_size,
                           elapsed=time.perf_counter() - started, reason=reason,
-                          empty_counts=empty_counts)
+                          empty_counts=empty_counts, calibration=_calibration_text(setup))
     if not top:  # the counts' reading where there are counts: which condition to relax
         warnings.warn(result.why_empty(), RuntimeWarning, stacklevel=3)
     return result
