@@ -301,7 +301,9 @@ def test_resume_after_an_interruption_in_process(tmp_path, monkeypatch):
     again = search(SMALL, n_trials=80, seed=0, batch_size=16, storage=journal,
                    study_name="resume", memory_limit=LIMIT, mode="sampled")
     assert again.n_new == 0 and again.n_evaluated == 80
-    with pytest.raises(ValueError, match="created for another space"):
+    with pytest.raises(ValueError, match=r"created for another space or objectives: "
+                                         r"fixed\.batch_size: stored 512, now 256; fixed\.overlap_comm: "
+                                         r"stored True, now None; start a new"):
         search({**SMALL, "fixed": {"batch_size": 256}}, n_trials=80, storage=journal,
                study_name="resume", memory_limit=LIMIT, mode="sampled")
 

@@ -481,6 +481,29 @@ def _refine(refine, sampler, objs) -> float:
     return float(refine)
 
 
+def _signature_difference(stored: str, sig: str) -> str:
+    """Which keys of two study signatures differ, and how (their JSON had been printed whole,
+    a constant apart in two blobs of hundreds of characters)."""
+    import json
+
+    try:
+        a, b = json.loads(stored), json.loads(sig)
+    except ValueError:
+        return f"expected {stored}, but got {sig}"
+    parts = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) == b.get(key):
+            continue
+        old, new = a.get(key), b.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            inner = [f"{key}.{k}: stored {old.get(k)!r}, now {new.get(k)!r}"
+                     for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+            parts += inner[:4] + ([f"... {len(inner) - 4} more"] if len(inner) > 4 else [])
+        else:
+            parts.append(f"{key}: stored {old!r}, now {new!r}")
+    return "; ".join(parts) or f"expected {stored}, but got {sig}"
+
+
 def _open_study(setup, space, sampler, *, seed, batch_size, refine, storage, study_name,
                 load_if_exists) -> optuna.Study:
     """Create or load the study; refuse one stored for another space or objectives."""
@@ -506,5 +529,6 @@ def _open_study(setup, space, sampler, *, seed, batch_size, refine, storage, stu
                          f"search again; the old study stays readable with optuna")
     elif stored != sig:
         raise StorageError(f"study {study_name!r} in this storage was created for another "
-                         f"space or objectives: expected {stored}, but got {sig}")
+                           f"space or objectives: {_signature_difference(stored, sig)}; start a "
+                           f"new study (another study_name or storage) or search as it was")
     return study
