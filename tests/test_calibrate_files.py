@@ -273,3 +273,15 @@ def test_a_column_of_the_mlsysim_model_says_what_the_megatron_model_takes(tmp_pa
                                                r"is a knob of the mlsysim model; .* follows from "
                                                r"batch_size, dp_size and micro_batch_size"):
         read_measurements(path)
+
+
+def test_a_cell_over_two_lines_keeps_the_line_numbers_right(tmp_path):
+    """A quoted run_id over two lines had put every later line's number off by one."""
+    from sweep.calibration import MeasurementError, read_measurements
+
+    good = GOOD[0].split(",", 1)[1]
+    path = _write(tmp_path, [HEADER, f'"r0\nx",{good}', f"r1,{good}",
+                             "r2," + good.replace(",1,1,16,", ",8x,1,16,")])
+    with pytest.raises(MeasurementError, match=r"runs\.csv line 5, column tp_size: expected a "
+                                               r"whole number >= 1, but got '8x'"):
+        read_measurements(path)

@@ -485,15 +485,32 @@ def _from_text(text, source, sha256) -> Measurements:
     if not body:
         raise MeasurementError(f"{source}: expected a header line and one run a line, but got "
                                f"an empty file")
-    rows = list(csv.reader([line for _, line in body]))
+    # Each record with the line it starts on: a quoted cell may span lines, and zipping
+    # records with lines had put every later line number off by one per such cell.
+    consumed = []
+
+    def feed():
+        for number, line in body:
+            consumed.append(number)
+            yield line
+
+    reader, numbered = csv.reader(feed()), []
+    while True:
+        before = len(consumed)
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        numbered.append((consumed[before], cells))
+    rows = [cells for _, cells in numbered]
     header = [c.strip() for c in rows[0]]
-    header_line = body[0][0]
+    header_line = numbered[0][0]
     try:
         _check_columns(source, header)
     except MeasurementError as err:
         raise MeasurementError(str(err).replace(" line 1", f" line {header_line}", 1)) from None
     runs = []
-    for (line, _), cells in zip(body[1:], rows[1:]):
+    for line, cells in numbered[1:]:
         if len(cells) != len(header):
             _Line(source, line).fail("", f"{len(header)} cells (one per column of the header)",
                                      f"{len(cells)} cells")
