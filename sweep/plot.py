@@ -120,7 +120,7 @@ def reduce_to(cube: xr.Dataset, var: str, dims, *, reduce: str = "max", where=No
     selected = _selected(cube, where, constraints)
     values = cube[var].astype(np.float64).where(selected)
     others = [d for d in values.dims if d not in dims]
-    analysis.ranking.warn_reduced(cube, others, stacklevel=3)
+    analysis.ranking.warn_reduced(cube, others, selected, stacklevel=3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: no selected point
         reduced = getattr(values, reduce)(dim=others, skipna=True) if others else values

@@ -159,7 +159,7 @@ def _aligned_where(cube, where):
     return where
 
 
-def _warn_models(cube, where) -> None:
+def _warn_models(cube, where, *, stacklevel: int = 4) -> None:
     """:func:`warn_across_models` for the physics models a ranking's points span (those
     ``where``, a boolean DataArray over them, keeps any point of)."""
     if "physics" not in cube.dims:
@@ -168,16 +168,16 @@ def _warn_models(cube, where) -> None:
     if isinstance(where, xr.DataArray) and "physics" in where.dims:
         keep = where.any(dim=[d for d in where.dims if d != "physics"])
         models = keep["physics"].values[np.asarray(keep.values, dtype=bool)]
-    warn_across_models(models, stacklevel=4)
+    warn_across_models(models, stacklevel=stacklevel)
 
 
-def warn_reduced(cube, reduced, *, stacklevel: int = 3) -> None:
+def warn_reduced(cube, reduced, where=None, *, stacklevel: int = 3) -> None:
     """Warn where a reduction over the dims ``reduced`` (a best per cell, a plot's cell)
-    takes its best across physics models (:class:`ModelMixWarning`) or across jobs
-    (:class:`JobMixWarning`: more than one workload, fleet, sequence length or global
-    batch), as :func:`top_k` and ``top`` do for a ranking."""
-    if "physics" in reduced and "physics" in cube.dims:
-        warn_across_models(cube["physics"].values, stacklevel=stacklevel + 1)
+    takes its best across physics models (:class:`ModelMixWarning`, as :func:`_warn_models`
+    reads ``where``) or across jobs (:class:`JobMixWarning`: more than one workload, fleet,
+    sequence length or global batch), as :func:`top_k` and ``top`` do for a ranking."""
+    if "physics" in reduced:
+        _warn_models(cube, where, stacklevel=stacklevel + 1)
     jobs = [d for d in reduced if d in JOB_DIMS and d in cube.dims and cube.sizes[d] > 1]
     if jobs:
         first = {d: cube[d].values[0].item() for d in jobs}
@@ -371,7 +371,7 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
                            f"but got {d!r}")
     require_output(cube, objective, keyword)
     others = tuple(d for d in all_dims if d not in dims)
-    warn_reduced(cube, others)
+    warn_reduced(cube, others, where)
     order = dims + others
     group_shape = tuple(cube.sizes[d] for d in dims)
     groups = int(np.prod(group_shape, dtype=np.int64))

@@ -313,12 +313,19 @@ def _jacobian(residuals, start, names, steps):
     base = residuals(start)
     cols = []
     for n in names:
-        low, high = megatron.CONSTANT_BOUNDS[n][:2]
         value = max(start[n], fit_.LOG_FLOOR)
-        step = steps[n] if value * np.exp(steps[n]) <= high else -steps[n]
-        moved = float(np.clip(value * np.exp(step), max(low, fit_.LOG_FLOOR), high))
+        moved = _moved(start, n, steps[n])
         cols.append((residuals(dict(start, **{n: moved})) - base) / np.log(moved / value))
     return np.stack(cols, axis=1) if cols else np.zeros((len(base), 0))
+
+
+def _moved(start, name, step) -> float:
+    """``start[name]`` moved by ``step`` in log within its bounds (the other way where an
+    upward step would leave them)."""
+    low, high = megatron.CONSTANT_BOUNDS[name][:2]
+    value = max(start[name], fit_.LOG_FLOOR)
+    step = step if value * np.exp(step) <= high else -step
+    return float(np.clip(value * np.exp(step), max(low, fit_.LOG_FLOOR), high))
 
 
 def _check_not_milliseconds(data, start) -> None:
@@ -339,18 +346,14 @@ def _check_not_milliseconds(data, start) -> None:
 def _far_sensitivity(residuals, start, name, width) -> tuple:
     """(largest secant sensitivity, the far value it was seen at) of ``name`` over
     :data:`FAR_WIDTHS` prior widths from ``start`` (at most :data:`FAR_STEP` in log), up
-    and down, within its bounds."""
-    low, high = megatron.CONSTANT_BOUNDS[name][:2]
-    value = max(start[name], fit_.LOG_FLOOR)
+    and down, within its bounds (:func:`_jacobian`'s secant)."""
     reach = min(FAR_WIDTHS * width, FAR_STEP) if np.isfinite(width) else FAR_STEP
-    base = residuals(start)
-    best, at = 0.0, value
-    for sign in (1.0, -1.0):
-        moved = float(np.clip(value * np.exp(sign * reach), max(low, fit_.LOG_FLOOR), high))
-        if not abs(np.log(moved / value)) > 1e-6:
-            continue
-        col = (residuals(dict(start, **{name: moved})) - base) / np.log(moved / value)
-        s = float(fit_.sensitivity(col[:, None])[0])
+    best, at = 0.0, start[name]
+    for step in (reach, -reach):
+        moved = _moved(start, name, step)
+        if not abs(np.log(moved / max(start[name], fit_.LOG_FLOOR))) > 1e-6:
+            continue  # at a bound already: no secant that way
+        s = float(fit_.sensitivity(_jacobian(residuals, start, (name,), {name: step}))[0])
         if s > best:
             best, at = s, moved
     return best, at

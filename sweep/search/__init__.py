@@ -376,6 +376,7 @@ def check_objectives_of_models(spec, objs) -> None:
     models' outputs differ (mlsysim's node_energy, megatron's cp_communication_latency...),
     and an output no point has cannot rank any."""
     from solver.outputs import REGISTRY, outputs_of
+    from solver.physics import PHYSICS
 
     for name, _ in objs:
         if name not in REGISTRY:
@@ -383,7 +384,7 @@ def check_objectives_of_models(spec, objs) -> None:
         missing = [m for m in spec.physics if name not in outputs_of(m)]
         if missing:
             owners = [m for m in spec.physics if m not in missing] or [
-                m for m in ("mlsysim", "megatron") if name in outputs_of(m)]
+                m for m in PHYSICS if name in outputs_of(m)]
             raise ValueError(
                 f"objective {name!r} is no output of the {' and '.join(missing)} model, which "
                 f"prices spec {spec.name!r}"
