@@ -38,6 +38,16 @@ References
     (``TEGroupedLinear``: built with no TP communication of its own, "explicitly handled
     by MoE token dispatcher"): the routed experts' first GEMM takes, and saves for its
     backward, the gathered tokens.
+[8] Megatron-Core ``transformer/transformer_config.py`` (``TransformerConfig``:
+    ``hidden_dropout: float = 0.1``, ``attention_dropout: float = 0.1``) and
+    ``fusions/fused_bias_dropout.py`` (``_bias_dropout_add_func``: ``dropout(x + bias,
+    p=prob)`` then the residual add, after the attention and after the MLP).
+[9] PyTorch ``aten/src/ATen/native/Dropout.cpp``: ``dropout`` runs the fused
+    ``native_dropout`` (which returns the mask it keeps) only for ``0 < p < 1``;
+    ``_dropout_impl`` returns its input unchanged at ``p == 0`` and multiplies by zeros at
+    ``p == 1``: no mask is kept for the backward. Recent recipes train without dropout:
+    Megatron-LM's ``examples/mixtral/train_mixtral_8x7b_distributed.sh`` passes
+    ``--attention-dropout 0.0 --hidden-dropout 0.0``.
 """
 
 from __future__ import annotations
@@ -120,7 +130,7 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
                            tp_size, sequence_parallel, recompute_code, flash_attention,
                            moe_top_k=0.0, moe_ffn_hidden=0.0, low_bits=False,
                            attention_bytes=None, latent_bytes=0.0, context_ratio=1.0,
-                           routed_gather=1.0):
+                           routed_gather=1.0, hidden_dropout=0.1, attention_dropout=0.1):
     """Bytes one layer stores for the backward pass of one microbatch, on one rank [B].
 
     Parameters
@@ -154,6 +164,15 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
         The routed copies an expert rank keeps, over ``moe_top_k`` copies of the layer's
         tokens: ``etp / tp``, its expert TP group's SP slices gathered (1 where the experts'
         TP is the layer's).
+    hidden_dropout, attention_dropout : array_like [1]
+        Dropout probabilities (Megatron-Core's ``hidden_dropout`` and ``attention_dropout``,
+        0.1 by default [8]). A dropout keeps a one-byte mask for its backward only where
+        ``0 < p < 1``: PyTorch's dropout returns its input at ``p = 0`` [9]. So at
+        ``hidden_dropout = 0`` the two masks of the layer's bias-dropout-adds (after the
+        attention and after the MLP, ``s b h`` each: 2 of [1]'s 10) are not stored, and at
+        ``attention_dropout = 0`` an unfused attention keeps its softmax output alone (2 of
+        [1]'s ``5 a s / h``: no mask, no dropped copy). A fused attention keeps no mask
+        either way (its RNG state only).
 
     Returns
     -------
@@ -179,8 +198,10 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     fp8_split = np.where(low, mlp_width / h + np.where(keeps_output, -1.0, 1.0)
                          * context_ratio, 0.0)
     # Table 2 of [1]: s b h (10 + 24/t + 5 a s/(h t)); the 10 (norm inputs, dropout
-    # masks, residuals) is replicated on every TP rank unless SP splits it too.
-    replicated = (10.0 - fp8_replicated + latent_bytes) / np.where(sp, t, 1.0)
+    # masks, residuals) is replicated on every TP rank unless SP splits it too. Its two
+    # one-byte hidden-dropout masks are kept only where the dropout runs [9].
+    masks = 2.0 * _keeps_mask(hidden_dropout)
+    replicated = (8.0 + masks - fp8_replicated + latent_bytes) / np.where(sp, t, 1.0)
     # The 24/t of [1] is 8/t attention (Q, K, V, context) + 16/t MLP (fc1 out, GELU out),
     # at kv = a and f = 4h; generalized: Q and context 2 + 2, K and V 2 kv/a each,
     # MLP 2 bytes per element of its (2 or 3 matrix) intermediates.
@@ -191,13 +212,22 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     # before the experts' first GEMM, which keeps its input whole on every rank of it [7]:
     # not divided by TP, with or without SP (etp / tp of the layer's tokens: routed_gather).
     mlp = mlp + np.asarray(moe_top_k) * routed_gather * np.where(low, 1.0, 2.0)
-    # Sec. 4.1 of [1]: 5 a s / h for scores, softmax, dropout mask and output.
+    # Sec. 4.1 of [1]: 5 a s / h for the softmax output (2), the dropout mask (1) and
+    # its output (2); without the attention dropout [9], the softmax output alone.
+    score_bytes = 2.0 + 3.0 * _keeps_mask(attention_dropout)
     scores = np.where(np.asarray(flash_attention) | (np.asarray(recompute_code) >= 1), 0.0,
-                      5.0 * heads * s / (h * t))
+                      score_bytes * heads * s / (h * t))
     per_layer = sbh * (replicated + attention + mlp + scores)
     # Table 2 of [1]: full recomputation keeps the layer input, 2 s b h (/t with SP).
     full = 2.0 * sbh / np.where(sp, t, 1.0)
     return np.where(np.asarray(recompute_code) == 2, full, per_layer)
+
+
+def _keeps_mask(p):
+    """1.0 where a dropout of probability ``p`` keeps a mask for its backward, else 0.0:
+    ``0 < p < 1`` (PyTorch's ``dropout`` returns its input at 0 and zeros at 1 [9])."""
+    p = np.asarray(p, dtype=np.float64)
+    return ((p > 0.0) & (p < 1.0)).astype(np.float64)
 
 
 def in_flight_layers(layers_per_stage, pp_size, v_stages, microbatches, rank=0):

@@ -114,6 +114,22 @@ def test_a_bad_line_is_refused_with_its_line_and_column(tmp_path, line, message)
     assert message in str(err.value)
 
 
+def test_a_dropout_column_is_read_as_a_probability(tmp_path):
+    """``hidden_dropout`` and ``attention_dropout`` are numbers from 0 to 1 (Megatron-Core's
+    probabilities), not names: a column of them is read, an empty cell takes 0.1, and a
+    value outside [0, 1] is refused with its line and column."""
+    head = "workload,fleet,batch_size,seq_len,tp_size,pp_size,dp_size,hidden_dropout,step_time_s"
+    rows = ["Llama3_8B_MC,EOS_H100_MC,128,4096,1,1,16,0.0,2.0",
+            "Llama3_8B_MC,EOS_H100_MC,128,4096,1,1,16,,2.0"]
+    a, b = read_measurements(_write(tmp_path, [head, *rows])).runs
+    assert a.knobs["hidden_dropout"] == 0.0 and b.knobs["hidden_dropout"] == 0.1
+    assert a.knobs["attention_dropout"] == 0.1
+    bad = _write(tmp_path, [head, rows[0].replace(",0.0,", ",1.5,")], name="bad.csv")
+    with pytest.raises(MeasurementError, match=r"bad.csv line 2, column hidden_dropout: "
+                       r"expected a number from 0 to 1, but got '1.5'"):
+        read_measurements(bad)
+
+
 def test_a_bad_header_is_refused(tmp_path):
     with pytest.raises(MeasurementError, match=r"runs.csv line 1, column tp: expected a column of "
                        r"the measurements format \(did you mean 'tp_size'\?\), but got 'tp'"):

@@ -76,6 +76,43 @@ def test_korthikanti_activation_table2():
     assert one == pytest.approx(sbh * (34 + 5 * a * s / h))
 
 
+def test_dropout_zero_keeps_no_masks():
+    """Korthikanti's 34 s b h + 5 a s^2 b, tensor by tensor, counts a one-byte mask for each
+    of the two hidden dropouts (after the attention, after the MLP) and, in an unfused
+    attention, the score dropout's mask (1) and output (2) beside the softmax output (2).
+    PyTorch's dropout keeps no mask at p = 0 (nor at p = 1) (megatron_memory [9]): at
+    hidden_dropout 0 the 34 is 32 (the 10 replicated over TP is 8), at attention_dropout 0
+    the 5 a s / h is 2 a s / h; a fused attention keeps no mask either way."""
+    s, b, h, a, t = 2048, 2, 12288, 96, 8
+    sbh = s * b * h
+    kw = dict(heads=a, kv_heads=a, ffn_hidden=4 * h, gated=False, flash_attention=False,
+              recompute_code=0)
+    score = a * s / h
+    for hid, att, rep, sc in ((0.1, 0.1, 10, 5), (0.0, 0.1, 8, 5), (0.1, 0.0, 10, 2),
+                              (0.0, 0.0, 8, 2), (1.0, 1.0, 8, 2), (0.5, 0.999, 10, 5)):
+        tp_only = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=False,
+                                             hidden_dropout=hid, attention_dropout=att, **kw)
+        assert tp_only == pytest.approx(sbh * (rep + 24 / t + sc * score / t)), (hid, att)
+        with_sp = mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=True,
+                                             hidden_dropout=hid, attention_dropout=att, **kw)
+        assert with_sp == pytest.approx(sbh / t * (rep + 24 + sc * score)), (hid, att)
+    # the defaults are Megatron-Core's 0.1 each: Korthikanti's count
+    assert mem.layer_activation_bytes(b, s, h, tp_size=1, sequence_parallel=False, **kw) == \
+        pytest.approx(sbh * (34 + 5 * score))
+    # a fused attention: only the hidden masks move, and array probabilities broadcast
+    fused = mem.layer_activation_bytes(b, s, h, tp_size=1, sequence_parallel=False,
+                                       hidden_dropout=np.array([0.0, 0.1]),
+                                       attention_dropout=np.array([[0.0], [0.1]]),
+                                       **dict(kw, flash_attention=True))
+    assert fused.shape == (2, 2)
+    np.testing.assert_allclose(fused / sbh, [[32, 34], [32, 34]])
+    # full recompute keeps the layer input alone, dropout or not
+    for p in (0.0, 0.1):
+        assert mem.layer_activation_bytes(b, s, h, tp_size=t, sequence_parallel=False,
+                                          hidden_dropout=p, attention_dropout=p,
+                                          **dict(kw, recompute_code=2)) == pytest.approx(2 * sbh)
+
+
 def test_fp8_keeps_linear_inputs_in_one_byte():
     """Transformer Engine under FP8 saves each linear layer's input as FP8 (megatron_memory
     [6]). Korthikanti's 34 s b h, tensor by tensor: QKV input 2, Q K 4, V 2, projection

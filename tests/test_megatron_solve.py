@@ -460,6 +460,10 @@ def test_uneven_pipeline_stages_without_interleaving():
     (dict(precision="fp12"), "precision must be one of"), (dict(zero_stage=4), "zero_stage"),
     (dict(precision=np.array(["bf16", "fp12"])), "'fp12'"), (dict(gemm_scale=-1.0), "gemm_scale"),
     (dict(micro_batch_size=1.5), "micro_batch_size"),
+    (dict(hidden_dropout=-0.1), r"hidden_dropout must be a number >= 0 and <= 1"),
+    (dict(attention_dropout=1.5), "attention_dropout must be a number"),
+    (dict(hidden_dropout=np.nan), "hidden_dropout must be finite"),
+    (dict(attention_dropout="0.1"), "attention_dropout must be a number"),
 ])
 def test_bad_knobs_raise_naming_knob(kw, needle):
     with pytest.raises(ValueError, match=needle):
@@ -781,3 +785,48 @@ def test_sharded_gradient_bucket_is_no_larger_than_the_gradients(engine):
     small = M.solve(wl, fl, engine=engine, batch_size=64, seq_len=4096, tp_size=8, dp_size=16,
                     zero_stage=2, sequence_parallel=True)
     assert small["memory_communication_buffers"] == 4 * 4e7
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_dropout_zero_stores_no_masks_and_changes_memory_only(engine):
+    """At hidden_dropout 0 a layer keeps two one-byte masks of s b h fewer (Korthikanti's 34
+    -> 32), at attention_dropout 0 an unfused attention 3 of its 5 bytes a score fewer
+    (megatron_memory [9]); the step's time does not move. Llama 3 70B at TP 8, PP 4,
+    8k tokens with SP, selective recompute (the audit's case): the masks are 2 of 34 of
+    a layer's stored bytes per TP rank, about 3.5 % of the footprint."""
+    kw = dict(BASE, seq_len=8192, recompute="selective", v_stages=1, micro_batch_size=1)
+    n = 4
+    hid = np.array([0.1, 0.0, 0.1, 0.0])
+    att = np.array([0.1, 0.1, 0.0, 0.0])
+    flat = {k: np.repeat(v, n) if np.ndim(v) == 0 else v for k, v in kw.items()}
+    out = M.solve(WL, FL, engine=engine, hidden_dropout=hid, attention_dropout=att, **flat)
+    act = out["memory_activations"]
+    # two masks, a byte each, split by SP, per layer-microbatch in flight on the peak rank
+    s, h, t = 8192, WL.hidden_dim, 8
+    in_flight = (act[0] - act[1]) / (2 * s * h / t)
+    assert in_flight == pytest.approx(round(in_flight)) and round(in_flight) >= 20
+    assert act[2] == act[0] and act[3] == act[1]  # selective recompute: no scores stored
+    # Megatron-Core's defaults (0.1 each) are the solve's
+    assert float(M.solve(WL, FL, engine="numpy", **kw)["memory_activations"]) == act[0]
+    share = (act[0] - act[1]) / out["memory_footprint"][0]
+    assert 0.02 < share < 0.05
+    for name in M.OUTPUTS:
+        if not name.startswith("memory") and name != "feasible":
+            np.testing.assert_array_equal(out[name][0], out[name][1:], err_msg=name)
+    # an unfused attention without recompute also drops 3 of 5 score bytes a score
+    un = M.solve(WL, FL, engine=engine, hidden_dropout=np.array([0.1, 0.1]),
+                 attention_dropout=np.array([0.1, 0.0]),
+                 **{k: np.repeat(v, 2) if np.ndim(v) == 0 else v[:2] for k, v in
+                    dict(kw, recompute="none", flash_attention=False).items()})
+    heads = WL.heads
+    per_score = (un["memory_activations"][0] - un["memory_activations"][1]) / (s * heads * s / t)
+    assert per_score / round(in_flight) == pytest.approx(3.0)
+    # and a layout that does not fit at Megatron-Core's default 0.1 can fit at 0: on an
+    # accelerator of a capacity between the two footprints, feasible only without masks
+    foot = out["memory_footprint"][:2]
+    acc = dataclasses.replace(FL.node.accelerator, memory_capacity=float(foot.mean()))
+    small = dataclasses.replace(FL, node=dataclasses.replace(FL.node, accelerator=acc))
+    two = M.solve(WL, small, engine=engine, hidden_dropout=hid[:2], attention_dropout=att[:2],
+                  **{k: v[:2] for k, v in flat.items()})
+    np.testing.assert_array_equal(two["memory_footprint"], foot)
+    assert two["feasible"].tolist() == [False, True]

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _MAX_INTEGER, _MGB,
-    _MTP_BYTES, _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _gemm, _gemm_nok,
+    _MTP_BYTES, _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _exposed_idle, _gemm, _gemm_nok,
     _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _tile_cost, _two_level, _within,
     _a2a_split)
 
@@ -353,9 +353,12 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     t_other = _max(n_first, n_mid) * per_layer
     last_paced = 1.0 if (not uneven or t_last >= t_other) else 0.0
     paced_layers = (n_last if t_last >= t_other else _max(n_first, n_mid)) if uneven else layers_stage
+    slack = 0.0
     if uneven:
         stage_max = _max(t_other, t_last)
         stage_mean = layers * per_layer / pp + (t_head + t_mtp) / pp
+        # the priced stage's wait for the paced one (megatron_steps.pipeline)
+        slack = stage_max - (t_last if n_last >= _max(n_first, n_mid) else t_other)
     bubble = (pp - 1.0) / (v * 1.0) * stage_mean
     t_pipe = m * stage_max + bubble
     whole = n_acc <= domain
@@ -375,16 +378,17 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
                                    up_lat if tp_in else out_lat) + call_lat)
     t_pp = 2.0 * ((t_ramp + gather) * (pp * v - 1.0) + (t_slow + gather) * p2p_steady) \
         if pp > 1.0 else 0.0
-    return layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q
+    return layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack
 
 
 # ---------------------------------------------------------- 6. data parallel
 
 @njit(**_INLINE)
 def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr, opg, grad_bytes,
-                   layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp):
+                   layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp, slack):
     """megatron_compose.data_parallel (with _stage_params; ``q``: the domain over tp x group,
-    the stages per domain :func:`_pipeline` has; ``heavy_stage``: :func:`_heavy`)."""
+    the stages per domain :func:`_pipeline` has; ``heavy_stage``: :func:`_heavy`; ``slack``:
+    the priced stage's wait a microbatch, :func:`_pipeline`'s)."""
     moe, emb = w[6], w[16]
     dense_scale, expert_scale = (w[35], w[36]) if heavy_stage else (w[14], w[15])
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
@@ -420,10 +424,11 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
                          + fsdp_call)
         t_fsdp = t_fsdp_gather + t_fsdp_rs
         # blocking gathers; only the reduce-scatter hides behind the backward [29]
+        idle = m * slack
         if opg:
-            exp_fsdp = _exposed(t_fsdp, t_pipe, eta)
+            exp_fsdp = _exposed_idle(t_fsdp, t_pipe - idle, eta, idle)
         elif ogr:
-            exp_fsdp = t_fsdp_gather + _exposed(t_fsdp_rs, m * layers_stage * window_b, eta)
+            exp_fsdp = t_fsdp_gather + _exposed_idle(t_fsdp_rs, m * layers_stage * window_b, eta, idle)
         else:
             exp_fsdp = t_fsdp_gather + t_fsdp_rs
     else:
@@ -445,7 +450,8 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
         stage_f = layers_stage * window_f
         chunk = 1.0 / v  # the one model chunk's share left exposed under interleaving
         per_microbatch = m if zero == 2 else 1.0
-        exp_grad = per_microbatch * ((_exposed(t_grad, stage_b, eta) * chunk) if ogr else t_grad)
+        exp_grad = per_microbatch * ((_exposed_idle(t_grad, stage_b, eta, slack) * chunk) if ogr
+                                     else t_grad)
         t_grad = per_microbatch * t_grad
         exp_gather = (_exposed(t_gather, stage_f, eta) * chunk) if opg else t_gather
     local_params = heavy / (group if sharded else 1.0) + (
@@ -460,19 +466,20 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
 
 @njit(**_PRIM)
 def _activation_bytes(mbs, s, h, heads, attention0, mlp_scale, top_k, t, sp, rc, flash,
-                      low_bits, width_over_h, latent, context_ratio, gather):
+                      low_bits, width_over_h, latent, context_ratio, gather, hidden_masks, score_masks):
     """megatron_memory.layer_activation_bytes (``attention0``: its ``attention_bytes``,
-    ``mlp_scale`` = (4 + 2 gated) * mlp_width: the workload-only parts, computed in Python)."""
+    ``mlp_scale`` = (4 + 2 gated) * mlp_width: the workload-only parts, computed in Python;
+    ``hidden_masks``, ``score_masks``: whether each dropout keeps its masks)."""
     sbh = mbs * s * h
     spt = t if sp else 1.0
     fp8_replicated = (1.0 if top_k > 0 else 2.0) if low_bits else 0.0
     # a fused attention keeps its 16-bit output unless selective recompute reruns it
     fp8_split = (width_over_h + (-1.0 if (flash and rc == 0) else 1.0) * context_ratio) if low_bits else 0.0
-    replicated = (10.0 - fp8_replicated + latent) / spt
+    replicated = (8.0 + (2.0 if hidden_masks else 0.0) - fp8_replicated + latent) / spt
     attention = attention0 / t
     mlp = (mlp_scale / h - fp8_split) / t
     mlp = mlp + top_k * gather * (1.0 if low_bits else 2.0)
-    scores = 0.0 if (flash or rc >= 1) else 5.0 * heads * s / (h * t)
+    scores = 0.0 if (flash or rc >= 1) else (5.0 if score_masks else 2.0) * heads * s / (h * t)
     per_layer = sbh * (replicated + attention + mlp + scores)
     full = 2.0 * sbh / spt
     return full if rc == 2 else per_layer
@@ -537,18 +544,20 @@ def _rank(moe, pp, v, rank, n, dense_n, first, last, dense_l, moe_l, expert_l, h
 
 @njit(**_INLINE)
 def _memory(w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local,
-            act_bytes, layers_stage, expert_group, params_bytes, p2p_split, prec, mtp, first, last):
+            act_bytes, layers_stage, expert_group, params_bytes, p2p_split, prec, mtp, first, last,
+            hidden_masks, score_masks):
     """megatron_compose.memory (with megatron_steps.pipeline_ranks)."""
     h, heads, moe, top_k, vocab, emb_params = w[1], w[2], w[6], w[9], w[13], w[16]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
     low_bits = _low_bits(prec)
     latent = w[39] if low_bits else w[32]  # multi-head latent attention's, by precision
     act_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, rc, flash,
-                                  low_bits, w[23], latent, w[33], 1.0)
+                                  low_bits, w[23], latent, w[33], 1.0, hidden_masks, score_masks)
     act_moe = act_dense
     if moe != 0.0:
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
-                                    low_bits, w[24], latent, w[33], etp / (tp * 1.0))
+                                    low_bits, w[24], latent, w[33], etp / (tp * 1.0), hidden_masks,
+                                    score_masks)
     bucket = grad_bytes * _min(_max(4e7, 1e6 * group), params_bytes / _WB) if zero >= 2 else 0.0
     buffers = (bucket + 2.0 * act_bytes / p2p_split * (1.0 if pp > 1.0 else 0.0)
                + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))

@@ -95,7 +95,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "6fc8b1d4ac83f4e3"
+SOURCES_DIGEST = "70b90ddf7675defb"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -223,7 +223,7 @@ def _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp):
 
 @njit(**_INLINE_STEP)
 def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
-                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a, fo, bo,
                  values, rows, bounds, span):
     """Steps 1, 2 and 5-8 of configurations ``b0:b1`` (``span``), steps 3-4 read from
     ``values[rows]`` (the loop of :func:`_price_block` and its ``_even`` variants, inlined
@@ -274,7 +274,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
             prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0)
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
-        grad_bytes = 2.0 if gbf_a[i] else grad_bytes  # grad_reduce_in_bf16 [25]
+        mem = mem_a[i]  # grad_reduce_in_bf16 and the dropout masks in one byte (memory_flags)
+        grad_bytes = 2.0 if (mem & 1) != 0 else grad_bytes  # grad_reduce_in_bf16 [25]
         r = values[rows[i - b0]]
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total = \
             r[0], r[1], r[2], r[3], r[4], r[5], r[6]
@@ -285,18 +286,20 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         # 5. pipeline
         split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
         steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
-        layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q = _pipeline(
+        layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
             1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module, first, last)
         # 6. data parallel
         (heavy_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, v, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
-                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp)
+                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp,
+                                 slack)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
-            layers_stage, expert_group, params_bytes, split, prec, mtp, first, last)
+            layers_stage, expert_group, params_bytes, split, prec, mtp, first, last, (mem & 2) != 0,
+            (mem & 4) != 0)
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
         model_flops = _model_flops(w, batch, s) + mtp * batch * mtp_flops_sequence
@@ -340,17 +343,17 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
 
 @kernel(cache=_CACHE)
 def _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
-                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
+                 mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a, fo, bo,
                  values, rows, bounds, span):
     """:func:`_price_steps` of any workload and any stages."""
     return _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
-                        mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo,
+                        mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a, fo,
                         bo, values, rows, bounds, (span[0], span[1], np.uint64(1)))
 
 
 @kernel(cache=_CACHE)
 def _price_block_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
-                      mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
+                      mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a,
                       fo, bo, values, rows, bounds, span):
     """:func:`_price_steps` of an MoE workload without leading dense layers (``w[21]`` a
     constant 0.0) in a block where no configuration sets the first or the last stage's
@@ -366,12 +369,12 @@ def _price_block_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp
     """
     return _price_steps(w[:21] + (0.0,) + w[22:], f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a,
                         etp_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a,
-                        gbf_a, p2p_a, fo, bo, values, rows, bounds, (span[0], span[1], np.uint64(0)))
+                        mem_a, p2p_a, fo, bo, values, rows, bounds, (span[0], span[1], np.uint64(0)))
 
 
 @kernel(cache=_CACHE)
 def _price_block_dense_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
-                            v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a,
+                            v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a,
                             p2p_a, fo, bo, values, rows, bounds, span):
     """:func:`_price_block_even` of a workload without experts (``w[6]``, the MoE flag, a
     constant 0.0).
@@ -383,13 +386,13 @@ def _price_block_dense_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_
     """
     return _price_steps(w[:6] + (0.0,) + w[7:], f, c, has_dp, batch_a, s_a, tp_a, pp_a,
                         cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a,
-                        opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds,
+                        opg_a, flash_a, mem_a, p2p_a, fo, bo, values, rows, bounds,
                         (span[0], span[1], np.uint64(0)))
 
 
 @kernel(cache=_CACHE)
 def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
-                       mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a,
+                       mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a,
                        fo, bo, values, rows, bounds, span):
     """:func:`_price_block` of a workload without experts (``w[6]`` a constant 0.0): a
     dense model's block where a configuration sets the first or the last stage's layers.
@@ -400,13 +403,13 @@ def _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, et
     """
     return _price_steps(w[:6] + (0.0,) + w[7:], f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a,
                         etp_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
-                        flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds,
+                        flash_a, mem_a, p2p_a, fo, bo, values, rows, bounds,
                         (span[0], span[1], np.uint64(1)))
 
 
 @njit(**_INLINE_STEP)
 def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
-                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo,
+                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a, fo, bo,
                   values, rows, bounds, span):
     """The block loop for the workload and the block (``span``: first, end, and whether a
     configuration of the block sets a stage's layers). A workload without experts takes
@@ -418,17 +421,17 @@ def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, 
     if span[2] != 0 and w[6] == 0.0:
         return _price_block_dense(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
                                   v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a,
-                                  flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds, here)
+                                  flash_a, mem_a, p2p_a, fo, bo, values, rows, bounds, here)
     if span[2] == 0 and w[6] == 0.0:
         return _price_block_dense_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a,
                                        dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a,
-                                       opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows, bounds, here)
+                                       opg_a, flash_a, mem_a, p2p_a, fo, bo, values, rows, bounds, here)
     if span[2] == 0 and w[21] == 0.0:
         return _price_block_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
                                  v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a,
-                                 gbf_a, p2p_a, fo, bo, values, rows, bounds, here)
+                                 mem_a, p2p_a, fo, bo, values, rows, bounds, here)
     return _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a,
-                        v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a,
+                        v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a,
                         p2p_a, fo, bo, values, rows, bounds, here)
 
 
@@ -497,7 +500,7 @@ def _any_outside(i, bounds, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v
 
 @kernel(cache=_CACHE)
 def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a, rc_a,
-            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, lo, hi, ext, plan, mode, bounds,
+            zero_a, prec_a, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a, fo, bo, lo, hi, ext, plan, mode, bounds,
             slots, values, rows, rc_b, prec_b, rc_keys, prec_keys):
     """Steps 1-8 of megatron._solve for configurations ``lo:hi``, outputs into ``fo``/``bo``.
 
@@ -620,7 +623,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                 rows[i - b0] = row
             out_of_bounds |= _priced_block(
                 w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
-                zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows,
+                zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a, fo, bo, values, rows,
                 bounds, (np.uint64(b0), np.uint64(b1), np.uint64(staged)))
         return 0 if out_of_bounds else 1
     # mode 0. The step memo: open addressing (linear probing) on the two key words -> a row
@@ -668,7 +671,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             rows[i - b0] = row
         out_of_bounds |= _priced_block(
             w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
-            zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, gbf_a, p2p_a, fo, bo, values, rows,
+            zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a, fo, bo, values, rows,
             bounds, (np.uint64(b0), np.uint64(b1), np.uint64(staged)))
     return 0 if out_of_bounds else 1
 
@@ -786,8 +789,22 @@ def pipeline_flags(scatter_gather, overlap_p2p, mtp_num_layers=0, first_stage_la
             | (np.asarray(last_stage_layers).astype(u) << u(20)))
 
 
+def memory_flags(grad_reduce_in_bf16, hidden_dropout=0.1, attention_dropout=0.1):
+    """The ``mem`` argument of :func:`run` (before it is spread to ``n`` values):
+    ``grad_reduce_in_bf16`` and whether each dropout keeps a mask (``0 < p < 1``,
+    megatron_memory._keeps_mask), scalars or arrays, packed into uint8: bits 0, 1 (hidden)
+    and 2 (attention)."""
+    u = np.uint8
+
+    def keeps(p):
+        p = np.asarray(p, dtype=np.float64)
+        return ((p > 0.0) & (p < 1.0)).astype(u)
+    return (np.asarray(grad_reduce_in_bf16).astype(u) | (keeps(hidden_dropout) << u(1))
+            | (keeps(attention_dropout) << u(2)))
+
+
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-        opg, flash, gbf, p2p, bounds, choices):
+        opg, flash, mem, p2p, bounds, choices):
     """Price ``n`` configurations: the knobs as 1-D arrays of length ``n`` (int64 / bool).
 
     ``rc`` and ``prec`` are each int64 codes or the characters of their names
@@ -798,6 +815,10 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, 
     bits 2-7 ``mtp_num_layers``, 8-19 and 20-31 the first and last stages' layers (:func:`pipeline_flags`): a separate array for each slowed the vector pass on a
     million layouts in an interleaved A/B of the two revisions (commit c242baa;
     ``benchmarks/bench_grid_compare.py --case megatron_flat``).
+
+    ``mem``: uint8, bit 0 ``grad_reduce_in_bf16``, bits 1 and 2 whether the hidden and
+    the attention dropout keep masks (:func:`memory_flags`): like ``p2p``, one array for
+    what a configuration's memory reads beside its knobs.
 
     ``etp``: the expert TP degree of each configuration (``tp`` where the knob is not given).
 
@@ -818,7 +839,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, 
     fo = tuple(buffers.empty(n, np.float64) for _ in FLOAT_OUTPUTS)
     bo = tuple(buffers.empty(n, np.bool_) for _ in BOOL_OUTPUTS)
     args = (w, f, c, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
-            opg, flash, gbf, p2p, fo, bo)
+            opg, flash, mem, p2p, fo, bo)
     _compile(args, keys)
     if libm_is_numpy_log():
         ok = in_ranges(lambda lo, hi: _kernel(*args, lo, hi, np.empty((1, 1)), _NO_PLAN, 0,

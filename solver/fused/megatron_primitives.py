@@ -168,8 +168,14 @@ def _two_level(is_ar, m, n, rpd, up_bw, up_lat, out_bw, out_lat):
 
 @njit(**_PRIM)
 def _exposed(comm, window, efficiency):
-    """megatron_steps._exposed."""
+    """megatron_steps._exposed (no idle time: the same bits, 0.0 subtracted exactly)."""
     return _max(comm - efficiency * window, 0.0)
+
+
+@njit(**_PRIM)
+def _exposed_idle(comm, window, efficiency, idle):
+    """megatron_steps._exposed with ``idle``."""
+    return _max(comm - efficiency * window - idle, 0.0)
 
 
 @njit(**_PRIM)

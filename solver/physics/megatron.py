@@ -332,6 +332,10 @@ KNOBS = {k.name: k for k in (
     _K("grad_reduce_in_bf16", "bool", False),
     _K("scatter_gather_tensors_in_pipeline", "bool", False),
     _K("overlap_p2p_comm", "bool", True),
+    _K("hidden_dropout", "float", 0.1, low=0.0, high=1.0,
+       why="the hidden state's dropout probability, Megatron-Core's hidden_dropout"),
+    _K("attention_dropout", "float", 0.1, low=0.0, high=1.0,
+       why="the attention scores' dropout probability, Megatron-Core's attention_dropout"),
     _K("mtp_num_layers", "int", 0, low=0, high=63,
        why="multi-token prediction modules on the last stage (Megatron-Core's mtp_num_layers)"),
     _K("num_layers_in_first_pipeline_stage", "int", 0, low=0, high=4095,
@@ -587,7 +591,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, grad_reduce_in_bf16=False,
-          scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True, mtp_num_layers=0,
+          scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True, hidden_dropout=0.1,
+          attention_dropout=0.1, mtp_num_layers=0,
           num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
           engine="auto", **constants):
     """Megatron-Core training step of ``workload`` on ``fleet``, for every configuration at once.
@@ -653,6 +658,15 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         compute (Megatron-LM's default; ``--no-overlap-p2p-communication`` turns it off,
         and Megatron-LM before 2023 had no overlap) [27]. False: each microbatch and
         chunk waits on its exchange. 1F1B (``v_stages=1``) waits either way.
+    hidden_dropout, attention_dropout : float [1]
+        Dropout probabilities, Megatron-Core's (``--hidden-dropout``,
+        ``--attention-dropout``; 0.1 each by default, as Megatron-Core's). They change
+        memory only: a dropout keeps a one-byte mask for the backward where ``0 < p < 1``
+        (:func:`solver.megatron_memory.layer_activation_bytes`), so 0, as recent recipes
+        set (Megatron-LM's Mixtral example passes ``--attention-dropout 0.0
+        --hidden-dropout 0.0``), stores two masks of ``s b h`` a layer fewer and, in an
+        unfused attention, 3 of its 5 bytes a score. The dropout kernels' own time is
+        not modelled (a few bytes an element of the layer's memory-bound traffic).
     mtp_num_layers : int [1]
         Multi-token prediction modules (Megatron-Core's ``--mtp-num-layers``; DeepSeek-V3
         trains with 1), 0 to 63 [34]: each adds, on the last stage, a transformer layer
@@ -670,7 +684,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         stages run 7, 8 x 14, 7 [14]. The step is paced by the slowest of the first, a
         middle and the last stage (the LM head and MTP modules on it); memory is each
         rank's own (a lighter first stage moves the peak to rank 1); DP traffic is priced
-        on the stage of the most layers (an upper bound). 0 to 4095.
+        on the stage of the most layers (an upper bound), hidden behind its compute and its
+        wait each microbatch for a slower paced stage. 0 to 4095.
     engine : {"auto", "numpy", "fused"}
         ``"numpy"``: the broadcast numpy path (any shapes). ``"fused"``: the
         numba kernel of :mod:`solver.fused.megatron_kernel` (bitwise the same
@@ -703,7 +718,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
                   grad_reduce_in_bf16=grad_reduce_in_bf16,
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
-                  overlap_p2p_comm=overlap_p2p_comm, mtp_num_layers=mtp_num_layers,
+                  overlap_p2p_comm=overlap_p2p_comm, hidden_dropout=hidden_dropout,
+                  attention_dropout=attention_dropout, mtp_num_layers=mtp_num_layers,
                   num_layers_in_first_pipeline_stage=num_layers_in_first_pipeline_stage,
                   num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage)
     if dp_size is not None:
@@ -885,6 +901,8 @@ def _array_constant(c):
 
 
 _FUSED_DTYPES = {"int": np.int64, "bool": np.bool_, "choice": np.int64}
+#: Knobs the fused kernel receives packed into one byte (megatron_kernel.memory_flags).
+_MEMORY_KNOBS = ("grad_reduce_in_bf16", "hidden_dropout", "attention_dropout")
 
 
 def _flat(name, value, n):
@@ -918,8 +936,11 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
     if memo.get("n") != n:
         pipe = ("scatter_gather_tensors_in_pipeline", "overlap_p2p_comm", "mtp_num_layers",
                 "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
-        a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in pipe}
+        packed = pipe + _MEMORY_KNOBS
+        a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in packed}
         a["p2p_flags"] = _spread(fk.pipeline_flags(*(k[name] for name in pipe)), n, np.uint32)
+        a["memory_flags"] = _spread(fk.memory_flags(*(k[name] for name in _MEMORY_KNOBS)), n,
+                                    np.uint8)
         memo.update(n=n, a=a, w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
     a = memo["a"]
     # the memo holds the catalog's plateaus; a set gemm_plateau replaces them (steps._plateau)
@@ -932,7 +953,7 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
                         a["v_stages"], a["micro_batch_size"], a["sequence_parallel"],
                         a["recompute"], a["zero_stage"], a["precision"], a["tp_comm_overlap"],
                         a["overlap_grad_reduce"], a["overlap_param_gather"],
-                        a["flash_attention"], a["grad_reduce_in_bf16"],
+                        a["flash_attention"], a["memory_flags"],
                         a["p2p_flags"],
                         _KERNEL_BOUNDS,
                         (_CHOICES["recompute"], _CHOICES["precision"]))

@@ -103,8 +103,12 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # ZeRO-2 keeps only its shard of the gradients, so it reduce-scatters them after every
     # microbatch's backward, each behind that backward [24]; the other stages once.
     per_microbatch = np.where(zero == 2, m, 1.0)
+    # With set stages the priced stage also waits, every microbatch, for the paced one
+    # (pl.slack): its gradient reduction runs then beside no compute, the whole wait. (Not
+    # its parameter gather too: one wait hides one of them, and the gather runs with the
+    # step's first forwards, whose waits are the warm-up's.)
     exp_grad = per_microbatch * np.where(k["overlap_grad_reduce"],
-                                         _exposed(t_grad, stage_b, eta) * chunk, t_grad)
+                                         _exposed(t_grad, stage_b, eta, pl.slack) * chunk, t_grad)
     t_grad = per_microbatch * t_grad
     exp_gather = np.where(k["overlap_param_gather"], _exposed(t_gather, stage_f, eta) * chunk,
                           t_gather)
@@ -127,10 +131,13 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # Gathers not overlapped (overlap_param_gather off) are blocking: they wait in line
     # before the layer that needs them, and only the reduce-scatter, issued as the
     # backward produces the gradients, hides behind the backward [29].
-    exp_fsdp = np.where(k["overlap_param_gather"], _exposed(t_fsdp, pl.t_pipe, eta),
+    # (with set stages, the priced stage's waits for the paced one (pl.slack) hide it whole)
+    idle = m * pl.slack
+    exp_fsdp = np.where(k["overlap_param_gather"], _exposed(t_fsdp, pl.t_pipe - idle, eta, idle),
                         t_fsdp_gather + np.where(
                             k["overlap_grad_reduce"],
-                            _exposed(t_fsdp_rs, m * layers_stage * pl.window_b, eta), t_fsdp_rs))
+                            _exposed(t_fsdp_rs, m * layers_stage * pl.window_b, eta, idle),
+                            t_fsdp_rs))
     fsdp = zero == 3
     # Optimizer: Adam over the local (sharded) parameters at HBM bandwidth; the expert
     # parameters are sharded over the expert data-parallel group.
@@ -163,12 +170,13 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     tp, pp, zero, group, mbs = sp.tp, sp.pp, sp.zero, sp.group, sp.mbs
     s_local, h, layers_stage = ly.s_local, ly.h, pl.layers_stage
     flash = k["flash_attention"]
+    drop = dict(hidden_dropout=k["hidden_dropout"], attention_dropout=k["attention_dropout"])
     latent = np.where(hw.low_bits, w.latent_act_fp8, w.latent_act)
     act_dense = mem.layer_activation_bytes(
         mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
         tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
         low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
-        context_ratio=w.context_ratio)
+        context_ratio=w.context_ratio, **drop)
     act_moe = act_dense
     if w.moe:
         act_moe = mem.layer_activation_bytes(
@@ -176,7 +184,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
             tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
             moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
             low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
-            context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0))
+            context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0), **drop)
     # Megatron DDP's buckets are views into the gradient buffer [23]: a bucket of its own
     # (size [7]) only where the gradients are sharded and one is gathered to reduce it;
     # no larger than the rank's gradients (the buckets partition them [23]), which the

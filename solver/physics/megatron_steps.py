@@ -116,9 +116,10 @@ def _plateau(acc, key, c=None):
     return ge.get(key, ge.get("bf16", DEFAULT_GEMM_PLATEAU))
 
 
-def _exposed(comm, window, efficiency):
-    """Communication left after hiding it behind ``efficiency * window`` of compute [s]."""
-    return np.maximum(comm - efficiency * window, 0.0)
+def _exposed(comm, window, efficiency, idle=0.0):
+    """Communication left after hiding it behind ``efficiency * window`` of compute and
+    ``idle`` time with no compute beside it [s]."""
+    return np.maximum(comm - efficiency * window - idle, 0.0)
 
 
 # ------------------------------------------------------------------ 1. split
@@ -725,6 +726,9 @@ class Pipeline:
     paced_layers: object
     last_paced: object
     t_head: object
+    #: per microbatch, the paced stage's cycle beyond the priced stage's own work (0.0
+    #: unless stages are set [13]): time that stage waits, free to hide its DP traffic
+    slack: object
     bubble: object
     t_pipe: object
     t_pp: object
@@ -776,6 +780,15 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     paced_layers = np.where(uneven, np.where(t_last >= t_other, n_last, np.maximum(n_first, n_mid)),
                             layers_stage)
     stage_max = np.where(uneven, np.maximum(t_other, t_last), stage_max)
+    # The stage the DP traffic is priced on (the most layers; the last where it ties) is
+    # paced by the slowest stage: every microbatch it waits for the rest of that stage's
+    # cycle, time in which its DP traffic runs beside no compute of its own. Counted as
+    # hiding (megatron_compose.data_parallel), it keeps the step monotone in the work a
+    # layer adds: without it, selective recompute lengthened the priced stage's backward,
+    # and so hid more of its traffic, by more than it lengthened the step paced by a
+    # last stage of one layer and the head (an audit's random layouts, 2026-12-05).
+    own = np.where(n_last >= np.maximum(n_first, n_mid), t_last, t_other)
+    slack = np.where(uneven, stage_max - own, 0.0)
     stage_mean = np.where(uneven, w.layers * per_layer / pp + (t_head + t_mtp) / pp, stage_mean)
     bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
     t_pipe = m * stage_max + bubble
@@ -806,5 +819,5 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     t_pp = np.where(pp > 1, 2.0 * ((t_ramp + gather) * (pp * v - 1)
                                    + (t_slow + gather) * sp.p2p_steady), 0.0)
     return Pipeline(layers_stage=layers_stage, paced_layers=paced_layers, last_paced=last_paced,
-                    t_head=t_head, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
+                    t_head=t_head, slack=slack, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
                     window_f=window_f, window_b=window_b)

@@ -40,7 +40,8 @@ sequences), ``seq_len``, ``sequence_parallel``, ``recompute`` (none, selective,
 full), ``zero_stage`` (0 DDP, 1 distributed optimizer, 2, 3 FSDP),
 ``precision`` (bf16, fp16, fp8, fp4), ``tp_comm_overlap``,
 ``overlap_grad_reduce``, ``overlap_param_gather``, ``flash_attention``,
-``grad_reduce_in_bf16``, ``scatter_gather_tensors_in_pipeline``); an
+``grad_reduce_in_bf16``, ``scatter_gather_tensors_in_pipeline``,
+``hidden_dropout``, ``attention_dropout``); an
 empty cell or a missing column takes the knob's default
 (:data:`solver.physics.megatron.DEFAULTS`). Booleans are true/false, yes/no or 1/0.
 
@@ -206,6 +207,16 @@ def _positive(where, column, text):
     return number
 
 
+def _number(where, column, text, low, high):
+    try:
+        number = float(text)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and low <= number <= high):
+        where.fail(column, f"a number from {low:g} to {high:g}", text)
+    return number
+
+
 def _boolean(where, column, text):
     key = str(text).strip().lower()
     if key in _TRUE:
@@ -305,6 +316,8 @@ def _knobs(where, row):
                                  high=None if knob.high is None else int(knob.high))
         elif knob.kind == "bool":
             knobs[name] = _boolean(where, name, text)
+        elif knob.kind == "float":
+            knobs[name] = _number(where, name, text, knob.low, knob.high)
         else:
             choices = megatron.RECOMPUTE if name == "recompute" else megatron.PRECISIONS
             knobs[name] = _choice(where, name, text, choices)
