@@ -110,7 +110,7 @@ def megatron_normalization(mknobs, n):
     values = {name: default for name, default in megatron.DEFAULTS.items() if default is not None}
     values.update(mknobs, seq_len=8192)
     k = megatron._normalize(values, fast=True, unchecked=[])
-    return {name: megatron._flat(name, k[name], n) for name in k}
+    return megatron._fused_arrays(k, n)
 
 
 def same(a, b):

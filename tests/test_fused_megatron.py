@@ -444,3 +444,20 @@ def test_stale_sources_digest_compiles_instead_of_reading_the_cache(tmp_path):
         warnings.simplefilter("error")
         assert sources_digest([tmp_path / "missing.py"]) is None
         assert not cache_is_current("m", recorded, [tmp_path / "missing.py"])
+
+
+def test_benchmark_mirrors_the_kernels_inputs():
+    """benchmarks/bench_fused.py times the knobs' normalization as megatron.solve does it
+    (one shared function: a copy had broken when the dropout knobs were packed)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import bench_fused
+
+    n = 2000
+    a = bench_fused.megatron_normalization(bench_fused.megatron_draw(n), n)
+    assert a["p2p_flags"].dtype == np.uint32 and a["memory_flags"].dtype == np.uint8
+    # Megatron-Core's defaults: both dropouts keep their masks (bits 1 and 2)
+    assert (a["memory_flags"] & 6 == 6).all()
+    assert not {"hidden_dropout", "attention_dropout", "mtp_num_layers"} & set(a)
+    assert all(np.shape(v) == (n,) for v in a.values())

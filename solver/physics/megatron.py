@@ -927,6 +927,24 @@ def _spread(array, n, dtype):
     return out
 
 
+#: Knobs the fused kernel receives packed into one word (megatron_kernel.pipeline_flags).
+_PIPELINE_KNOBS = ("scatter_gather_tensors_in_pipeline", "overlap_p2p_comm", "mtp_num_layers",
+                   "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+
+
+def _fused_arrays(k, n):
+    """The normalized knobs ``k`` as the fused kernel's inputs, each ``n`` long: one array
+    a knob, but the pipeline's (``p2p_flags``) and the memory's (``memory_flags``) packed."""
+    from ..fused import megatron_kernel as fk
+    packed = _PIPELINE_KNOBS + _MEMORY_KNOBS
+    a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in packed}
+    a["p2p_flags"] = _spread(fk.pipeline_flags(*(k[name] for name in _PIPELINE_KNOBS)), n,
+                             np.uint32)
+    a["memory_flags"] = _spread(fk.memory_flags(*(k[name] for name in _MEMORY_KNOBS)), n,
+                                np.uint8)
+    return a
+
+
 def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
     """:func:`_solve` for flat inputs (``shape`` is ``(n,)`` or ``()``), in one pass
     (:mod:`solver.fused.megatron_kernel`). ``memo``: a dict that keeps the kernel's
@@ -934,14 +952,7 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
     from ..fused import megatron_kernel as fk
     n = shape[0] if shape else 1
     if memo.get("n") != n:
-        pipe = ("scatter_gather_tensors_in_pipeline", "overlap_p2p_comm", "mtp_num_layers",
-                "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
-        packed = pipe + _MEMORY_KNOBS
-        a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in packed}
-        a["p2p_flags"] = _spread(fk.pipeline_flags(*(k[name] for name in pipe)), n, np.uint32)
-        a["memory_flags"] = _spread(fk.memory_flags(*(k[name] for name in _MEMORY_KNOBS)), n,
-                                    np.uint8)
-        memo.update(n=n, a=a, w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
+        memo.update(n=n, a=_fused_arrays(k, n), w=fk.workload_scalars(w), f=fk.fleet_scalars(fleet))
     a = memo["a"]
     # the memo holds the catalog's plateaus; a set gemm_plateau replaces them (steps._plateau)
     f = fk.fleet_scalars(fleet, constants=c) if c["gemm_plateau"] > 0.0 else memo["f"]
