@@ -93,6 +93,8 @@ def write_measurements(path):
 
     rows = records()
     columns = list(dict.fromkeys(key for row in rows for key in row))
+    # the measurement last, after every knob some run states (the dropouts only some do)
+    columns = [c for c in columns if c != "step_time_s"] + ["step_time_s"]
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=columns)
         writer.writeheader()

@@ -172,6 +172,13 @@ NEMO_CONFIGS = {
     "GPT3-175B": {"grad_reduce_in_bf16": True, "recompute": "selective"},
     "Nemotron-340B": {"grad_reduce_in_bf16": True, "recompute": "none"},
 }
+#: The NEMO2407 models whose launcher configs train without dropout (``hidden_dropout:
+#: 0.0``, ``attention_dropout: 0.0``: ``conf/training/llama/{llama2_7b,llama2_13b,
+#: llama2_70b,llama3_8b,llama3_70b}.yaml``, ``conf/training/nemotron/{nemotron_8b,
+#: nemotron_22b,nemotron_340b}.yaml``): no dropout masks stored. The GPT-3 configs set
+#: ``hidden_dropout: 0.1`` (Megatron-Core's default, the knobs' too). Memory only.
+NEMO_NO_DROPOUT = ("LLAMA2-7B", "LLAMA2-13B", "LLAMA2-70B", "LLAMA3-8B", "LLAMA3-70B",
+                   "Nemotron-8B", "Nemotron-22B", "Nemotron-340B")
 
 
 def load_runs():
@@ -265,6 +272,9 @@ def load_runs():
                      overlap_p2p_comm=modern)
         if knobs["grad_reduce_in_bf16"]:
             notes.append("gradients reduced in bf16 (the model's NeMo launcher config)")
+        if src == "NEMO2407" and r["model"] in NEMO_NO_DROPOUT:
+            knobs.update(hidden_dropout=0.0, attention_dropout=0.0)
+            notes.append("no dropout (the model's NeMo launcher config)")
         # measured step time, from what the source printed
         meg_flops = flops.megatron_model_flops(gb, s, l, h, heads=a, kv_heads=kv, ffn_hidden=f,
                                                vocab=V, gated=gated)

@@ -44,8 +44,13 @@ References
     p=prob)`` then the residual add, after the attention and after the MLP).
 [9] PyTorch ``aten/src/ATen/native/Dropout.cpp``: ``dropout`` runs the fused
     ``native_dropout`` (which returns the mask it keeps) only for ``0 < p < 1``;
-    ``_dropout_impl`` returns its input unchanged at ``p == 0`` and multiplies by zeros at
-    ``p == 1``: no mask is kept for the backward. Recent recipes train without dropout:
+    ``_dropout_impl`` returns its input unchanged at ``p == 0``: no mask is kept for the
+    backward. Megatron-Core's fused bias-dropout-add is compiled by its ``jit_fuser``
+    (``megatron/core/jit.py``): ``torch.compile`` from PyTorch 2.2, whose decomposition of
+    dropout likewise skips it at ``p = 0`` (and keeps a mask at ``p = 1``); before 2.2,
+    ``torch.jit.script``, whose autodiff keeps a mask at any ``p``, 0 included: the model
+    follows PyTorch 2.2 and later (NeMo 24.07's stack and since). Recent recipes train
+    without dropout:
     Megatron-LM's ``examples/mixtral/train_mixtral_8x7b_distributed.sh`` passes
     ``--attention-dropout 0.0 --hidden-dropout 0.0``.
 """
@@ -70,9 +75,11 @@ __all__ = [
 #: weight's FP8 cast and its transpose across microbatches (``is_first_microbatch``,
 #: on unless ``disable_parameter_transpose_cache``), 2 B more per linear-layer parameter,
 #: but the published FP8 runs that ran would not fit with it: NEMO2407's Llama 3 8B on 8
-#: H100s (TP 1) is at 92.7 % of the device's memory without it and would be at about
-#: 109 %, its Nemotron-4 340B on 128 (96.3 %) at about 108 %, NEMOLS's Llama 2 7B on 4
-#: (90.6 %) at about 106 % (benchmarks/results/fidelity.json, ``memory``). Which of the
+#: H100s (TP 1) is at 91.4 % of the device's memory without it and would be at about
+#: 108 %, its Nemotron-4 340B on 128 (94.0 %) at about 106 %, NEMOLS's Llama 2 7B on 4
+#: (90.6 %) at about 106 % (benchmarks/results/fidelity.json, ``memory``; the first two
+#: without dropout masks, as their configs train, since 2026-12-05: 92.7 % and 96.3 %
+#: with them). Which of the
 #: stack's settings made room for them (FP8 parameters, the cache off) is not known.
 WEIGHT_BYTES = 2.0
 #: FP32 main gradients of Megatron-Core's DDP buffer [B per parameter] [2].
@@ -147,7 +154,8 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     recompute_code : array_like of int
         0 none, 1 selective (attention core), 2 full (layer input only).
     flash_attention : array_like of bool
-        A fused attention kernel stores no s x s scores (the 5 a s / h term).
+        A fused attention kernel stores no s x s scores (the scores' term, 5 a s / h, or
+        2 a s / h without the attention dropout).
     moe_top_k, moe_ffn_hidden : array_like [1]
         MoE layer: routed experts per token and expert width (0 for a dense layer).
     low_bits : array_like of bool
@@ -167,7 +175,7 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     hidden_dropout, attention_dropout : array_like [1]
         Dropout probabilities (Megatron-Core's ``hidden_dropout`` and ``attention_dropout``,
         0.1 by default [8]). A dropout keeps a one-byte mask for its backward only where
-        ``0 < p < 1``: PyTorch's dropout returns its input at ``p = 0`` [9]. So at
+        ``p > 0``: PyTorch's dropout returns its input at ``p = 0`` [9]. So at
         ``hidden_dropout = 0`` the two masks of the layer's bias-dropout-adds (after the
         attention and after the MLP, ``s b h`` each: 2 of [1]'s 10) are not stored, and at
         ``attention_dropout = 0`` an unfused attention keeps its softmax output alone (2 of
@@ -225,9 +233,9 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
 
 def _keeps_mask(p):
     """1.0 where a dropout of probability ``p`` keeps a mask for its backward, else 0.0:
-    ``0 < p < 1`` (PyTorch's ``dropout`` returns its input at 0 and zeros at 1 [9])."""
-    p = np.asarray(p, dtype=np.float64)
-    return ((p > 0.0) & (p < 1.0)).astype(np.float64)
+    ``p > 0`` [9] (at ``p = 1``, which trains nothing, ``torch.compile``'s fused dropout
+    still keeps one)."""
+    return (np.asarray(p, dtype=np.float64) > 0.0).astype(np.float64)
 
 
 def in_flight_layers(layers_per_stage, pp_size, v_stages, microbatches, rank=0):

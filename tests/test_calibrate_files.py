@@ -128,6 +128,14 @@ def test_a_dropout_column_is_read_as_a_probability(tmp_path):
     with pytest.raises(MeasurementError, match=r"bad.csv line 2, column hidden_dropout: "
                        r"expected a number from 0 to 1, but got '1.5'"):
         read_measurements(bad)
+    # Python's float reads "0_1" as 1.0: a number cell with an underscore is refused
+    typo = _write(tmp_path, [head, rows[0].replace(",0.0,", ",0_1,")], name="typo.csv")
+    with pytest.raises(MeasurementError, match=r"column hidden_dropout: expected a number "
+                       r"from 0 to 1, but got '0_1'"):
+        read_measurements(typo)
+    typo = _write(tmp_path, [head, rows[0].replace(",128,", ",1_28,")], name="typo2.csv")
+    with pytest.raises(MeasurementError, match=r"column batch_size: expected a whole number"):
+        read_measurements(typo)
 
 
 def test_a_bad_header_is_refused(tmp_path):

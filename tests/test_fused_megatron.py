@@ -59,7 +59,7 @@ def _draw(rng, n, *, dp_given, etp_given=False):
         grad_reduce_in_bf16=rng.random(n) < 0.5,
         scatter_gather_tensors_in_pipeline=rng.random(n) < 0.5,
         overlap_p2p_comm=rng.random(n) < 0.5,
-        # 0 and 1 keep no mask, anything between keeps one (the kernel's two bits)
+        # 0 keeps no mask, anything above keeps one (the kernel's two bits)
         hidden_dropout=pick([0.0, 0.0, 0.1, 0.05, 1.0]),
         attention_dropout=pick([0.0, 0.0, 0.1, 0.3, 1.0]),
         mtp_num_layers=pick([0, 0, 1, 2, 63]),  # 63: the most the kernel's 6 bits pack

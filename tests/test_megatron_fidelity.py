@@ -91,13 +91,14 @@ def test_every_published_layout_fits_the_memory_it_ran_in():
     # The 54 published runs ran, so `feasible` must not rule their layouts out. Nemotron-4
     # 340B on 128 H100 (FP8, no recompute) came out at 1.020 of the H100's 81,559 MiB until
     # the FP8 runs kept their linear layers' inputs in one byte, as Transformer Engine does
-    # (megatron_memory [6]): 0.963 since.
+    # (megatron_memory [6]): 0.963 since, and 0.940 with its launcher config's dropout 0
+    # (no masks stored; 2026-12-05).
     runs, _ = F.load_runs()
     pub = F.memory_check([r for r in runs if r.source != "VTRAIN"], F.M.CONSTANTS)["published"]
     assert len(pub) == 54
     assert all(p["ratio"] <= 1.0 for p in pub), [p for p in pub if p["ratio"] > 1.0]
     top = max(pub, key=lambda p: p["ratio"])
-    assert top["run_id"] == "NEMO2407-Nemotron-340B-128" and 0.95 < top["ratio"] < 0.97, top
+    assert top["run_id"] == "NEMO2407-Nemotron-340B-128" and 0.93 < top["ratio"] < 0.95, top
 
 
 def test_vtrain_pipelined_layouts_recompute_like_the_rest():

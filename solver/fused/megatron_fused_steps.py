@@ -450,7 +450,9 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
         stage_f = layers_stage * window_f
         chunk = 1.0 / v  # the one model chunk's share left exposed under interleaving
         per_microbatch = m if zero == 2 else 1.0
-        exp_grad = per_microbatch * ((_exposed_idle(t_grad, stage_b, eta, slack) * chunk) if ogr
+        # ZeRO-2's per-microbatch reduce-scatter alone hides in the wait (megatron_compose)
+        idle_grad = slack if zero == 2 else 0.0
+        exp_grad = per_microbatch * ((_exposed_idle(t_grad, stage_b, eta, idle_grad) * chunk) if ogr
                                      else t_grad)
         t_grad = per_microbatch * t_grad
         exp_gather = (_exposed(t_gather, stage_f, eta) * chunk) if opg else t_gather

@@ -95,7 +95,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "70b90ddf7675defb"
+SOURCES_DIGEST = "19884f6a0345cb72"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -791,14 +791,13 @@ def pipeline_flags(scatter_gather, overlap_p2p, mtp_num_layers=0, first_stage_la
 
 def memory_flags(grad_reduce_in_bf16, hidden_dropout=0.1, attention_dropout=0.1):
     """The ``mem`` argument of :func:`run` (before it is spread to ``n`` values):
-    ``grad_reduce_in_bf16`` and whether each dropout keeps a mask (``0 < p < 1``,
+    ``grad_reduce_in_bf16`` and whether each dropout keeps a mask (``p > 0``,
     megatron_memory._keeps_mask), scalars or arrays, packed into uint8: bits 0, 1 (hidden)
     and 2 (attention)."""
     u = np.uint8
 
     def keeps(p):
-        p = np.asarray(p, dtype=np.float64)
-        return ((p > 0.0) & (p < 1.0)).astype(u)
+        return (np.asarray(p, dtype=np.float64) > 0.0).astype(u)
     return (np.asarray(grad_reduce_in_bf16).astype(u) | (keeps(hidden_dropout) << u(1))
             | (keeps(attention_dropout) << u(2)))
 

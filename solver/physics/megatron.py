@@ -661,12 +661,15 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     hidden_dropout, attention_dropout : float [1]
         Dropout probabilities, Megatron-Core's (``--hidden-dropout``,
         ``--attention-dropout``; 0.1 each by default, as Megatron-Core's). They change
-        memory only: a dropout keeps a one-byte mask for the backward where ``0 < p < 1``
+        memory only: a dropout keeps a one-byte mask for the backward where ``p > 0``
         (:func:`solver.megatron_memory.layer_activation_bytes`), so 0, as recent recipes
         set (Megatron-LM's Mixtral example passes ``--attention-dropout 0.0
         --hidden-dropout 0.0``), stores two masks of ``s b h`` a layer fewer and, in an
-        unfused attention, 3 of its 5 bytes a score. The dropout kernels' own time is
-        not modelled (a few bytes an element of the layer's memory-bound traffic).
+        unfused attention, 3 of its 5 bytes a score (with PyTorch 2.2 or later, whose
+        ``torch.compile`` fuses Megatron-Core's bias-dropout-add; before, TorchScript kept
+        the masks at 0 too). The step's time does not move: the dropout kernels' HBM
+        traffic stays counted at 0 (in ``elementwise_bytes`` and, unfused, the scores').
+        The input embedding's dropout mask on the first stage is not counted at any p.
     mtp_num_layers : int [1]
         Multi-token prediction modules (Megatron-Core's ``--mtp-num-layers``; DeepSeek-V3
         trains with 1), 0 to 63 [34]: each adds, on the last stage, a transformer layer

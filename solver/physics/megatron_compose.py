@@ -104,11 +104,14 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # microbatch's backward, each behind that backward [24]; the other stages once.
     per_microbatch = np.where(zero == 2, m, 1.0)
     # With set stages the priced stage also waits, every microbatch, for the paced one
-    # (pl.slack): its gradient reduction runs then beside no compute, the whole wait. (Not
-    # its parameter gather too: one wait hides one of them, and the gather runs with the
-    # step's first forwards, whose waits are the warm-up's.)
+    # (pl.slack): ZeRO-2's reduce-scatter of each microbatch's gradients runs then beside no
+    # compute, the whole wait. Not the reduction of the other stages, launched in the last
+    # microbatch's backward [7], after which the priced stage may wait for nothing (the
+    # first stage, when it holds the most layers); nor the parameter gather (one wait hides
+    # one of them, and the gather runs with the step's first forwards).
+    idle_grad = np.where(zero == 2, pl.slack, 0.0)
     exp_grad = per_microbatch * np.where(k["overlap_grad_reduce"],
-                                         _exposed(t_grad, stage_b, eta, pl.slack) * chunk, t_grad)
+                                         _exposed(t_grad, stage_b, eta, idle_grad) * chunk, t_grad)
     t_grad = per_microbatch * t_grad
     exp_gather = np.where(k["overlap_param_gather"], _exposed(t_gather, stage_f, eta) * chunk,
                           t_gather)

@@ -184,11 +184,17 @@ class _Line:
                                f"but got {got!r}{hint}")
 
 
-def _whole(where, column, text, low=1, high=None):
+def _float(text):
+    """``float(text)``, NaN for what is no number; an underscore too (Python reads the cell
+    ``0_1`` as 1.0, a typo it would have taken for a value)."""
     try:
-        number = float(text)
+        return math.nan if "_" in str(text) else float(text)
     except (TypeError, ValueError):
-        number = math.nan
+        return math.nan
+
+
+def _whole(where, column, text, low=1, high=None):
+    number = _float(text)
     ok = math.isfinite(number) and number == int(number) and number >= low \
         and (high is None or number <= high)
     if not ok:
@@ -198,20 +204,14 @@ def _whole(where, column, text, low=1, high=None):
 
 
 def _positive(where, column, text):
-    try:
-        number = float(text)
-    except (TypeError, ValueError):
-        number = math.nan
+    number = _float(text)
     if not (math.isfinite(number) and number > 0):
         where.fail(column, "a positive number", text)
     return number
 
 
 def _number(where, column, text, low, high):
-    try:
-        number = float(text)
-    except (TypeError, ValueError):
-        number = math.nan
+    number = _float(text)
     if not (math.isfinite(number) and low <= number <= high):
         where.fail(column, f"a number from {low:g} to {high:g}", text)
     return number
