@@ -856,3 +856,29 @@ def test_a_set_stage_waiting_for_the_paced_one_hides_its_dp_traffic(engine):
                 num_layers_in_last_pipeline_stage=np.zeros(n, int))
     e = M.solve(wl, FL, engine=engine, recompute=np.array(["none", "selective", "full"]), **even)
     assert (e["step_latency_total"][:-1] <= e["step_latency_total"][1:]).all()
+
+
+def test_dropout_never_adds_memory_or_time_on_random_layouts():
+    """Seeded random layouts (every kind of workload and fleet the fused tests draw): at
+    dropout 0 a layout never needs more memory than at Megatron-Core's 0.1, and no output
+    but memory and feasibility moves."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_fused_megatron import _draw
+
+    rng = np.random.default_rng(23)
+    for wl, fl in (("Llama3_8B_MC", "Selene_MC"), ("Mixtral_8x7B_MC", "GB200_NVL72_8_MC"),
+                   ("DeepSeek_V3_MC", "HGX_H100_1K_MC")):
+        workload, fleet = catalog.workload(wl), catalog.fleet(fl)
+        k = _draw(rng, 2000, dp_given=True)
+        on = M.solve(workload, fleet, **{**k, "hidden_dropout": 0.1, "attention_dropout": 0.1})
+        off = M.solve(workload, fleet, **{**k, "hidden_dropout": 0.0, "attention_dropout": 0.0})
+        valid = on["valid"]
+        assert valid.sum() > 100
+        assert np.all(off["memory_footprint"][valid] <= on["memory_footprint"][valid])
+        assert np.any(off["memory_footprint"][valid] < on["memory_footprint"][valid])
+        assert np.all(off["feasible"] >= on["feasible"])
+        for name in M.OUTPUTS:
+            if not name.startswith("memory") and name != "feasible":
+                np.testing.assert_array_equal(off[name], on[name], err_msg=(wl, name))
