@@ -68,6 +68,7 @@ __all__ = [
     "layer_activation_bytes",
     "in_flight_layers",
     "logits_bytes",
+    "keeps_mask",
 ]
 
 #: 16-bit weights [B per parameter]. FP8 training keeps them, and the model counts no
@@ -208,7 +209,7 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     # Table 2 of [1]: s b h (10 + 24/t + 5 a s/(h t)); the 10 (norm inputs, dropout
     # masks, residuals) is replicated on every TP rank unless SP splits it too. Its two
     # one-byte hidden-dropout masks are kept only where the dropout runs [9].
-    masks = 2.0 * _keeps_mask(hidden_dropout)
+    masks = 2.0 * keeps_mask(hidden_dropout)
     replicated = (8.0 + masks - fp8_replicated + latent_bytes) / np.where(sp, t, 1.0)
     # The 24/t of [1] is 8/t attention (Q, K, V, context) + 16/t MLP (fc1 out, GELU out),
     # at kv = a and f = 4h; generalized: Q and context 2 + 2, K and V 2 kv/a each,
@@ -222,7 +223,7 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     mlp = mlp + np.asarray(moe_top_k) * routed_gather * np.where(low, 1.0, 2.0)
     # Sec. 4.1 of [1]: 5 a s / h for the softmax output (2), the dropout mask (1) and
     # its output (2); without the attention dropout [9], the softmax output alone.
-    score_bytes = 2.0 + 3.0 * _keeps_mask(attention_dropout)
+    score_bytes = 2.0 + 3.0 * keeps_mask(attention_dropout)
     scores = np.where(np.asarray(flash_attention) | (np.asarray(recompute_code) >= 1), 0.0,
                       score_bytes * heads * s / (h * t))
     per_layer = sbh * (replicated + attention + mlp + scores)
@@ -231,7 +232,7 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     return np.where(np.asarray(recompute_code) == 2, full, per_layer)
 
 
-def _keeps_mask(p):
+def keeps_mask(p):
     """1.0 where a dropout of probability ``p`` keeps a mask for its backward, else 0.0:
     ``p > 0`` [9] (at ``p = 1``, which trains nothing, ``torch.compile``'s fused dropout
     still keeps one)."""

@@ -60,6 +60,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from ..megatron_memory import keeps_mask
 from ..physics import megatron_steps as _steps
 from . import buffers, in_ranges
 from ._numba import cache_is_current, forced_vector_width, kernel
@@ -791,15 +792,12 @@ def pipeline_flags(scatter_gather, overlap_p2p, mtp_num_layers=0, first_stage_la
 
 def memory_flags(grad_reduce_in_bf16, hidden_dropout=0.1, attention_dropout=0.1):
     """The ``mem`` argument of :func:`run` (before it is spread to ``n`` values):
-    ``grad_reduce_in_bf16`` and whether each dropout keeps a mask (``p > 0``,
-    megatron_memory._keeps_mask), scalars or arrays, packed into uint8: bits 0, 1 (hidden)
-    and 2 (attention)."""
+    ``grad_reduce_in_bf16`` and whether each dropout keeps a mask
+    (:func:`solver.megatron_memory.keeps_mask`), scalars or arrays, packed into uint8:
+    bits 0, 1 (hidden) and 2 (attention)."""
     u = np.uint8
-
-    def keeps(p):
-        return (np.asarray(p, dtype=np.float64) > 0.0).astype(u)
-    return (np.asarray(grad_reduce_in_bf16).astype(u) | (keeps(hidden_dropout) << u(1))
-            | (keeps(attention_dropout) << u(2)))
+    return (np.asarray(grad_reduce_in_bf16).astype(u) | (keeps_mask(hidden_dropout).astype(u) << u(1))
+            | (keeps_mask(attention_dropout).astype(u) << u(2)))
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
