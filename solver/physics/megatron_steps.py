@@ -727,7 +727,8 @@ class Pipeline:
     last_paced: object
     t_head: object
     #: per microbatch, the paced stage's cycle beyond the priced stage's own work (0.0
-    #: unless stages are set [13]): time that stage waits, free to hide its DP traffic
+    #: unless stages are set [13]): time that stage waits, free to hide the DP traffic it
+    #: sends every microbatch (ZeRO-2's, FSDP's: megatron_compose.data_parallel)
     slack: object
     bubble: object
     t_pipe: object
@@ -782,11 +783,12 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     stage_max = np.where(uneven, np.maximum(t_other, t_last), stage_max)
     # The stage the DP traffic is priced on (the most layers; the last where it ties) is
     # paced by the slowest stage: every microbatch it waits for the rest of that stage's
-    # cycle, time in which its DP traffic runs beside no compute of its own. Counted as
-    # hiding (megatron_compose.data_parallel), it keeps the step monotone in the work a
-    # layer adds: without it, selective recompute lengthened the priced stage's backward,
-    # and so hid more of its traffic, by more than it lengthened the step paced by a
-    # last stage of one layer and the head (an audit's random layouts, 2026-12-05).
+    # cycle, time in which its per-microbatch DP traffic runs beside no compute of its
+    # own. Counted as hiding (megatron_compose.data_parallel), it keeps the step monotone
+    # in the work a layer adds: without it, selective recompute lengthened the priced
+    # stage's backward, and so hid more of its traffic, by more than it lengthened the
+    # step paced by a last stage of one layer and the head (layouts the seeded
+    # monotonicity test drew, 2026-12-05).
     own = np.where(n_last >= np.maximum(n_first, n_mid), t_last, t_other)
     slack = np.where(uneven, stage_max - own, 0.0)
     stage_mean = np.where(uneven, w.layers * per_layer / pp + (t_head + t_mtp) / pp, stage_mean)
