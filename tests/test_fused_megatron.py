@@ -66,6 +66,7 @@ def _draw(rng, n, *, dp_given, etp_given=False):
         # set first and last stages (0: not set), 4095 the most their 12 bits pack
         num_layers_in_first_pipeline_stage=pick([0, 0, 0, 1, 2, 3, 5, 8, 4095]),
         num_layers_in_last_pipeline_stage=pick([0, 0, 0, 1, 2, 4, 6, 4095]),
+        overlap_moe_expert_parallel_comm=rng.random(n) < 0.5,
     )
     if dp_given:
         knobs["dp_size"] = pick([1, 2, 4, 8, 16, 64])

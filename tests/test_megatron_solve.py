@@ -656,7 +656,8 @@ def test_step_is_monotone_in_knobs_and_constants_on_random_layouts():
             le = lambda a, b: np.all((a <= b * (1 + 1e-12)) | ~valid)  # noqa: E731
             none, sel, full = (step(recompute=r) for r in ("none", "selective", "full"))
             assert le(none, sel) and le(sel, full), (wl, fl)
-            for flag in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather"):
+            for flag in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
+                         "overlap_moe_expert_parallel_comm"):
                 assert le(step(**{flag: True}), step(**{flag: False})), (wl, fl, flag)
             for name, factor in faster.items():
                 value = min(M.CONSTANTS[name] * factor, M.CONSTANT_BOUNDS[name][1])
@@ -882,3 +883,82 @@ def test_dropout_never_adds_memory_or_time_on_random_layouts():
         for name in M.OUTPUTS:
             if not name.startswith("memory") and name != "feasible":
                 np.testing.assert_array_equal(off[name], on[name], err_msg=(wl, name))
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_combined_1f1b_hides_the_paired_microbatches_all_to_alls(engine):
+    """overlap_moe_expert_parallel_comm [35]: each steady-state microbatch's EP all-to-alls
+    hide behind the compute of the one it is paired with. Mixtral 8x7B's compute covers
+    them whole here, so what stays exposed is the unpaired microbatches' share: without a
+    pipeline 1 of m; interleaved over 4 stages of 2 chunks, the first rank's warm-up of
+    2 (p - 1) + (v - 1) p + 1 = 11 of its m v chunks. The step falls by what is hidden,
+    less the gradient reduction the shorter backward no longer hides, and every other
+    term stays."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    wl = catalog.workload("Mixtral_8x7B_MC")
+    for kw, exposed in ((dict(pp_size=1, v_stages=1, dp_size=64), 1.0 / 8.0),
+                        (dict(pp_size=4, v_stages=2, dp_size=16), 11.0 / 16.0)):
+        base = dict(batch_size=512 if kw["pp_size"] == 1 else 128, seq_len=4096, tp_size=1,
+                    ep_size=8, micro_batch_size=1, recompute="selective", engine=engine, **kw)
+        off = M.solve(wl, FL, **base)
+        on = M.solve(wl, FL, **base, overlap_moe_expert_parallel_comm=True)
+        assert off["realizable"] and on["realizable"] and off["microbatch_count"] == 8.0
+        assert off["ep_communication_latency"] > 0.01 * off["step_latency_total"]
+        np.testing.assert_allclose(on["ep_communication_latency"],
+                                   exposed * off["ep_communication_latency"], rtol=1e-12)
+        # (the gradient reduction hid behind the backward's all-to-alls too: what they
+        # no longer take, it may now show)
+        assert on["dp_communication_latency"] >= off["dp_communication_latency"]
+        np.testing.assert_allclose(
+            off["step_latency_total"] - on["step_latency_total"],
+            off["ep_communication_latency"] - on["ep_communication_latency"]
+            - (on["dp_communication_latency"] - off["dp_communication_latency"]), rtol=1e-9)
+        assert on["step_latency_total"] < off["step_latency_total"]
+        # (the fill and drain run unpaired: the bubble stays)
+        for name in ("compute_latency", "tp_communication_latency", "pp_communication_latency",
+                     "pipeline_bubble_latency", "communication_latency", "launch_latency"):
+            np.testing.assert_allclose(on[name], off[name], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_combined_1f1b_holds_one_more_microbatch(engine):
+    """[35]: without a pipeline a microbatch's forward runs beside the last one's backward,
+    so two microbatches' activations are alive where 1F1B holds one; interleaved, the
+    schedule warms up one chunk more (megatron_memory.in_flight_layers)."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    from solver import megatron_memory as mem
+
+    wl = catalog.workload("Mixtral_8x7B_MC")
+    base = dict(batch_size=512, seq_len=4096, tp_size=1, pp_size=1, ep_size=8, dp_size=64,
+                micro_batch_size=1, engine=engine)
+    off = M.solve(wl, FL, **base)
+    on = M.solve(wl, FL, **base, overlap_moe_expert_parallel_comm=True)
+    logits = mem.logits_bytes(1, 4096.0, wl.vocab_size, tp_size=1)
+    np.testing.assert_allclose(on["memory_activations"] - logits,
+                               2.0 * (off["memory_activations"] - logits), rtol=1e-12)
+    assert on["memory_footprint"] > off["memory_footprint"]
+    np.testing.assert_allclose(mem.in_flight_layers(8, 4, 2, 8, extra=1.0),
+                               mem.in_flight_layers(8, 4, 2, 8) + 8 / 2, rtol=0)
+    np.testing.assert_allclose(mem.in_flight_layers(8, 1, 1, 8, extra=1.0), 16.0, rtol=0)
+    np.testing.assert_allclose(mem.in_flight_layers(8, 1, 1, 1, extra=1.0), 8.0, rtol=0)
+
+
+def test_combined_1f1b_runs_only_where_megatron_core_allows_it():
+    """Megatron-Core's TransformerConfig refuses overlap_moe_expert_parallel_comm without
+    expert parallelism, with full recomputation, with a pipeline that is not interleaved
+    and with more than one MTP layer [35]; each is named by why_unrealizable."""
+    wl = catalog.workload("Mixtral_8x7B_MC")
+    base = dict(batch_size=512, seq_len=4096, tp_size=1, pp_size=1, ep_size=8, dp_size=64,
+                overlap_moe_expert_parallel_comm=True)
+    assert not M.why_unrealizable(wl, FL, **base)
+    for change in (dict(ep_size=1), dict(recompute="full"), dict(pp_size=2, dp_size=32),
+                   dict(mtp_num_layers=2)):
+        assert sorted(M.why_unrealizable(wl, FL, **{**base, **change})) == ["a2a_overlap"], change
+    assert not M.why_unrealizable(wl, FL, **{**base, "pp_size": 2, "v_stages": 2, "dp_size": 32})
+    assert not M.why_unrealizable(wl, FL, **{**base, "mtp_num_layers": 1})
+    assert not M.why_unrealizable(wl, FL, **{**base, "recompute": "full",
+                                             "overlap_moe_expert_parallel_comm": False})
+    out = M.solve(wl, FL, **{**base, "recompute": np.array(["none", "selective", "full"])})
+    assert out["realizable"].tolist() == [True, True, False]

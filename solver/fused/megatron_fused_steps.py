@@ -23,10 +23,10 @@ from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _
 
 @njit(**_INLINE)
 def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, prec, flash,
-           ogr, opg, zero, supported, first, last, op2p):
+           ogr, opg, zero, supported, first, last, op2p, rc, mtp, a2a):
     """megatron_steps.split (``supported``: the fleet's 4-tuple of 1.0 where it has the
     precision; ``first``, ``last``: the set stages' layers, 0.0 where not set; ``op2p``:
-    ``overlap_p2p_comm``)."""
+    ``overlap_p2p_comm``; ``a2a``: ``overlap_moe_expert_parallel_comm``)."""
     layers, heads, kv_heads, experts, moe = w[0], w[2], w[3], w[5], w[6]
     sp = spk and tp > 1.0
     model_parallel = tp * 1.0 * pp * cp
@@ -70,6 +70,7 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, 
                   and not (tco and not sp)
                   and not (opg and not ogr and zero >= 1)
                   and not (zero >= 2 and pp > 1.0)
+                  and (not a2a or (ep > 1.0 and rc != 2 and (pp == 1.0 or v > 1.0) and mtp <= 1.0))
                   and _pick(supported, prec) != 0.0)
     return sp, dp, group, valid, n_acc, m_exact, m, realizable
 
@@ -331,24 +332,39 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
 @njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
               cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, p2p_split,
-              p2p_steady, p2p_gather, n_acc, mtp, t_mtp_module, first, last):
+              p2p_steady, p2p_gather, n_acc, mtp, t_mtp_module, stages, a2a):
     """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``p2p_split``: the TP split
     of a p2p send, :func:`_p2p_split`; ``p2p_steady``: :func:`_p2p_steady_sends`;
     ``p2p_gather``: 1.0 where the split slices are all-gathered over TP on arrival (no
-    SP), else 0.0)."""
+    SP), else 0.0; ``stages``: the first and the last stage's layers; ``a2a``:
+    ``overlap_moe_expert_parallel_comm``). (One tuple for the stages: a call of more than
+    30 arguments compiles to one with ``*args``, which numba does not inline.)"""
+    first, last = stages
     layers = w[0]
     domain, up_lat, out_lat = f[6], f[9], f[10]
     layer_overhead, call_lat = c[6], c[11]
     uneven, n_first, n_mid, n_last = _stage_layers(w, pp, first, last)
     layers_stage = _max(_max(n_first, n_mid), n_last) if uneven else np.ceil(layers / (pp * 1.0))
     window_f = _max(layer_f + tp_layer / 2 + cp_layer_f + ep_layer_f, layer_overhead)
-    window_b = _max(layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b,
-                    layer_overhead * (2.0 + (1.0 if rc == 2 else 0.0)))
-    per_layer = window_f + window_b
+    floor_b = layer_overhead * (2.0 + (1.0 if rc == 2 else 0.0))
+    window_b = _max(layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b, floor_b)
+    # combined 1F1B (megatron_steps.pipeline)
+    mv = m * v
+    warm = 2.0 * (pp - 1.0) + (v - 1.0) * pp + 1.0 if pp > 1.0 else 1.0
+    paired = _max(mv - warm, 0.0) / mv if a2a else 0.0
+    eta = c[9]
+    own_f = layer_f + tp_layer / 2 + cp_layer_f
+    own_b = layer_b + tp_layer / 2 + cp_layer_b
+    hide = _min(ep_layer_f, eta * own_b) + _min(ep_layer_b, eta * own_f)
+    pair = _max(own_f + ep_layer_f + own_b + ep_layer_b - hide, layer_overhead + floor_b)
+    a2a_hidden = paired * (window_f + window_b - pair)
+    alone = window_f + window_b
+    per_layer = alone - a2a_hidden
     t_layers = layers_stage * per_layer
     t_mtp = mtp * (per_layer + t_head + t_mtp_module)
     stage_max = t_layers + (t_head + t_mtp)
-    stage_mean = t_layers + (t_head + t_mtp) / pp
+    t_mtp_alone = mtp * (alone + t_head + t_mtp_module)  # (the bubble's: unpaired)
+    stage_mean = layers_stage * alone + (t_head + t_mtp_alone) / pp
     t_last = n_last * per_layer + (t_head + t_mtp)
     t_other = _max(n_first, n_mid) * per_layer
     last_paced = 1.0 if (not uneven or t_last >= t_other) else 0.0
@@ -356,7 +372,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     slack = 0.0
     if uneven:
         stage_max = _max(t_other, t_last)
-        stage_mean = layers * per_layer / pp + (t_head + t_mtp) / pp
+        stage_mean = layers * alone / pp + (t_head + t_mtp_alone) / pp
         # the priced stage's wait for the paced one (megatron_steps.pipeline)
         slack = stage_max - (t_last if n_last >= _max(n_first, n_mid) else t_other)
     bubble = (pp - 1.0) / (v * 1.0) * stage_mean
@@ -378,7 +394,8 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
                                    up_lat if tp_in else out_lat) + call_lat)
     t_pp = 2.0 * ((t_ramp + gather) * (pp * v - 1.0) + (t_slow + gather) * p2p_steady) \
         if pp > 1.0 else 0.0
-    return layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack
+    return (layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack,
+            a2a_hidden)
 
 
 # ---------------------------------------------------------- 6. data parallel
@@ -522,14 +539,15 @@ def _rank_layers(w, r, nf, nm, nl, held, last_rank, v, mixed):
 
 @njit(**_PRIM)
 def _rank(moe, pp, v, rank, n, dense_n, first, last, dense_l, moe_l, expert_l, head, one_stage, emb,
-          act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp_all, mtp_l, best):
+          act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp_all, mtp_l, best,
+          extra):
     """One rank of megatron_compose.memory's loop: (params, experts, activations, footprint),
     or ``best``'s where its footprint is not larger. Without experts (``moe`` 0.0, a constant
     in :func:`~.megatron_kernel._price_block_dense_even`) the terms that are 0.0 are left out, the
     same bits: numpy adds exact zeros."""
     mtp = mtp_all * last
     copies = one_stage if pp == 1.0 else first + last * head
-    chunks = pp * v + pp - 1 - 2.0 * rank if v > 1.0 else pp - rank
+    chunks = (pp * v + pp - 1 - 2.0 * rank if v > 1.0 else pp - rank) + extra  # (in_flight_layers)
     if moe != 0.0:
         moe_n = n - dense_n
         params = dense_n * dense_l + moe_n * moe_l + mtp * mtp_l + emb * copies
@@ -547,7 +565,7 @@ def _rank(moe, pp, v, rank, n, dense_n, first, last, dense_l, moe_l, expert_l, h
 @njit(**_INLINE)
 def _memory(w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local,
             act_bytes, layers_stage, expert_group, params_bytes, p2p_split, prec, mtp, first, last,
-            hidden_masks, score_masks):
+            hidden_masks, score_masks, extra):
     """megatron_compose.memory (with megatron_steps.pipeline_ranks)."""
     h, heads, moe, top_k, vocab, emb_params = w[1], w[2], w[6], w[9], w[13], w[16]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
@@ -594,7 +612,7 @@ def _memory(w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_byte
     r, n, dn, fr, la = _rank_layers(w, 0.0 * pp, nf, nm, nl, held, last_rank, v, mixed)
     best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
                  act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
-                 (0.0, 0.0, 0.0, -np.inf))
+                 (0.0, 0.0, 0.0, -np.inf), extra)
     # rank 1 (rank 0 of one stage, the last of two). Behind a first stage that is not set,
     # without leading dense layers, it holds what rank 0 holds but the embedding, with
     # fewer microbatches in flight: never a larger footprint, so the same bits without it.
@@ -604,23 +622,23 @@ def _memory(w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_byte
         r, n, dn, fr, la = _rank_layers(w, _min(1.0, last_rank), nf, nm, nl, held, last_rank, v, mixed)
         best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
                      act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
-                     best)
+                     best, extra)
     if mixed:  # the rank whose first chunk holds the first MoE layer, and the next
         r_moe = 0.0 if w[21] * v < nf else 1.0 + np.floor((w[21] * v - nf) / _max(nm, 1.0))
         r, n, dn, fr, la = _rank_layers(w, _min(r_moe, last_rank), nf, nm, nl, held, last_rank, v, mixed)
         best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
                      act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
-                     best)
+                     best, extra)
         r, n, dn, fr, la = _rank_layers(w, _min(r_moe + 1.0, last_rank), nf, nm, nl, held, last_rank, v,
                                         mixed)
         best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
                      act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
-                     best)
+                     best, extra)
     # the last rank
     r, n, dn, fr, la = _rank_layers(w, last_rank, nf, nm, nl, held, last_rank, v, mixed)
     best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
                  act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
-                 best)
+                 best, extra)
     params, experts, activations, footprint = best
     if moe != 0.0:
         return (params * sw + experts * swe, params * sg + experts * sge, params * so + experts * soe,

@@ -96,7 +96,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "19884f6a0345cb72"
+SOURCES_DIGEST = "bcd4374e8dbd5c8f"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -271,11 +271,12 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         mtp, first, last = _pipeline_counts(p2p)
         if staged == 0:  # a block with no stage set: constants (see _price_block_even)
             first, last = 0.0, 0.0
+        mem = mem_a[i]  # grad_reduce_in_bf16, the dropout masks and combined 1F1B (memory_flags)
+        a2a = (mem & 8) != 0  # overlap_moe_expert_parallel_comm [35]
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
-            prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0)
+            prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0, rc, mtp, a2a)
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
-        mem = mem_a[i]  # grad_reduce_in_bf16 and the dropout masks in one byte (memory_flags)
         grad_bytes = 2.0 if (mem & 1) != 0 else grad_bytes  # grad_reduce_in_bf16 [25]
         r = values[rows[i - b0]]
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total = \
@@ -287,20 +288,21 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         # 5. pipeline
         split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
         steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
-        layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack = _pipeline(
+        (layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack,
+         a2a_hidden) = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
-            1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module, first, last)
+            1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module, (first, last), a2a)
         # 6. data parallel
         (heavy_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, v, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
-                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp,
-                                 slack)
+                                 layers_stage, window_f, window_b - a2a_hidden, t_pipe, up_bw, out_bw,
+                                 n_acc, q, mtp, slack)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
             layers_stage, expert_group, params_bytes, split, prec, mtp, first, last, (mem & 2) != 0,
-            (mem & 4) != 0)
+            (mem & 4) != 0, 1.0 if a2a else 0.0)
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
         model_flops = _model_flops(w, batch, s) + mtp * batch * mtp_flops_sequence
@@ -321,7 +323,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         fo[8][i] = ms * (layer_f + layer_b) + m * last_paced * (t_head + mtp * (t_head + t_mtp_module)) + x
         fo[9][i] = ms * tp_layer + x
         fo[10][i] = ms * cp_layer + x
-        fo[11][i] = ms * ep_layer + x
+        fo[11][i] = ms * ep_layer - ms * a2a_hidden + x
         fo[12][i] = t_pp + x
         fo[13][i] = t_dp + x
         fo[14][i] = ms * (tp_total + cp_total + ep_layer) + t_pp + t_dp_total + x
@@ -790,14 +792,17 @@ def pipeline_flags(scatter_gather, overlap_p2p, mtp_num_layers=0, first_stage_la
             | (np.asarray(last_stage_layers).astype(u) << u(20)))
 
 
-def memory_flags(grad_reduce_in_bf16, hidden_dropout=0.1, attention_dropout=0.1):
+def memory_flags(grad_reduce_in_bf16, hidden_dropout=0.1, attention_dropout=0.1,
+                 overlap_moe_expert_parallel_comm=False):
     """The ``mem`` argument of :func:`run` (before it is spread to ``n`` values):
-    ``grad_reduce_in_bf16`` and whether each dropout keeps a mask
-    (:func:`solver.megatron_memory.keeps_mask`), scalars or arrays, packed into uint8:
-    bits 0, 1 (hidden) and 2 (attention)."""
+    ``grad_reduce_in_bf16``, whether each dropout keeps a mask
+    (:func:`solver.megatron_memory.keeps_mask`) and ``overlap_moe_expert_parallel_comm``
+    (the combined 1F1B schedule, which moves memory and time), scalars or arrays, packed
+    into uint8: bits 0, 1 (hidden), 2 (attention) and 3."""
     u = np.uint8
     return (np.asarray(grad_reduce_in_bf16).astype(u) | (keeps_mask(hidden_dropout).astype(u) << u(1))
-            | (keeps_mask(attention_dropout).astype(u) << u(2)))
+            | (keeps_mask(attention_dropout).astype(u) << u(2))
+            | (np.asarray(overlap_moe_expert_parallel_comm).astype(u) << u(3)))
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,

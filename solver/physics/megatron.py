@@ -216,6 +216,19 @@ References
     "DeepSeek-V3 Technical Report", arXiv:2412.19437, Sec. 2.2). Megatron-LM's model FLOPs
     (``training.py``, ``num_floating_point_operations``) count each as one more layer of
     that kind, 6 (3h + 2h^2) a token for its norms and projection, and one more logits.
+[35] Megatron-Core ``pipeline_parallel/combined_1f1b.py`` ("combined 1F1B", enabled by
+    ``overlap_moe_expert_parallel_comm``): "the forward pass of Transformer layers for one
+    micro-batch runs in parallel with the backward pass of another ... EP A2A in forward
+    step is hidden by the attention/mlp computation in the backward step, and vice versa";
+    without a pipeline the first microbatch's forward and the last one's backward run
+    alone. ``pipeline_parallel/schedules.py`` (``get_pp_rank_microbatches``): the
+    interleaved schedule runs one warm-up microbatch more with it ("add one more warmup
+    microbatches for 1f1b overlaping"), so every steady-state forward has a backward to
+    pair with; the warm-up and cool-down run unpaired. ``transformer/transformer_config.py``
+    (``__post_init__``) refuses it without expert parallelism, with full recomputation,
+    with a pipeline that is not interleaved (``virtual_pipeline_model_parallel_size``
+    unset), and with more than one MTP layer. NVIDIA, "Combined 1F1B: Expert-Parallel
+    All-to-All Overlap" (Megatron-Core user guide, features/moe_a2a_overlap).
 """
 
 from __future__ import annotations
@@ -332,6 +345,7 @@ KNOBS = {k.name: k for k in (
     _K("grad_reduce_in_bf16", "bool", False),
     _K("scatter_gather_tensors_in_pipeline", "bool", False),
     _K("overlap_p2p_comm", "bool", True),
+    _K("overlap_moe_expert_parallel_comm", "bool", False),
     _K("hidden_dropout", "float", 0.1, low=0.0, high=1.0,
        why="the hidden state's dropout probability, Megatron-Core's hidden_dropout"),
     _K("attention_dropout", "float", 0.1, low=0.0, high=1.0,
@@ -354,8 +368,9 @@ REALIZABLE_RULES = (
     "than two stages); tp_comm_overlap and MoE with tp_size > 1 "
     "need sequence_parallel, cp_size > 1 flash_attention, overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
-    "pp_size 1, and every layout a precision its accelerator has (fp8 and fp4 only where the "
-    "catalog states their peak)")
+    "pp_size 1, overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
+    "interleaved schedule where pp_size > 1 and at most one MTP layer, and every layout a "
+    "precision its accelerator has (fp8 and fp4 only where the catalog states their peak)")
 #: Knob name -> default.
 DEFAULTS = {name: knob.default for name, knob in KNOBS.items()}
 _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
@@ -375,7 +390,7 @@ OUTPUTS = {
     "compute_latency": ("s", "busy time of the heaviest stage (GEMMs, attention, memory-bound kernels)"),
     "tp_communication_latency": ("s", "exposed tensor-parallel collectives"),
     "cp_communication_latency": ("s", "exposed context-parallel K/V exchange"),
-    "ep_communication_latency": ("s", "expert-parallel all-to-all"),
+    "ep_communication_latency": ("s", "expert-parallel all-to-all left exposed (all of it but what overlap_moe_expert_parallel_comm hides)"),
     "pp_communication_latency": ("s", "exposed pipeline p2p sends"),
     "dp_communication_latency": ("s", "exposed data-parallel gradient reduction and parameter gather"),
     "communication_latency": ("s", "all communication before overlap"),
@@ -591,7 +606,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, grad_reduce_in_bf16=False,
-          scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True, hidden_dropout=0.1,
+          scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
+          overlap_moe_expert_parallel_comm=False, hidden_dropout=0.1,
           attention_dropout=0.1, mtp_num_layers=0,
           num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
           engine="auto", **constants):
@@ -658,6 +674,16 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         compute (Megatron-LM's default; ``--no-overlap-p2p-communication`` turns it off,
         and Megatron-LM before 2023 had no overlap) [27]. False: each microbatch and
         chunk waits on its exchange. 1F1B (``v_stages=1``) waits either way.
+    overlap_moe_expert_parallel_comm : bool
+        Megatron-Core's combined 1F1B schedule (``--overlap-moe-expert-parallel-comm``)
+        [35]: the expert-parallel all-to-alls of a microbatch's forward run beside the
+        backward compute of another, and the backward's beside the forward's, each hidden
+        up to ``overlap_efficiency`` of that compute, in the steady state's pairs (without
+        a pipeline ``m - 1`` of ``m`` microbatches; interleaved, those past the first
+        rank's warm-up). The interleaved schedule holds one chunk more in flight, and
+        without a pipeline two microbatches' activations are alive at once. It needs
+        ``ep_size > 1``, no full recompute, ``v_stages > 1`` where ``pp_size > 1`` and at
+        most one MTP layer (else not ``realizable``). False (default).
     hidden_dropout, attention_dropout : float [1]
         Dropout probabilities, Megatron-Core's (``--hidden-dropout``,
         ``--attention-dropout``; 0.1 each by default, as Megatron-Core's). They change
@@ -721,7 +747,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
                   grad_reduce_in_bf16=grad_reduce_in_bf16,
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
-                  overlap_p2p_comm=overlap_p2p_comm, hidden_dropout=hidden_dropout,
+                  overlap_p2p_comm=overlap_p2p_comm,
+                  overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
+                  hidden_dropout=hidden_dropout,
                   attention_dropout=attention_dropout, mtp_num_layers=mtp_num_layers,
                   num_layers_in_first_pipeline_stage=num_layers_in_first_pipeline_stage,
                   num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage)
@@ -904,8 +932,10 @@ def _array_constant(c):
 
 
 _FUSED_DTYPES = {"int": np.int64, "bool": np.bool_, "choice": np.int64}
-#: Knobs the fused kernel receives packed into one byte (megatron_kernel.memory_flags).
-_MEMORY_KNOBS = ("grad_reduce_in_bf16", "hidden_dropout", "attention_dropout")
+#: Knobs the fused kernel receives packed into one byte (megatron_kernel.memory_flags): what a
+#: layout's memory reads beside its knobs, and the combined 1F1B schedule's flag.
+_MEMORY_KNOBS = ("grad_reduce_in_bf16", "hidden_dropout", "attention_dropout",
+                 "overlap_moe_expert_parallel_comm")
 
 
 def _flat(name, value, n):

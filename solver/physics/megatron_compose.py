@@ -96,7 +96,10 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # the last chunk's; a chunk's parameters before its first forward, all but the first
     # chunk's behind the forwards before it. The exposed share is the one chunk's, 1/v
     # (its bytes over its own layers' backward, or forward).
-    stage_b = layers_stage * pl.window_b
+    # (Under the combined 1F1B schedule the backward's window is what is left of it once
+    # the paired forward's all-to-alls hide in it, megatron_steps.pipeline: 0.0 off.)
+    window_b = pl.window_b - pl.a2a_hidden
+    stage_b = layers_stage * window_b
     stage_f = layers_stage * pl.window_f
     eta = c["overlap_efficiency"]
     chunk = 1.0 / sp.v
@@ -139,7 +142,7 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     exp_fsdp = np.where(k["overlap_param_gather"], _exposed(t_fsdp, pl.t_pipe - idle, eta, idle),
                         t_fsdp_gather + np.where(
                             k["overlap_grad_reduce"],
-                            _exposed(t_fsdp_rs, m * layers_stage * pl.window_b, eta, idle),
+                            _exposed(t_fsdp_rs, m * layers_stage * window_b, eta, idle),
                             t_fsdp_rs))
     fsdp = zero == 3
     # Optimizer: Adam over the local (sharded) parameters at HBM bandwidth; the expert
@@ -227,7 +230,8 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         copies = np.where(pp == 1, one_stage, first + last * (1.0 + (mtp > 0)))
         params = dense_n * dense_l + moe_n * moe_l + mtp * mtp_l + emb * copies
         experts = (moe_n + mtp) * expert_l
-        stored = (dense_n * act_dense + moe_n * act_moe) * mem.in_flight_layers(1.0, pp, sp.v, sp.m, rank)
+        stored = (dense_n * act_dense + moe_n * act_moe) * mem.in_flight_layers(1.0, pp, sp.v, sp.m, rank,
+                                                                       sp.a2a * 1.0)
         act = stored + last * (act_moe * sp.mtp + logits)
         # (written as a max, not "+ act + buffers - min(copy, act + buffers)": the same
         # in reals, and in floats the larger act never gives the smaller footprint, so the
@@ -328,7 +332,7 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         + m * last * (pl.t_head + mtp * (pl.t_head + ly.t_mtp)),
         "tp_communication_latency": ms * cm.tp_layer,
         "cp_communication_latency": ms * cm.cp_layer,
-        "ep_communication_latency": ms * cm.ep_layer,
+        "ep_communication_latency": ms * cm.ep_layer - ms * pl.a2a_hidden,
         "pp_communication_latency": pl.t_pp,
         "dp_communication_latency": dpr.t_dp,
         "communication_latency": ms * (cm.tp_total + cm.cp_total + cm.ep_layer)

@@ -155,6 +155,8 @@ class Split:
     #: layers of the first and the last pipeline stage where set, else 0 [13]
     first: object
     last: object
+    #: overlap_moe_expert_parallel_comm: the combined 1F1B schedule [35]
+    a2a: object = False
 
 
 #: What each condition of :func:`realizable_conditions` asks, by name (the ``realizable``
@@ -184,6 +186,9 @@ REALIZABLE_CONDITIONS = {
     "param_gather_needs_grad_reduce": "overlap_param_gather needs overlap_grad_reduce under the "
                                       "distributed optimizer",
     "no_sharding_with_pipeline": "ZeRO-2/3 (FSDP) runs without a pipeline [30]",
+    "a2a_overlap": "overlap_moe_expert_parallel_comm needs ep_size > 1, no full recompute, an "
+                   "interleaved schedule (v_stages > 1) where pp_size > 1, and at most one MTP "
+                   "layer [35]",
     "precision": "the accelerator has the precision [21]",
 }
 
@@ -233,6 +238,9 @@ def realizable_conditions(w, fleet, k, m_exact) -> dict:
                                             & (k["zero_stage"] >= 1)),
         # sharded gradients or parameters (ZeRO-2/3, FSDP) with a pipeline [30]
         "no_sharding_with_pipeline": ~((k["zero_stage"] >= 2) & (pp > 1)),
+        # Megatron-Core's TransformerConfig refuses the combined 1F1B schedule otherwise [35]
+        "a2a_overlap": ~k["overlap_moe_expert_parallel_comm"] | (
+            (ep > 1) & (k["recompute"] != 2) & ((pp == 1) | (v > 1)) & (k["mtp_num_layers"] <= 1)),
         "precision": np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec],
     }
 
@@ -273,7 +281,8 @@ def split(w, fleet, k) -> Split:
                  valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable,
                  p2p_split=p2p_split(tp, sp, k["scatter_gather_tensors_in_pipeline"]),
                  p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]),
-                 mtp=k["mtp_num_layers"], first=first, last=last)
+                 mtp=k["mtp_num_layers"], first=first, last=last,
+                 a2a=k["overlap_moe_expert_parallel_comm"])
 
 
 def p2p_split(tp, sp, scatter_gather):
@@ -730,6 +739,9 @@ class Pipeline:
     #: unless stages are set [13]): time that stage waits, free to hide the DP traffic it
     #: sends every microbatch (ZeRO-2's, FSDP's: megatron_compose.data_parallel)
     slack: object
+    #: per layer and microbatch, the EP all-to-all the combined 1F1B schedule hides [35]
+    #: (0.0 without overlap_moe_expert_parallel_comm)
+    a2a_hidden: object
     bubble: object
     t_pipe: object
     t_pp: object
@@ -755,9 +767,32 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # overlaps and every fitted constant on random layouts).
     window_f = np.maximum(ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f + cm.ep_layer_f,
                           c["layer_overhead"])
-    window_b = np.maximum(ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b + cm.ep_layer_b,
-                          c["layer_overhead"] * (2.0 + (sp.rc == 2)))
-    per_layer = window_f + window_b
+    floor_b = c["layer_overhead"] * (2.0 + (sp.rc == 2))
+    window_b = np.maximum(ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b + cm.ep_layer_b, floor_b)
+    # Combined 1F1B [35] (overlap_moe_expert_parallel_comm): in the steady state a layer's
+    # forward for one microbatch runs beside its backward for another, the forward's EP
+    # all-to-alls hidden behind the backward's compute and the backward's behind the
+    # forward's, each up to overlap_efficiency of that phase's work on its own streams
+    # (its compute and the TP and CP waits inside it; the kernels share the SMs): the
+    # pair takes its GPU work less what hides, or the host's two floors, whichever is
+    # longer. Paired are the microbatches (chunks) past the warm-up of the first rank, the
+    # longest: all but the first without a pipeline; interleaved, 2 (p - 1) + (v - 1) p
+    # of them and the schedule's one more. The rest run alone, as the cool-down does.
+    # The fill and drain run unpaired: the bubble below takes the layers' time alone. The
+    # DP traffic hides behind what is left of the backward (megatron_compose.data_parallel).
+    # Off, ``paired`` is 0.0 and the layer's time the same bits.
+    mv = sp.m * v
+    warm = np.where(pp > 1, 2.0 * (pp - 1) + (v - 1) * pp + 1.0, 1.0)
+    paired = np.where(sp.a2a, np.maximum(mv - warm, 0.0) / mv, 0.0)
+    eta = c["overlap_efficiency"]
+    own_f = ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f
+    own_b = ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b
+    hide = np.minimum(cm.ep_layer_f, eta * own_b) + np.minimum(cm.ep_layer_b, eta * own_f)
+    pair = np.maximum(own_f + cm.ep_layer_f + own_b + cm.ep_layer_b - hide,
+                      c["layer_overhead"] + floor_b)
+    a2a_hidden = paired * (window_f + window_b - pair)
+    alone = window_f + window_b
+    per_layer = alone - a2a_hidden
     t_layers = layers_stage * per_layer
     vocab_t = w.vocab / tp
     head_tokens = ly.tokens
@@ -770,7 +805,8 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # projection and norms, and the output head again, every microbatch, on the last stage.
     t_mtp = sp.mtp * (per_layer + t_head + ly.t_mtp)
     stage_max = t_layers + (t_head + t_mtp)
-    stage_mean = t_layers + (t_head + t_mtp) / pp
+    t_mtp_alone = sp.mtp * (alone + t_head + ly.t_mtp)  # (the bubble's: unpaired [35])
+    stage_mean = layers_stage * alone + (t_head + t_mtp_alone) / pp
     # Set first and last stages [13]: the slowest of the first, a middle stage and the last
     # (with the head and MTP) paces the pipeline; the bubble takes their mean. Otherwise the
     # heaviest stage, ceil(layers / pp), is priced with the head on it (an upper bound
@@ -791,7 +827,7 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # monotonicity test drew, 2026-12-05).
     own = np.where(n_last >= np.maximum(n_first, n_mid), t_last, t_other)
     slack = np.where(uneven, stage_max - own, 0.0)
-    stage_mean = np.where(uneven, w.layers * per_layer / pp + (t_head + t_mtp) / pp, stage_mean)
+    stage_mean = np.where(uneven, w.layers * alone / pp + (t_head + t_mtp_alone) / pp, stage_mean)
     bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
     t_pipe = m * stage_max + bubble
     # p2p: microbatch activations, split by TP under SP or scatter/gather (p2p_split); the
@@ -821,5 +857,5 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     t_pp = np.where(pp > 1, 2.0 * ((t_ramp + gather) * (pp * v - 1)
                                    + (t_slow + gather) * sp.p2p_steady), 0.0)
     return Pipeline(layers_stage=layers_stage, paced_layers=paced_layers, last_paced=last_paced,
-                    t_head=t_head, slack=slack, bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
-                    window_f=window_f, window_b=window_b)
+                    t_head=t_head, slack=slack, a2a_hidden=a2a_hidden, bubble=bubble,
+                    t_pipe=t_pipe, t_pp=t_pp, window_f=window_f, window_b=window_b)

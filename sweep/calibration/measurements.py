@@ -41,7 +41,8 @@ full), ``zero_stage`` (0 DDP, 1 distributed optimizer, 2, 3 FSDP),
 ``precision`` (bf16, fp16, fp8, fp4), ``tp_comm_overlap``,
 ``overlap_grad_reduce``, ``overlap_param_gather``, ``flash_attention``,
 ``grad_reduce_in_bf16``, ``scatter_gather_tensors_in_pipeline``,
-``hidden_dropout``, ``attention_dropout``); an
+``overlap_p2p_comm``, ``overlap_moe_expert_parallel_comm``, ``hidden_dropout``,
+``attention_dropout``, ...); an
 empty cell or a missing column takes the knob's default
 (:data:`solver.physics.megatron.DEFAULTS`). Booleans are true/false, yes/no or 1/0.
 
