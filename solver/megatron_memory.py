@@ -53,10 +53,6 @@ References
     without dropout:
     Megatron-LM's ``examples/mixtral/train_mixtral_8x7b_distributed.sh`` passes
     ``--attention-dropout 0.0 --hidden-dropout 0.0``.
-[10] Megatron-Core ``pipeline_parallel/schedules.py`` (``get_pp_rank_microbatches``: "add one
-    more warmup microbatches for 1f1b overlaping" under ``overlap_moe_expert_parallel_comm``)
-    and ``pipeline_parallel/combined_1f1b.py`` (``combined_1f1b_schedule_for_no_pipelining``:
-    the backward of microbatch i beside the forward of microbatch i + 1).
 """
 
 from __future__ import annotations
@@ -243,7 +239,7 @@ def keeps_mask(p):
     return (np.asarray(p, dtype=np.float64) > 0.0).astype(np.float64)
 
 
-def in_flight_layers(layers_per_stage, pp_size, v_stages, microbatches, rank=0, extra=0.0):
+def in_flight_layers(layers_per_stage, pp_size, v_stages, microbatches, rank=0):
     """Layer-microbatches whose activations pipeline rank ``rank`` holds at its peak [1] [4].
 
     Parameters
@@ -253,11 +249,6 @@ def in_flight_layers(layers_per_stage, pp_size, v_stages, microbatches, rank=0, 
     pp_size, v_stages, microbatches : array_like [1]
     rank : array_like [1]
         The stage's pipeline rank, 0 the first.
-    extra : array_like [1]
-        Microbatches (chunks) a schedule warms up beyond these: 1.0 under Megatron-Core's
-        combined 1F1B (``overlap_moe_expert_parallel_comm``), whose interleaved schedule
-        runs one more warm-up chunk and which without a pipeline runs a microbatch's
-        forward beside the last one's backward [10].
 
     Returns
     -------
@@ -271,7 +262,7 @@ def in_flight_layers(layers_per_stage, pp_size, v_stages, microbatches, rank=0, 
     m = np.asarray(microbatches, dtype=np.float64)
     r = np.asarray(rank, dtype=np.float64)
     # [4]: warm-up + 1 microbatches (chunks) in flight on rank r, at most all of them.
-    chunks = np.where(v > 1, p * v + p - 1 - 2.0 * r, p - r) + extra
+    chunks = np.where(v > 1, p * v + p - 1 - 2.0 * r, p - r)
     return layers_per_stage / v * np.minimum(chunks, m * v)
 
 

@@ -332,13 +332,14 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
 @njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
               cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, p2p_split,
-              p2p_steady, p2p_gather, n_acc, mtp, t_mtp_module, stages, a2a):
+              p2p_steady, p2p_gather, n_acc, mtp, t_mtp_module, stages, paired):
     """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``p2p_split``: the TP split
     of a p2p send, :func:`_p2p_split`; ``p2p_steady``: :func:`_p2p_steady_sends`;
     ``p2p_gather``: 1.0 where the split slices are all-gathered over TP on arrival (no
-    SP), else 0.0; ``stages``: the first and the last stage's layers; ``a2a``:
-    ``overlap_moe_expert_parallel_comm``). (One tuple for the stages: a call of more than
-    30 arguments compiles to one with ``*args``, which numba does not inline.)"""
+    SP), else 0.0; ``stages``: the first and the last stage's layers; ``paired``: the
+    share the combined 1F1B schedule pairs, :func:`_combined_1f1b_paired`). (One tuple for
+    the stages: a call of more than 30 arguments compiles to one with ``*args``, which
+    numba does not inline.)"""
     first, last = stages
     layers = w[0]
     domain, up_lat, out_lat = f[6], f[9], f[10]
@@ -349,9 +350,6 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     floor_b = layer_overhead * (2.0 + (1.0 if rc == 2 else 0.0))
     window_b = _max(layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b, floor_b)
     # combined 1F1B (megatron_steps.pipeline)
-    mv = m * v
-    warm = 2.0 * (pp - 1.0) + (v - 1.0) * pp + 1.0 if pp > 1.0 else 1.0
-    paired = _max(mv - warm, 0.0) / mv if a2a else 0.0
     eta = c[9]
     own_f = layer_f + tp_layer / 2 + cp_layer_f
     own_b = layer_b + tp_layer / 2 + cp_layer_b
@@ -359,6 +357,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     pair = _max(own_f + ep_layer_f + own_b + ep_layer_b - hide, layer_overhead + floor_b)
     a2a_hidden = paired * (window_f + window_b - pair)
     alone = window_f + window_b
+    a2a_ep = paired * _min(hide, alone - pair)
     per_layer = alone - a2a_hidden
     t_layers = layers_stage * per_layer
     t_mtp = mtp * (per_layer + t_head + t_mtp_module)
@@ -395,17 +394,28 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     t_pp = 2.0 * ((t_ramp + gather) * (pp * v - 1.0) + (t_slow + gather) * p2p_steady) \
         if pp > 1.0 else 0.0
     return (layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack,
-            a2a_hidden)
+            a2a_hidden, a2a_ep)
+
+
+@njit(**_INLINE)
+def _combined_1f1b_paired(pp, v, m, on):
+    """megatron_steps.combined_1f1b_paired."""
+    mv = m * v
+    warm = 2.0 * (pp - 1.0) + (v - 1.0) * pp + 1.0 if pp > 1.0 else 1.0
+    return _max(mv - warm, 0.0) / mv if on else 0.0
 
 
 # ---------------------------------------------------------- 6. data parallel
 
 @njit(**_INLINE)
 def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr, opg, grad_bytes,
-                   layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp, slack):
+                   layers_stage, window_f, window_b_alone, t_pipe, up_bw, out_bw, n_acc, q, mtp, slack,
+                   a2a_hidden):
     """megatron_compose.data_parallel (with _stage_params; ``q``: the domain over tp x group,
     the stages per domain :func:`_pipeline` has; ``heavy_stage``: :func:`_heavy`; ``slack``:
-    the priced stage's wait a microbatch, :func:`_pipeline`'s)."""
+    the priced stage's wait a microbatch, :func:`_pipeline`'s; ``a2a_hidden``: what the
+    combined 1F1B schedule takes off a paired backward's window, :func:`_pipeline`'s)."""
+    window_b = window_b_alone - a2a_hidden
     moe, emb = w[6], w[16]
     dense_scale, expert_scale = (w[35], w[36]) if heavy_stage else (w[14], w[15])
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
@@ -463,7 +473,7 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
                                                  rpd_e, up_bw, up_lat, out_bw, out_lat)
             else:
                 t_gather = t_gather + 0.0
-        stage_b = layers_stage * window_b
+        stage_b = layers_stage * (window_b if zero == 2 else window_b_alone)
         stage_f = layers_stage * window_f
         chunk = 1.0 / v  # the one model chunk's share left exposed under interleaving
         per_microbatch = m if zero == 2 else 1.0
@@ -547,17 +557,19 @@ def _rank(moe, pp, v, rank, n, dense_n, first, last, dense_l, moe_l, expert_l, h
     same bits: numpy adds exact zeros."""
     mtp = mtp_all * last
     copies = one_stage if pp == 1.0 else first + last * head
-    chunks = (pp * v + pp - 1 - 2.0 * rank if v > 1.0 else pp - rank) + extra  # (in_flight_layers)
+    chunks = pp * v + pp - 1 - 2.0 * rank if v > 1.0 else pp - rank
     if moe != 0.0:
         moe_n = n - dense_n
         params = dense_n * dense_l + moe_n * moe_l + mtp * mtp_l + emb * copies
         experts = (moe_n + mtp) * expert_l
-        act = (dense_n * act_dense + moe_n * act_moe) * (inv_v * _min(chunks, mv)) + last * tail
+        one = _max(act_moe if moe_n > 0.0 else 0.0, act_dense if dense_n > 0.0 else 0.0)
+        act = (dense_n * act_dense + moe_n * act_moe) * (inv_v * _min(chunks, mv)) + extra * one + last * tail
         foot = params * state + experts * state_e + _max(act + buffers - (params * sc + experts * sce), 0.0)
     else:
         params = dense_n * dense_l + mtp * mtp_l + emb * copies
         experts = 0.0
-        act = dense_n * act_dense * (inv_v * _min(chunks, mv)) + last * tail
+        one = _max(0.0, act_dense if dense_n > 0.0 else 0.0)
+        act = dense_n * act_dense * (inv_v * _min(chunks, mv)) + extra * one + last * tail
         foot = params * state + _max(act + buffers - params * sc, 0.0)
     return (params, experts, act, foot) if foot > best[3] else best
 

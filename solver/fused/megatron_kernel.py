@@ -72,7 +72,7 @@ from .megatron_fused_steps import (G_CORE, G_EH, G_FC1, G_FC2, G_HEAD, G_KVDOWN,
                                    _communication, _data_parallel, _gemm_flops, _hardware, _head,
                                    _heavy, _layer_times, _low_bits, _memory, _model_flops,
                                    _mtp_flops_per_sequence, _p2p_split, _p2p_steady_sends,
-                                   _pipeline, _split)
+                                   _combined_1f1b_paired, _pipeline, _split)
 
 __all__ = ["run", "workload_scalars", "fleet_scalars", "constant_scalars", "FLOAT_OUTPUTS",
            "BOOL_OUTPUTS"]
@@ -96,7 +96,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "bcd4374e8dbd5c8f"
+SOURCES_DIGEST = "b66de7bdac550fdd"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -288,21 +288,22 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         # 5. pipeline
         split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
         steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
+        paired = _combined_1f1b_paired(pp, v, m, a2a)  # overlap_moe_expert_parallel_comm [35]
         (layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack,
-         a2a_hidden) = _pipeline(
+         a2a_hidden, a2a_ep) = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
-            1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module, (first, last), a2a)
+            1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module, (first, last), paired)
         # 6. data parallel
         (heavy_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, v, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
-                                 layers_stage, window_f, window_b - a2a_hidden, t_pipe, up_bw, out_bw,
-                                 n_acc, q, mtp, slack)
+                                 layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp,
+                                 slack, a2a_hidden)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
             layers_stage, expert_group, params_bytes, split, prec, mtp, first, last, (mem & 2) != 0,
-            (mem & 4) != 0, 1.0 if a2a else 0.0)
+            (mem & 4) != 0, 1.0 if paired > 0.0 else 0.0)
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
         model_flops = _model_flops(w, batch, s) + mtp * batch * mtp_flops_sequence
@@ -323,7 +324,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         fo[8][i] = ms * (layer_f + layer_b) + m * last_paced * (t_head + mtp * (t_head + t_mtp_module)) + x
         fo[9][i] = ms * tp_layer + x
         fo[10][i] = ms * cp_layer + x
-        fo[11][i] = ms * ep_layer - ms * a2a_hidden + x
+        fo[11][i] = ms * ep_layer - ms * a2a_ep + x
         fo[12][i] = t_pp + x
         fo[13][i] = t_dp + x
         fo[14][i] = ms * (tp_total + cp_total + ep_layer) + t_pp + t_dp_total + x
@@ -337,7 +338,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         fo[22][i] = activations + x
         fo[23][i] = buffers + x
         fo[24][i] = ms * ((window_f - (layer_f + tp_layer / 2 + cp_layer_f + ep_layer_f))
-                          + (window_b - (layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b))) + x
+                          + (window_b - (layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b))) \
+            - ms * (a2a_hidden - a2a_ep) + x
         bo[0][i] = valid
         bo[1][i] = realizable
         bo[2][i] = valid and footprint <= capacity

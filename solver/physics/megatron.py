@@ -221,14 +221,19 @@ References
     micro-batch runs in parallel with the backward pass of another ... EP A2A in forward
     step is hidden by the attention/mlp computation in the backward step, and vice versa";
     without a pipeline the first microbatch's forward and the last one's backward run
-    alone. ``pipeline_parallel/schedules.py`` (``get_pp_rank_microbatches``): the
-    interleaved schedule runs one warm-up microbatch more with it ("add one more warmup
-    microbatches for 1f1b overlaping"), so every steady-state forward has a backward to
-    pair with; the warm-up and cool-down run unpaired. ``transformer/transformer_config.py``
-    (``__post_init__``) refuses it without expert parallelism, with full recomputation,
-    with a pipeline that is not interleaved (``virtual_pipeline_model_parallel_size``
-    unset), and with more than one MTP layer. NVIDIA, "Combined 1F1B: Expert-Parallel
-    All-to-All Overlap" (Megatron-Core user guide, features/moe_a2a_overlap).
+    alone, and the last backward ("want to synchronize gradients") is never paired.
+    ``TransformerModelChunkSchedulePlan.run`` pairs the forward's layer i with the
+    backward's layer L - 1 - i and releases each backward layer's state as it goes.
+    ``pipeline_parallel/schedules.py`` (``get_pp_rank_microbatches``): the interleaved
+    schedule runs one warm-up microbatch more with it, so that the forward and the
+    backward of every 1F1B step are independent; the warm-up and cool-down run
+    unpaired. ``transformer/transformer_config.py`` (``__post_init__``, Megatron-Core's
+    2025 releases) refuses it without expert parallelism, with full recomputation, with a
+    pipeline that is not interleaved (``virtual_pipeline_model_parallel_size`` unset),
+    and with more than one MTP layer (Megatron-Core's main has since let full
+    recomputation through on conditions, the recomputed forward's all-to-alls exposed;
+    this model keeps refusing it). NVIDIA, "Combined 1F1B: Expert-Parallel All-to-All
+    Overlap" (Megatron-Core user guide, features/moe_a2a_overlap).
 """
 
 from __future__ import annotations
@@ -390,7 +395,7 @@ OUTPUTS = {
     "compute_latency": ("s", "busy time of the heaviest stage (GEMMs, attention, memory-bound kernels)"),
     "tp_communication_latency": ("s", "exposed tensor-parallel collectives"),
     "cp_communication_latency": ("s", "exposed context-parallel K/V exchange"),
-    "ep_communication_latency": ("s", "expert-parallel all-to-all left exposed (all of it but what overlap_moe_expert_parallel_comm hides)"),
+    "ep_communication_latency": ("s", "expert-parallel all-to-all left exposed (all of it but what overlap_moe_expert_parallel_comm hides behind the paired microbatch's work)"),
     "pp_communication_latency": ("s", "exposed pipeline p2p sends"),
     "dp_communication_latency": ("s", "exposed data-parallel gradient reduction and parameter gather"),
     "communication_latency": ("s", "all communication before overlap"),
@@ -677,11 +682,12 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     overlap_moe_expert_parallel_comm : bool
         Megatron-Core's combined 1F1B schedule (``--overlap-moe-expert-parallel-comm``)
         [35]: the expert-parallel all-to-alls of a microbatch's forward run beside the
-        backward compute of another, and the backward's beside the forward's, each hidden
-        up to ``overlap_efficiency`` of that compute, in the steady state's pairs (without
-        a pipeline ``m - 1`` of ``m`` microbatches; interleaved, those past the first
-        rank's warm-up). The interleaved schedule holds one chunk more in flight, and
-        without a pipeline two microbatches' activations are alive at once. It needs
+        backward of another, and the backward's beside the forward's, each hidden up to
+        ``overlap_efficiency`` of the other phase's own work (its compute and TP and CP
+        waits), in the steady state's pairs (without a pipeline ``m - 1`` of ``m``
+        microbatches; interleaved, those past the first rank's warm-up). A paired step
+        holds one layer's activations more than 1F1B at its peak (its forward builds one
+        while its backward frees one). It needs
         ``ep_size > 1``, no full recompute, ``v_stages > 1`` where ``pp_size > 1`` and at
         most one MTP layer (else not ``realizable``). False (default).
     hidden_dropout, attention_dropout : float [1]

@@ -96,10 +96,12 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # the last chunk's; a chunk's parameters before its first forward, all but the first
     # chunk's behind the forwards before it. The exposed share is the one chunk's, 1/v
     # (its bytes over its own layers' backward, or forward).
-    # (Under the combined 1F1B schedule the backward's window is what is left of it once
-    # the paired forward's all-to-alls hide in it, megatron_steps.pipeline: 0.0 off.)
+    # (Under the combined 1F1B schedule [35] a paired backward's window is what is left
+    # of it once the paired forward's all-to-alls hide in it, megatron_steps.pipeline; the
+    # last backward of each chunk, in which ZeRO 0 and 1 reduce, runs unpaired and keeps
+    # its whole window. 0.0 off.)
     window_b = pl.window_b - pl.a2a_hidden
-    stage_b = layers_stage * window_b
+    stage_b = layers_stage * np.where(zero == 2, window_b, pl.window_b)
     stage_f = layers_stage * pl.window_f
     eta = c["overlap_efficiency"]
     chunk = 1.0 / sp.v
@@ -230,8 +232,11 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         copies = np.where(pp == 1, one_stage, first + last * (1.0 + (mtp > 0)))
         params = dense_n * dense_l + moe_n * moe_l + mtp * mtp_l + emb * copies
         experts = (moe_n + mtp) * expert_l
-        stored = (dense_n * act_dense + moe_n * act_moe) * mem.in_flight_layers(1.0, pp, sp.v, sp.m, rank,
-                                                                       sp.a2a * 1.0)
+        # Combined 1F1B [35]: a paired step's forward builds a layer of one microbatch
+        # while its backward frees one of another: one layer more than 1F1B at the peak.
+        one = np.maximum(np.where(moe_n > 0, act_moe, 0.0), np.where(dense_n > 0, act_dense, 0.0))
+        stored = (dense_n * act_dense + moe_n * act_moe) * mem.in_flight_layers(1.0, pp, sp.v, sp.m, rank) \
+            + (sp.a2a_paired > 0.0) * one
         act = stored + last * (act_moe * sp.mtp + logits)
         # (written as a max, not "+ act + buffers - min(copy, act + buffers)": the same
         # in reals, and in floats the larger act never gives the smaller footprint, so the
@@ -332,7 +337,7 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         + m * last * (pl.t_head + mtp * (pl.t_head + ly.t_mtp)),
         "tp_communication_latency": ms * cm.tp_layer,
         "cp_communication_latency": ms * cm.cp_layer,
-        "ep_communication_latency": ms * cm.ep_layer - ms * pl.a2a_hidden,
+        "ep_communication_latency": ms * cm.ep_layer - ms * pl.a2a_ep,
         "pp_communication_latency": pl.t_pp,
         "dp_communication_latency": dpr.t_dp,
         "communication_latency": ms * (cm.tp_total + cm.cp_total + cm.ep_layer)
@@ -345,7 +350,8 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         "launch_latency": ms * ((pl.window_f - (ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f
                                                 + cm.ep_layer_f))
                                 + (pl.window_b - (ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b
-                                                  + cm.ep_layer_b))),
+                                                  + cm.ep_layer_b)))
+        - ms * (pl.a2a_hidden - pl.a2a_ep),
         "memory_footprint": mm.footprint,
         "memory_weights": mm.weights,
         "memory_gradients": mm.grads,

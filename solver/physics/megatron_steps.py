@@ -155,8 +155,9 @@ class Split:
     #: layers of the first and the last pipeline stage where set, else 0 [13]
     first: object
     last: object
-    #: overlap_moe_expert_parallel_comm: the combined 1F1B schedule [35]
-    a2a: object = False
+    #: the share of the first rank's microbatches (chunks) the combined 1F1B schedule
+    #: pairs (overlap_moe_expert_parallel_comm [35]; 0.0 without it): combined_1f1b_paired
+    a2a_paired: object = 0.0
 
 
 #: What each condition of :func:`realizable_conditions` asks, by name (the ``realizable``
@@ -282,7 +283,18 @@ def split(w, fleet, k) -> Split:
                  p2p_split=p2p_split(tp, sp, k["scatter_gather_tensors_in_pipeline"]),
                  p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]),
                  mtp=k["mtp_num_layers"], first=first, last=last,
-                 a2a=k["overlap_moe_expert_parallel_comm"])
+                 a2a_paired=combined_1f1b_paired(pp, v, m, k["overlap_moe_expert_parallel_comm"]))
+
+
+def combined_1f1b_paired(pp, v, m, on):
+    """The share of the first pipeline rank's microbatches (chunks, interleaved) whose
+    forward and backward the combined 1F1B schedule runs beside another's [35], where
+    ``on``; else 0.0. Without a pipeline all but one of the ``m`` (the first forward and the
+    last backward run alone); interleaved, all but the warm-up of 2 (p - 1) + (v - 1) p
+    chunks and the one more the schedule runs (its cool-down as many), of ``m v``."""
+    mv = m * v
+    warm = np.where(pp > 1, 2.0 * (pp - 1) + (v - 1) * pp + 1.0, 1.0)
+    return np.where(on, np.maximum(mv - warm, 0.0) / mv, 0.0)
 
 
 def p2p_split(tp, sp, scatter_gather):
@@ -739,9 +751,10 @@ class Pipeline:
     #: unless stages are set [13]): time that stage waits, free to hide the DP traffic it
     #: sends every microbatch (ZeRO-2's, FSDP's: megatron_compose.data_parallel)
     slack: object
-    #: per layer and microbatch, the EP all-to-all the combined 1F1B schedule hides [35]
-    #: (0.0 without overlap_moe_expert_parallel_comm)
+    #: per layer and microbatch, the time the combined 1F1B schedule saves [35] (0.0
+    #: without overlap_moe_expert_parallel_comm), and of it the EP all-to-all's
     a2a_hidden: object
+    a2a_ep: object
     bubble: object
     t_pipe: object
     t_pp: object
@@ -770,20 +783,19 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     floor_b = c["layer_overhead"] * (2.0 + (sp.rc == 2))
     window_b = np.maximum(ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b + cm.ep_layer_b, floor_b)
     # Combined 1F1B [35] (overlap_moe_expert_parallel_comm): in the steady state a layer's
-    # forward for one microbatch runs beside its backward for another, the forward's EP
-    # all-to-alls hidden behind the backward's compute and the backward's behind the
-    # forward's, each up to overlap_efficiency of that phase's work on its own streams
-    # (its compute and the TP and CP waits inside it; the kernels share the SMs): the
-    # pair takes its GPU work less what hides, or the host's two floors, whichever is
-    # longer. Paired are the microbatches (chunks) past the warm-up of the first rank, the
-    # longest: all but the first without a pipeline; interleaved, 2 (p - 1) + (v - 1) p
-    # of them and the schedule's one more. The rest run alone, as the cool-down does.
-    # The fill and drain run unpaired: the bubble below takes the layers' time alone. The
-    # DP traffic hides behind what is left of the backward (megatron_compose.data_parallel).
-    # Off, ``paired`` is 0.0 and the layer's time the same bits.
-    mv = sp.m * v
-    warm = np.where(pp > 1, 2.0 * (pp - 1) + (v - 1) * pp + 1.0, 1.0)
-    paired = np.where(sp.a2a, np.maximum(mv - warm, 0.0) / mv, 0.0)
+    # forward for one microbatch runs beside the backward of a layer of another (layer i
+    # beside layer L - 1 - i), the forward's EP all-to-alls hidden behind the backward's
+    # work and the backward's behind the forward's, each up to overlap_efficiency of that
+    # phase's work on its own streams (its compute and the TP and CP waits inside it; the
+    # kernels share the SMs; an upper bound: Megatron hides each all-to-all behind one
+    # submodule, the dispatch behind the MLP, the combine behind the attention): the pair
+    # takes its GPU work less what hides, or the host's two floors, whichever is longer.
+    # ``paired`` (combined_1f1b_paired) are the first rank's microbatches past its
+    # warm-up; the rest run alone, as the cool-down does, and so do the fill and drain:
+    # the bubble below takes the layers' time alone. ``a2a_ep`` is the all-to-all time
+    # hidden; the rest of the saving, where a launch-bound phase's idle host time merges
+    # into the pair's, is launch time. Off, ``paired`` is 0.0 and the same bits.
+    paired = sp.a2a_paired
     eta = c["overlap_efficiency"]
     own_f = ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f
     own_b = ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b
@@ -792,6 +804,7 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
                       c["layer_overhead"] + floor_b)
     a2a_hidden = paired * (window_f + window_b - pair)
     alone = window_f + window_b
+    a2a_ep = paired * np.minimum(hide, alone - pair)
     per_layer = alone - a2a_hidden
     t_layers = layers_stage * per_layer
     vocab_t = w.vocab / tp
@@ -857,5 +870,5 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     t_pp = np.where(pp > 1, 2.0 * ((t_ramp + gather) * (pp * v - 1)
                                    + (t_slow + gather) * sp.p2p_steady), 0.0)
     return Pipeline(layers_stage=layers_stage, paced_layers=paced_layers, last_paced=last_paced,
-                    t_head=t_head, slack=slack, a2a_hidden=a2a_hidden, bubble=bubble,
+                    t_head=t_head, slack=slack, a2a_hidden=a2a_hidden, a2a_ep=a2a_ep, bubble=bubble,
                     t_pipe=t_pipe, t_pp=t_pp, window_f=window_f, window_b=window_b)

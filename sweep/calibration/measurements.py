@@ -412,8 +412,14 @@ def _check_priced(measurements: Measurements) -> None:
             bad = np.flatnonzero(~np.asarray(out[name]))
             if bad.size:
                 run = measurements.runs[indices[bad[0]]]
+                broken = ""
+                if name == "realizable":  # the rules this run breaks, by name
+                    from solver.physics.megatron_steps import REALIZABLE_CONDITIONS
+                    where = megatron.why_unrealizable(workload, fleet, **knobs)
+                    rules = [r for r, w in where.items() if np.ravel(w)[bad[0]] and r != "valid"]
+                    broken = "".join(f"; it breaks {r}: {REALIZABLE_CONDITIONS[r]}" for r in rules)
                 raise MeasurementError(f"{measurements.source} line {run.line}: expected {why}, "
-                                       f"but got {_layout(run.knobs)}")
+                                       f"but got {_layout(run.knobs)}{broken}")
         # The measured step at the model's FLOPs: faster than the accelerators' dense peak
         # allows, it cannot have been measured (a unit or a batch is wrong).
         measured = np.array([measurements.runs[i].step_time for i in indices])
