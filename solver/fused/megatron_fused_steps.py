@@ -353,11 +353,13 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     eta = c[9]
     own_f = layer_f + tp_layer / 2 + cp_layer_f
     own_b = layer_b + tp_layer / 2 + cp_layer_b
+    gpu_f, gpu_b = own_f + ep_layer_f, own_b + ep_layer_b
     hide = _min(ep_layer_f, eta * own_b) + _min(ep_layer_b, eta * own_f)
-    pair = _max(own_f + ep_layer_f + own_b + ep_layer_b - hide, layer_overhead + floor_b)
-    a2a_hidden = paired * (window_f + window_b - pair)
+    pair = _max(gpu_f + gpu_b - hide, layer_overhead + floor_b)
     alone = window_f + window_b
-    a2a_ep = paired * _min(hide, alone - pair)
+    saved = alone - pair
+    a2a_hidden = paired * saved
+    a2a_launch = paired * _min(saved, (window_f - gpu_f) + (window_b - gpu_b))
     per_layer = alone - a2a_hidden
     t_layers = layers_stage * per_layer
     t_mtp = mtp * (per_layer + t_head + t_mtp_module)
@@ -394,7 +396,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     t_pp = 2.0 * ((t_ramp + gather) * (pp * v - 1.0) + (t_slow + gather) * p2p_steady) \
         if pp > 1.0 else 0.0
     return (layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack,
-            a2a_hidden, a2a_ep)
+            a2a_hidden, a2a_launch)
 
 
 @njit(**_INLINE)

@@ -66,7 +66,7 @@ from . import buffers, in_ranges
 from ._numba import cache_is_current, forced_vector_width, kernel
 from .megatron_primitives import _INLINE as _INLINE_STEP
 from .megatron_primitives import _PRIM
-from .megatron_primitives import COMPILED_CONSTANTS, _ideal
+from .megatron_primitives import COMPILED_CONSTANTS, _ideal, _min
 from .megatron_fused_steps import (G_CORE, G_EH, G_FC1, G_FC2, G_HEAD, G_KVDOWN, G_KVUP, G_MOE1,
                                    G_MOE2, G_PROJ, G_QKV, G_QUP, G_ROUTER, G_SH1, G_SH2, N_GEMMS,
                                    _communication, _data_parallel, _gemm_flops, _hardware, _head,
@@ -96,7 +96,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "b66de7bdac550fdd"
+SOURCES_DIGEST = "43adee4891104eb0"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -290,7 +290,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
         paired = _combined_1f1b_paired(pp, v, m, a2a)  # overlap_moe_expert_parallel_comm [35]
         (layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack,
-         a2a_hidden, a2a_ep) = _pipeline(
+         a2a_hidden, a2a_launch) = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
             1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module, (first, last), paired)
@@ -324,7 +324,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         fo[8][i] = ms * (layer_f + layer_b) + m * last_paced * (t_head + mtp * (t_head + t_mtp_module)) + x
         fo[9][i] = ms * tp_layer + x
         fo[10][i] = ms * cp_layer + x
-        fo[11][i] = ms * ep_layer - ms * a2a_ep + x
+        fo[11][i] = ms * ep_layer - ms * _min(a2a_hidden - a2a_launch, ep_layer) + x
         fo[12][i] = t_pp + x
         fo[13][i] = t_dp + x
         fo[14][i] = ms * (tp_total + cp_total + ep_layer) + t_pp + t_dp_total + x
@@ -339,7 +339,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         fo[23][i] = buffers + x
         fo[24][i] = ms * ((window_f - (layer_f + tp_layer / 2 + cp_layer_f + ep_layer_f))
                           + (window_b - (layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b))) \
-            - ms * (a2a_hidden - a2a_ep) + x
+            - ms * a2a_launch + x
         bo[0][i] = valid
         bo[1][i] = realizable
         bo[2][i] = valid and footprint <= capacity

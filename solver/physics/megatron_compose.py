@@ -337,7 +337,8 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         + m * last * (pl.t_head + mtp * (pl.t_head + ly.t_mtp)),
         "tp_communication_latency": ms * cm.tp_layer,
         "cp_communication_latency": ms * cm.cp_layer,
-        "ep_communication_latency": ms * cm.ep_layer - ms * pl.a2a_ep,
+        "ep_communication_latency": ms * cm.ep_layer
+        - ms * np.minimum(pl.a2a_hidden - pl.a2a_launch, cm.ep_layer),
         "pp_communication_latency": pl.t_pp,
         "dp_communication_latency": dpr.t_dp,
         "communication_latency": ms * (cm.tp_total + cm.cp_total + cm.ep_layer)
@@ -351,7 +352,7 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
                                                 + cm.ep_layer_f))
                                 + (pl.window_b - (ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b
                                                   + cm.ep_layer_b)))
-        - ms * (pl.a2a_hidden - pl.a2a_ep),
+        - ms * pl.a2a_launch,
         "memory_footprint": mm.footprint,
         "memory_weights": mm.weights,
         "memory_gradients": mm.grads,

@@ -752,9 +752,9 @@ class Pipeline:
     #: sends every microbatch (ZeRO-2's, FSDP's: megatron_compose.data_parallel)
     slack: object
     #: per layer and microbatch, the time the combined 1F1B schedule saves [35] (0.0
-    #: without overlap_moe_expert_parallel_comm), and of it the EP all-to-all's
+    #: without overlap_moe_expert_parallel_comm), and of it the host's launch time
     a2a_hidden: object
-    a2a_ep: object
+    a2a_launch: object
     bubble: object
     t_pipe: object
     t_pp: object
@@ -792,19 +792,21 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # takes its GPU work less what hides, or the host's two floors, whichever is longer.
     # ``paired`` (combined_1f1b_paired) are the first rank's microbatches past its
     # warm-up; the rest run alone, as the cool-down does, and so do the fill and drain:
-    # the bubble below takes the layers' time alone. ``a2a_ep`` is the all-to-all time
-    # hidden; the rest of the saving, where a launch-bound phase's idle host time merges
-    # into the pair's, is launch time. Off, ``paired`` is 0.0 and the same bits.
+    # the bubble below takes the layers' time alone. Where a phase is launch-bound, its
+    # idle host time merges into the pair's: that part of the saving (``a2a_launch``, at
+    # most the phases' own launch excess) is launch time, the rest all-to-all. Off,
+    # ``paired`` is 0.0 and the same bits.
     paired = sp.a2a_paired
     eta = c["overlap_efficiency"]
     own_f = ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f
     own_b = ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b
+    gpu_f, gpu_b = own_f + cm.ep_layer_f, own_b + cm.ep_layer_b  # (the windows' sums)
     hide = np.minimum(cm.ep_layer_f, eta * own_b) + np.minimum(cm.ep_layer_b, eta * own_f)
-    pair = np.maximum(own_f + cm.ep_layer_f + own_b + cm.ep_layer_b - hide,
-                      c["layer_overhead"] + floor_b)
-    a2a_hidden = paired * (window_f + window_b - pair)
+    pair = np.maximum(gpu_f + gpu_b - hide, c["layer_overhead"] + floor_b)
     alone = window_f + window_b
-    a2a_ep = paired * np.minimum(hide, alone - pair)
+    saved = alone - pair
+    a2a_hidden = paired * saved
+    a2a_launch = paired * np.minimum(saved, (window_f - gpu_f) + (window_b - gpu_b))
     per_layer = alone - a2a_hidden
     t_layers = layers_stage * per_layer
     vocab_t = w.vocab / tp
@@ -870,5 +872,5 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     t_pp = np.where(pp > 1, 2.0 * ((t_ramp + gather) * (pp * v - 1)
                                    + (t_slow + gather) * sp.p2p_steady), 0.0)
     return Pipeline(layers_stage=layers_stage, paced_layers=paced_layers, last_paced=last_paced,
-                    t_head=t_head, slack=slack, a2a_hidden=a2a_hidden, a2a_ep=a2a_ep, bubble=bubble,
+                    t_head=t_head, slack=slack, a2a_hidden=a2a_hidden, a2a_launch=a2a_launch, bubble=bubble,
                     t_pipe=t_pipe, t_pp=t_pp, window_f=window_f, window_b=window_b)
