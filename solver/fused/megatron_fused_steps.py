@@ -346,14 +346,14 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     layer_overhead, call_lat = c[6], c[11]
     uneven, n_first, n_mid, n_last = _stage_layers(w, pp, first, last)
     layers_stage = _max(_max(n_first, n_mid), n_last) if uneven else np.ceil(layers / (pp * 1.0))
-    window_f = _max(layer_f + tp_layer / 2 + cp_layer_f + ep_layer_f, layer_overhead)
-    floor_b = layer_overhead * (2.0 + (1.0 if rc == 2 else 0.0))
-    window_b = _max(layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b, floor_b)
-    # combined 1F1B (megatron_steps.pipeline)
-    eta = c[9]
     own_f = layer_f + tp_layer / 2 + cp_layer_f
     own_b = layer_b + tp_layer / 2 + cp_layer_b
     gpu_f, gpu_b = own_f + ep_layer_f, own_b + ep_layer_b
+    floor_b = layer_overhead * (2.0 + (1.0 if rc == 2 else 0.0))
+    window_f = _max(gpu_f, layer_overhead)
+    window_b = _max(gpu_b, floor_b)
+    # combined 1F1B (megatron_steps.pipeline)
+    eta = c[9]
     hide = _min(ep_layer_f, eta * own_b) + _min(ep_layer_b, eta * own_f)
     pair = _max(gpu_f + gpu_b - hide, layer_overhead + floor_b)
     alone = window_f + window_b

@@ -778,10 +778,13 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # floor (selective recompute) or taken out of it (tp_comm_overlap) changes neither
     # (tests/test_megatron_solve.py holds the step monotone in the recompute mode, the
     # overlaps and every fitted constant on random layouts).
-    window_f = np.maximum(ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f + cm.ep_layer_f,
-                          c["layer_overhead"])
+    # (own_*: a phase's work but its EP all-to-alls; gpu_*: all of its GPU time)
+    own_f = ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f
+    own_b = ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b
+    gpu_f, gpu_b = own_f + cm.ep_layer_f, own_b + cm.ep_layer_b
     floor_b = c["layer_overhead"] * (2.0 + (sp.rc == 2))
-    window_b = np.maximum(ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b + cm.ep_layer_b, floor_b)
+    window_f = np.maximum(gpu_f, c["layer_overhead"])
+    window_b = np.maximum(gpu_b, floor_b)
     # Combined 1F1B [35] (overlap_moe_expert_parallel_comm): in the steady state a layer's
     # forward for one microbatch runs beside the backward of a layer of another (layer i
     # beside layer L - 1 - i), the forward's EP all-to-alls hidden behind the backward's
@@ -798,9 +801,6 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # ``paired`` is 0.0 and the same bits.
     paired = sp.a2a_paired
     eta = c["overlap_efficiency"]
-    own_f = ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f
-    own_b = ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b
-    gpu_f, gpu_b = own_f + cm.ep_layer_f, own_b + cm.ep_layer_b  # (the windows' sums)
     hide = np.minimum(cm.ep_layer_f, eta * own_b) + np.minimum(cm.ep_layer_b, eta * own_f)
     pair = np.maximum(gpu_f + gpu_b - hide, c["layer_overhead"] + floor_b)
     alone = window_f + window_b
