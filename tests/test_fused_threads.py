@@ -39,9 +39,32 @@ def _same(a, b):
 
 def test_ranges_cover_the_call_once(split_small):
     seen = []
-    out = fused.in_ranges(lambda lo, hi: seen.append((lo, hi)) or hi - lo, N)
-    assert sorted(seen) == [(0, 1000), (1000, 2000), (2000, 3001)]
-    assert out == [1000, 1000, 1001]
+    out = fused.in_ranges(lambda lo, hi: seen.append((lo, hi)) or (lo, hi), N)
+    # 3 threads, up to PIECES_PER_THREAD ranges each, none below THREAD_MIN_POINTS (500)
+    assert sorted(seen) == [(0, 500), (500, 1000), (1000, 1500), (1500, 2000), (2000, 2500),
+                            (2500, 3001)]
+    assert out == sorted(seen)  # in range order, whichever thread took which
+
+
+def test_a_slowed_thread_takes_fewer_ranges(monkeypatch):
+    """Threads take the next range as they finish one: while one thread is held up (a
+    slowed core), the other prices the rest, instead of the call waiting on its half."""
+    import threading
+    import time
+
+    monkeypatch.setattr(fused, "THREAD_MIN_POINTS", 500)
+    monkeypatch.setenv(fused.THREADS_ENV, "2")
+    taken = {}
+
+    def fn(lo, hi):
+        taken.setdefault(threading.get_ident(), []).append(lo)
+        time.sleep(1.0 if lo == 0 else 0.001)
+        return hi - lo
+
+    out = fused.in_ranges(fn, 4000)  # 2 threads x 4 ranges of 500
+    assert out == [500] * 8
+    assert sorted(len(v) for v in taken.values()) == [1, 7]
+    assert [0] in taken.values()
 
 
 @pytest.mark.parametrize("workload", ["Llama3_70B", "Mixtral_8x7B", "ResNet50"])
@@ -87,7 +110,7 @@ def passes_in_forked_child(check, seconds=20):
 
 
 def _spreads():
-    return fused.in_ranges(_width, N) == [1000, 1000, 1001]
+    return fused.in_ranges(_width, N) == [500, 500, 500, 500, 500, 501]
 
 
 def test_a_forked_child_gets_threads_of_its_own(split_small):

@@ -15,14 +15,15 @@ engine=...)`` picks its path.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-__all__ = ["NUMBA", "ENGINES", "FUSED_MIN_POINTS", "THREAD_MIN_POINTS", "shapes_of", "flat_size",
-           "resolve_engine", "threads", "in_ranges"]
+__all__ = ["NUMBA", "ENGINES", "FUSED_MIN_POINTS", "THREAD_MIN_POINTS", "PIECES_PER_THREAD",
+           "shapes_of", "flat_size", "resolve_engine", "threads", "in_ranges"]
 
 #: numba is importable (the fused kernels can run).
 NUMBA = importlib.util.find_spec("numba") is not None
@@ -121,6 +122,9 @@ def resolve_engine(engine, shapes: dict, *, min_points: int = FUSED_MIN_POINTS):
 #: A fused call is spread over threads only from this many configurations per thread on
 #: (a thread's start-up and the pool's hand-off cost some tens of microseconds).
 THREAD_MIN_POINTS = 1 << 16
+#: A threaded call is cut into up to this many ranges a thread, which the threads take as
+#: they finish one (:func:`in_ranges`).
+PIECES_PER_THREAD = 4
 #: Environment variable that sets the threads of a fused call (default: the usable cores).
 THREADS_ENV = "LAYOUT_SWEEP_THREADS"
 
@@ -168,16 +172,35 @@ def in_ranges(fn, n: int) -> list:
     The kernels release the GIL (``nogil=True``) and each configuration is priced
     on its own, so a range's results are the same bits whichever thread prices it.
     Calls below :data:`THREAD_MIN_POINTS` per thread run in the caller's thread.
+
+    Threaded, the call is cut into up to :data:`PIECES_PER_THREAD` ranges a thread (each
+    of :data:`THREAD_MIN_POINTS` or more), and each thread takes the next range as it
+    finishes one: a thread whose core is slowed (another process, a VM's neighbour) prices
+    fewer, instead of the call waiting on its half. The results are in range order.
     """
     count = min(threads(), max(1, n // THREAD_MIN_POINTS))
     if count <= 1:
         return [fn(0, n)]
-    edges = [n * i // count for i in range(count + 1)]
+    pieces = min(count * PIECES_PER_THREAD, max(count, n // THREAD_MIN_POINTS))
+    edges = [n * i // pieces for i in range(pieces + 1)]
     global _POOL
     with _POOL_LOCK:
         # A forked child inherits the pool object but not its threads: a new pool there.
         if _POOL is None or _POOL[0] != os.getpid() or _POOL[1]._max_workers < count:
             _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=count, thread_name_prefix="fused"))
         pool = _POOL[1]
-    futures = [pool.submit(fn, lo, hi) for lo, hi in zip(edges[:-1], edges[1:])]
-    return [f.result() for f in futures]
+    results = [None] * pieces
+    order, lock = itertools.count(), threading.Lock()  # each range is taken once
+
+    def take():
+        while True:
+            with lock:
+                j = next(order)
+            if j >= pieces:
+                return
+            results[j] = fn(edges[j], edges[j + 1])
+
+    futures = [pool.submit(take) for _ in range(count)]
+    for future in futures:
+        future.result()  # (raises what a range raised)
+    return results
