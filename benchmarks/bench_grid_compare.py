@@ -1,7 +1,7 @@
 """Grids before and after a change: the in-memory grid throughput of two revisions, interleaved.
 
     python benchmarks/bench_grid_compare.py --base REV [--rounds 3] [--repeat 3]
-    python benchmarks/bench_grid_compare.py --base REV --case megatron_flat[_staged]
+    python benchmarks/bench_grid_compare.py --base REV --case megatron_flat[_staged] [--out NAME]
 
 Checks out ``REV`` into a temporary git worktree and times ``bench_sweep``'s
 grid throughput (the Calculon GPT-3 space, 10.3M points, 2 float32 outputs,
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -87,8 +88,11 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--case", choices=sorted(CASES), default="grid")
+    ap.add_argument("--out", help="file name under benchmarks/results/ to write (default: the "
+                                  "case's; another keeps the case's file as committed)")
     args = ap.parse_args(argv)
     child, keys, out_name = CASES[args.case]
+    out_name = args.out or out_name
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True, check=True).stdout.strip()
     base = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base],
@@ -119,7 +123,8 @@ def main(argv=None):
            "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "machine": {"uname": " ".join(platform.uname()),
                                 "python": platform.python_version()},
-                    "command": " ".join([Path(sys.executable).name] + sys.argv)}}
+                    "command": " ".join([Path(sys.executable).name] + sys.argv),
+                    "threads": os.environ.get("LAYOUT_SWEEP_THREADS", "the usable cores")}}
     out = ROOT / "benchmarks" / "results" / out_name
     out.write_text(json.dumps(res, indent=1) + "\n")
     for rev in (base, head):
