@@ -172,13 +172,18 @@ def test_every_branch_is_reached_somewhere():
     assert all(values == {False, True} for values in seen.values()), seen
 
 
+@pytest.mark.parametrize("chunked", [False, True])
 @pytest.mark.parametrize("wl_name", ["Llama3_8B_MC", "Mixtral_8x7B_MC"])
-def test_step_memo_paths_are_numpy_bitwise(wl_name, monkeypatch):
-    """The kernel memoizes steps 3-4 and the LM head on ten knobs. Its hits, knobs too
-    wide to pack into its key, and more distinct keys than it keeps all give the numpy
-    path's bits (one thread, so one memo sees the whole draw)."""
+def test_step_memo_paths_are_numpy_bitwise(wl_name, chunked, monkeypatch):
+    """The kernel memoizes steps 3-4, the LM head and the later steps' terms of the same
+    knobs. Its hits, knobs too wide to pack into its key, and more distinct keys than it
+    keeps (it starts again when full: at a block, or where numpy's log is not libm's at a
+    chunk, ``chunked`` making chunks of 1,000) all give the numpy path's bits (one thread,
+    so one memo sees the whole draw)."""
     from solver.fused import megatron_kernel as fk
     monkeypatch.setenv(fused.THREADS_ENV, "1")
+    if chunked:
+        monkeypatch.setattr(fk, "_NUMPY_LOG_CHUNK", 1000)
     wl, fl = catalog.workload(wl_name), catalog.fleet("HGX_H100_1K_MC")
     rng = np.random.default_rng(2026)
     n = 3 * fk.MEMO_KEYS

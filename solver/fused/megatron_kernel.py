@@ -581,6 +581,13 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
     """
     if mode == 1:  # the memo's misses, in mode 2's order: their GEMMs' ideal durations
         kept = np.int64(slots[0, 3])  # (the memo lives as long as its scratch: _memo_scratch)
+        if kept >= MEMO_KEYS:
+            # full: start again, so that this chunk's keys are kept. Kept full, a draw of
+            # more keys than it holds priced every later key one by one (Mixtral 8x7B in
+            # bench_fused's draw: about 5,200 keys; 1 thread 183.6 -> 297.1 ms, the runs of
+            # 19:14 and 20:58, 2026-12-05)
+            slots[:, 0] = _NO_SLOT
+            kept = 0
         col = 0
         for i in range(lo, hi):
             tp = float(tp_a[i])
@@ -662,6 +669,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
     out_of_bounds = False
     for b0 in range(lo, hi, BLOCK):
         b1 = min(b0 + BLOCK, hi)
+        if kept >= MEMO_KEYS:  # full: start again (as mode 1 does a chunk)
+            slots[:, 0] = _NO_SLOT
+            kept = 0
         for i in range(b0, b1):  # the names' codes, a loop of their own
             rc_b[i - b0] = choice_code(rc_a, i, rc_keys)
             prec_b[i - b0] = choice_code(prec_a, i, prec_keys)
