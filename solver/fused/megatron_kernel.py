@@ -580,14 +580,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
     name was a choice, else 0; mode 1 returns the number of misses.
     """
     if mode == 1:  # the memo's misses, in mode 2's order: their GEMMs' ideal durations
-        kept = np.int64(slots[0, 3])  # (the memo lives as long as its scratch: _memo_scratch)
-        if kept >= MEMO_KEYS:
-            # full: start again, so that this chunk's keys are kept. Kept full, a draw of
-            # more keys than it holds priced every later key one by one (Mixtral 8x7B in
-            # bench_fused's draw: about 5,200 keys; 1 thread 183.6 -> 297.1 ms, the runs of
-            # 19:14 and 20:58, 2026-12-05)
-            slots[:, 0] = _NO_SLOT
-            kept = 0
+        kept = _memo_kept(slots)
         col = 0
         for i in range(lo, hi):
             tp = float(tp_a[i])
@@ -624,6 +617,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     kept += 1
                 else:
                     plan[1, col] = -1
+                    slots[1, 3] |= np.uint64(fits)  # a key turned away: the memo overflowed
                 row = -1 - col
                 col += 1
             plan[0, i - lo] = row
@@ -665,13 +659,10 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                 bounds, (np.uint64(b0), np.uint64(b1), np.uint64(staged)))
         return 0 if out_of_bounds else 1
     # mode 0. The step memo: open addressing (linear probing) on the two key words -> a row
-    kept = np.int64(slots[0, 3])
+    kept = _memo_kept(slots)
     out_of_bounds = False
     for b0 in range(lo, hi, BLOCK):
         b1 = min(b0 + BLOCK, hi)
-        if kept >= MEMO_KEYS:  # full: start again (as mode 1 does a chunk)
-            slots[:, 0] = _NO_SLOT
-            kept = 0
         for i in range(b0, b1):  # the names' codes, a loop of their own
             rc_b[i - b0] = choice_code(rc_a, i, rc_keys)
             prec_b[i - b0] = choice_code(prec_a, i, prec_keys)
@@ -707,6 +698,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     kept += 1
                 else:
                     row = MEMO_KEYS + (i - b0)
+                    slots[1, 3] |= np.uint64(fits)  # a key turned away: the memo overflowed
                 _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
                            masks, values[row])
             rows[i - b0] = row
@@ -716,6 +708,27 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             bounds, (np.uint64(b0), np.uint64(b1), np.uint64(staged)))
     slots[0, 3] = np.uint64(kept)
     return 0 if out_of_bounds else 1
+
+
+@njit(**_INLINE_STEP)
+def _memo_kept(slots):
+    """The count of keys the memo keeps (slot 0's fourth word), after starting it again
+    where it overflowed in the call before (slot 1's fourth word: a key turned away).
+
+    A memo kept over a thread's ranges and chunks (:func:`_memo_scratch`) sees a dense
+    draw's keys once (bench_fused's million layouts, 1 thread: 21,173 misses in chunks of
+    65,536 each with its own memo, 1,404 with one). A draw of more keys than it keeps
+    would price every key it turned away one by one over the whole call (Mixtral 8x7B
+    with ep_size drawn, about 5,200 keys: 1 thread 183.6 -> 297.1 ms, bench_fused at 19:14
+    and 20:58 on 2026-12-05), and starting again whenever it fills costs more misses than
+    that; so a memo that overflowed starts again at the next call (a chunk, or a range
+    where numpy's log is libm's), as each call's did before.
+    """
+    if slots[1, 3] != 0:
+        slots[:, 0] = _NO_SLOT
+        slots[0, 3] = 0
+        slots[1, 3] = 0
+    return np.int64(slots[0, 3])
 
 
 @njit(**_INLINE_STEP)
@@ -957,13 +970,14 @@ _COMPILED = False
 
 def _memo_scratch():
     """A new, empty step memo and the block scratch for calls of :func:`_kernel` (each
-    thread its own): the key table (every slot empty; column 3 of slot 0, a slot's unused
-    fourth word, counts the keys kept), the values' rows, and the block's rows and codes.
+    thread its own): the key table (every slot empty; a slot's fourth word is unused: slot
+    0's counts the keys kept, slot 1's says whether a key was turned away, :func:`_memo_kept`),
+    the values' rows, and the block's rows and codes.
     The memo lives as long as this scratch: calls on the same workload, fleet and
     constants may share it, and no others."""
     slots = np.empty((MEMO_SLOTS, 4), dtype=np.uint64)
     slots[:, 0] = _NO_SLOT
-    slots[0, 3] = 0
+    slots[0, 3] = slots[1, 3] = 0
     return (slots, np.empty((MEMO_KEYS + BLOCK, _N_MEMO)), np.empty(BLOCK, dtype=np.int64),
             np.empty(BLOCK, dtype=np.int64), np.empty(BLOCK, dtype=np.int64))
 
