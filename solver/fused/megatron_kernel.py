@@ -70,10 +70,9 @@ from .megatron_primitives import _PRIM
 from .megatron_primitives import COMPILED_CONSTANTS, _ideal, _min
 from .megatron_fused_steps import (G_CORE, G_EH, G_FC1, G_FC2, G_HEAD, G_KVDOWN, G_KVUP, G_MOE1,
                                    G_MOE2, G_PROJ, G_QKV, G_QUP, G_ROUTER, G_SH1, G_SH2, N_GEMMS,
-                                   _communication, _data_parallel, _dp_tp_terms, _gemm_flops,
-                                   _hardware, _head, _heavy, _key_rules, _layer_times, _low_bits,
-                                   _memory, _memory_terms, _model_flops, _mtp_flops_per_sequence,
-                                   _p2p_gather_call, _p2p_split, _p2p_steady_sends,
+                                   _communication, _data_parallel, _gemm_flops, _hardware, _head,
+                                   _heavy, _layer_times, _low_bits, _memory, _model_flops,
+                                   _mtp_flops_per_sequence, _p2p_split, _p2p_steady_sends,
                                    _combined_1f1b_paired, _pipeline, _split)
 
 __all__ = ["run", "workload_scalars", "fleet_scalars", "constant_scalars", "FLOAT_OUTPUTS",
@@ -98,7 +97,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "e1236fa5e3b3436e"
+SOURCES_DIGEST = "f5bc3934c8a5f69a"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -115,13 +114,8 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of the two key words
 _SLOT_SHIFT = np.uint64(65 - MEMO_SLOTS.bit_length())  # 64 - log2(MEMO_SLOTS)
 _NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key has all 64 bits set
 #: Values the memo keeps per key: steps 3 and 4, the LM head, a multi-token prediction
-#: module's projection and norms and its model FLOPs a sequence (see _kernel); then
-#: (columns 16-28) the terms of the later steps that read only the key's knobs, most of
-#: them divisions, which bind the vector loop (a vector division takes 8-16 cycles, a
-#: gather of the memo's value about 5): split's rules (:func:`_key_rules`), a p2p send over
-#: TP, twice that, the all-gather on arrival, the data-parallel step's (:func:`_dp_tp_terms`)
-#: and the memory step's (:func:`_memory_terms`). The same expressions, the same bits.
-_N_MEMO = 29
+#: module's projection and norms and its model FLOPs a sequence (see _kernel).
+_N_MEMO = 16
 #: Configurations a block of the kernel's two passes (see _kernel).
 BLOCK = 1024
 
@@ -180,17 +174,15 @@ def _whole(f, has_dp, tp, pp, cp, dp):
 
 
 @njit(**_INLINE_STEP)
-def _memo_key(s, mbs, tp, cp, ep, etp, sp, rc, flash, prec, tco, whole, heavy, masks):
+def _memo_key(s, mbs, tp, cp, ep, etp, sp, rc, flash, prec, tco, whole, heavy):
     """Two words that pack the knobs steps 3-4 and the LM head depend on, exactly
     (each field within its width), and whether they fit (else: no memo for this one).
     ``whole``: the job fits in one NVLink domain (:func:`_whole`); ``heavy``: the heaviest
     stage holds MoE layers only (megatron_fused_steps._heavy); ``etp`` (below 128 to fit)
-    the expert TP degree; ``masks``: bits 1 and 2 of :func:`memory_flags` (whether the
-    hidden and the attention dropout keep masks, which the memory terms read), as 0-3."""
-    fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 29 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
+    the expert TP degree."""
+    fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 31 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
             and 0 <= ep < 1 << 16 and 0 <= etp < 1 << 7 and 0 <= rc < 4 and 0 <= prec < 4)
-    k1 = (np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) | (np.uint64(masks) << np.uint64(61))) \
-        if fits else _NO_SLOT
+    k1 = np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) if fits else _NO_SLOT
     flags = np.uint64(sp) | (np.uint64(rc) << np.uint64(1)) | (np.uint64(flash) << np.uint64(3)) \
         | (np.uint64(prec) << np.uint64(4)) | (np.uint64(tco) << np.uint64(6)) \
         | (np.uint64(whole) << np.uint64(7)) | (np.uint64(heavy) << np.uint64(8)) \
@@ -282,16 +274,12 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             first, last = 0.0, 0.0
         mem = mem_a[i]  # grad_reduce_in_bf16, the dropout masks and combined 1F1B (memory_flags)
         a2a = (mem & 8) != 0  # overlap_moe_expert_parallel_comm [35]
-        # the memo's row; its columns from 16 on read as values[row, k]: read from the row's
-        # view r (r[16] on), the loop was left scalar ("instruction cannot be vectorized")
-        row = rows[i - b0]
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
-            prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0, rc, mtp, a2a,
-            values[row, 16] != 0.0)
+            prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0, rc, mtp, a2a)
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
         grad_bytes = 2.0 if (mem & 1) != 0 else grad_bytes  # grad_reduce_in_bf16 [25]
-        r = values[row]
+        r = values[rows[i - b0]]
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total = \
             r[0], r[1], r[2], r[3], r[4], r[5], r[6]
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head = \
@@ -300,27 +288,23 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         heavy = _heavy(w, pp, v, first, last)  # a heaviest stage of MoE layers only (6 and 7)
         # 5. pipeline
         split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
-        # a send's bytes over its split, and twice that (the memo's act_bytes / tp; over a
-        # split of 1.0 the division is exact: the bytes themselves)
-        send = values[row, 17] if split != 1.0 else act_bytes
-        send2 = values[row, 18] if split != 1.0 else 2.0 * act_bytes
         steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
         paired = _combined_1f1b_paired(pp, v, m, a2a)  # overlap_moe_expert_parallel_comm [35]
         (layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack,
          a2a_hidden, a2a_launch) = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
-            cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, (send, values[row, 19]), steady,
+            cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
             1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module, (first, last), paired)
         # 6. data parallel
         (heavy_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, v, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                                  layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp,
-                                 slack, a2a_hidden, (values[row, 20], values[row, 21], values[row, 22], values[row, 23]))
+                                 slack, a2a_hidden)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
-            w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, expert_group, params_bytes,
-            send2, mtp, first, last, 1.0 if paired > 0.0 else 0.0,
-            (values[row, 24], values[row, 25], values[row, 26], values[row, 27], values[row, 28]))
+            w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
+            layers_stage, expert_group, params_bytes, split, prec, mtp, first, last, (mem & 2) != 0,
+            (mem & 4) != 0, 1.0 if paired > 0.0 else 0.0)
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
         model_flops = _model_flops(w, batch, s) + mtp * batch * mtp_flops_sequence
@@ -458,9 +442,8 @@ def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, 
 
 
 @njit(**_PRIM)
-def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, masks, lgs, r):
-    """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), and the later
-    steps' terms of its knobs (see :data:`_N_MEMO`), into the row ``r``."""
+def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, lgs, r):
+    """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), into the row ``r``."""
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
     moe_share = 1.0 if heavy else w[12]
     s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b, t_mtp = \
@@ -476,11 +459,6 @@ def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
     r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
     r[14], r[15] = t_mtp, _mtp_flops_per_sequence(w, s)
-    r[16] = 1.0 if _key_rules(w, s, tp, cp, ep, etp, sp) else 0.0
-    r[17], r[18], r[19] = act_bytes / tp, 2.0 * act_bytes / tp, _p2p_gather_call(f, c, tp, act_bytes, whole)
-    r[20], r[21], r[22], r[23] = _dp_tp_terms(w, f, tp, ep, etp)
-    r[24], r[25], r[26], r[27], r[28] = _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec,
-                                                      (masks & 1) != 0, (masks & 2) != 0)
 
 
 @njit(**_PRIM)
@@ -509,9 +487,9 @@ def _ideals(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp, ext, col):
 
 
 @njit(**_PRIM)
-def _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, masks, r):
+def _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, r):
     """:func:`_memo_row` of a miss of mode 0, its logs from libm (:func:`_logs`)."""
-    _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, masks,
+    _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
               _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp), r)
 
 
@@ -590,7 +568,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             _mtp, first, last = _pipeline_counts(p2p_a[i])
             heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc,
-                                     flash_a[i], prec, tco_a[i], whole, heavy, (mem_a[i] >> 1) & 3)
+                                     flash_a[i], prec, tco_a[i], whole, heavy)
             # mode 0's probe, written out again: as a helper function the scalar pass ran
             # about 2x slower (an earlier session's A/B, unsaved); inlined by numba
             # (inline="always"), the whole call 1.03x slower (1 thread, 1M layouts, 8
@@ -644,14 +622,13 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
                     _mtp, first, last = _pipeline_counts(p2p_a[i])
                     heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
-                    masks = (mem_a[i] >> 1) & 3  # the dropouts' masks (memory_flags)
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
                            ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
                            ext[10, col], ext[11, col], ext[12, col], ext[13, col], ext[14, col])
                     row = plan[1, col]
                     row = MEMO_KEYS + (i - b0) if row < 0 else row
                     _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
-                              heavy, masks, lgs, values[row])
+                              heavy, lgs, values[row])
                 rows[i - b0] = row
             out_of_bounds |= _priced_block(
                 w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
@@ -677,9 +654,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             _mtp, first, last = _pipeline_counts(p2p_a[i])
             staged |= (first > 0.0) | (last > 0.0)
             heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
-            masks = (mem_a[i] >> 1) & 3  # the dropouts' masks (memory_flags)
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc, flash, prec,
-                                     tco, whole, heavy, masks)
+                                     tco, whole, heavy)
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
@@ -700,7 +676,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     row = MEMO_KEYS + (i - b0)
                     slots[1, 3] |= np.uint64(fits)  # a key turned away: the memo overflowed
                 _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
-                           masks, values[row])
+                           values[row])
             rows[i - b0] = row
         out_of_bounds |= _priced_block(
             w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
