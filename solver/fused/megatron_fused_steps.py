@@ -23,10 +23,11 @@ from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _
 
 @njit(**_INLINE)
 def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, prec, flash,
-           ogr, opg, zero, supported, first, last, op2p, rc, mtp, a2a):
+           ogr, opg, zero, supported, first, last, op2p, rc, mtp, a2a, key_ok):
     """megatron_steps.split (``supported``: the fleet's 4-tuple of 1.0 where it has the
     precision; ``first``, ``last``: the set stages' layers, 0.0 where not set; ``op2p``:
-    ``overlap_p2p_comm``; ``a2a``: ``overlap_moe_expert_parallel_comm``)."""
+    ``overlap_p2p_comm``; ``a2a``: ``overlap_moe_expert_parallel_comm``; ``key_ok``: its
+    rules that read only the step memo's knobs, :func:`_key_rules`, from the memo)."""
     layers, heads, kv_heads, experts, moe = w[0], w[2], w[3], w[5], w[6]
     sp = spk and tp > 1.0
     model_parallel = tp * 1.0 * pp * cp
@@ -56,16 +57,12 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, 
         # neither set: Megatron-LM refuses layers that pp (and v) do not divide [13]
         layers_ok = _divides(layers, pp * v) and (v == 1.0 or pp > 1.0)
     realizable = (valid and m_exact == fm and m_exact >= 1.0
-                  and _divides(heads, tp) and _divides(kv_heads, tp)
+                  and key_ok
                   and layers_ok
                   and (v == 1.0 or (_divides(m_exact, pp) and m_exact >= pp))
                   and (v == 1.0 or op2p or pp > 2.0)
-                  and (cp == 1.0 or _divides(s, 2.0 * cp))
                   and (cp == 1.0 or flash)
-                  and (not sp or _divides(s, tp * cp))
-                  and (_divides(experts, ep) if moe != 0.0 else ep == 1.0)
                   and (ep == 1.0 or prec != _FP16)
-                  and (moe == 0.0 or _divides(w[10], etp))
                   and (tp == 1.0 or sp or moe == 0.0)
                   and not (tco and not sp)
                   and not (opg and not ogr and zero >= 1)
@@ -73,6 +70,19 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, 
                   and (not a2a or (ep > 1.0 and rc != 2 and (pp == 1.0 or v > 1.0) and mtp <= 1.0))
                   and _pick(supported, prec) != 0.0)
     return sp, dp, group, valid, n_acc, m_exact, m, realizable
+
+
+@njit(**_INLINE)
+def _key_rules(w, s, tp, cp, ep, etp, sp):
+    """The rules of megatron_steps.split that read only knobs of the kernel's step memo
+    (``sp``: sequence parallelism as :func:`_split` has it). Each is a division, which the
+    kernel's vector loop is bound by: the memo computes them once per key."""
+    heads, kv_heads, experts, moe = w[2], w[3], w[5], w[6]
+    return (_divides(heads, tp) and _divides(kv_heads, tp)
+            and (cp == 1.0 or _divides(s, 2.0 * cp))
+            and (not sp or _divides(s, tp * cp))
+            and (_divides(experts, ep) if moe != 0.0 else ep == 1.0)
+            and (moe == 0.0 or _divides(w[10], etp)))
 
 
 # --------------------------------------------------------------- 2. hardware
@@ -331,10 +341,12 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
 
 @njit(**_INLINE)
 def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
-              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, p2p_split,
+              cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, sends,
               p2p_steady, p2p_gather, n_acc, mtp, t_mtp_module, stages, paired):
-    """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``p2p_split``: the TP split
-    of a p2p send, :func:`_p2p_split`; ``p2p_steady``: :func:`_p2p_steady_sends`;
+    """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``sends``: a p2p send's bytes,
+    ``act_bytes`` over its TP split (:func:`_p2p_split`), and the all-gather of a split
+    send on arrival with its call, :func:`_p2p_gather_call` (from the kernel's step memo);
+    ``p2p_steady``: :func:`_p2p_steady_sends`;
     ``p2p_gather``: 1.0 where the split slices are all-gathered over TP on arrival (no
     SP), else 0.0; ``stages``: the first and the last stage's layers; ``paired``: the
     share the combined 1F1B schedule pairs, :func:`_combined_1f1b_paired`). (One tuple for
@@ -383,20 +395,28 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     q = domain / stride  # stages per domain
     cross = 0.0 if whole else (1.0 if q <= 1.0 else _min(
         1.0, (1.0 if np.floor(q) == q else 2.0) * stride * (1.0 / domain)))
-    send = act_bytes / p2p_split
+    send, gather_call = sends
     t_in = send * (1.0 / up_bw) + up_lat + call_lat
     t_out = send * (1.0 / out_bw) + out_lat + call_lat
     t_ramp = cross * t_out + (1.0 - cross) * t_in
     t_slow = t_out if cross > 0.0 else t_in
     # legacy scatter/gather: all-gathered over TP on arrival [26]; p2p_gather is 0 or 1,
     # a factor and not a branch, so that the layout loop stays branch-free here
-    tp_in = _within(tp, domain, whole)
-    gather = p2p_gather * (_coll_1(act_bytes, tp, up_bw if tp_in else out_bw,
-                                   up_lat if tp_in else out_lat) + call_lat)
+    gather = p2p_gather * gather_call
     t_pp = 2.0 * ((t_ramp + gather) * (pp * v - 1.0) + (t_slow + gather) * p2p_steady) \
         if pp > 1.0 else 0.0
     return (layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack,
             a2a_hidden, a2a_launch)
+
+
+@njit(**_INLINE)
+def _p2p_gather_call(f, c, tp, act_bytes, whole):
+    """megatron_steps.pipeline's all-gather of a split send over TP on arrival and its
+    call (``whole``: the job fits in one NVLink domain): knobs of the step memo only."""
+    domain, up_lat, out_lat = f[6], f[9], f[10]
+    up_bw, out_bw = f[7] * c[7], f[8] * c[8]  # as _communication computes them
+    tp_in = _within(tp, domain, whole)
+    return _coll_1(act_bytes, tp, up_bw if tp_in else out_bw, up_lat if tp_in else out_lat) + c[11]
 
 
 @njit(**_INLINE)
@@ -410,13 +430,24 @@ def _combined_1f1b_paired(pp, v, m, on):
 # ---------------------------------------------------------- 6. data parallel
 
 @njit(**_INLINE)
+def _dp_tp_terms(w, f, tp, ep, etp):
+    """The terms of megatron_compose.data_parallel that read only knobs of the kernel's
+    step memo, each a division: ``w[22] / tp``, ``emb / tp`` and the ranks a domain holds
+    of TP and of expert groups (as :func:`_data_parallel` had them, the same bits)."""
+    domain = f[6]
+    return (w[22] / tp, w[16] / tp, _max(np.floor(domain / tp), 1.0),
+            _max(np.floor(domain / (etp * ep)), 1.0))
+
+
+@njit(**_INLINE)
 def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                    layers_stage, window_f, window_b_alone, t_pipe, up_bw, out_bw, n_acc, q, mtp, slack,
-                   a2a_hidden):
+                   a2a_hidden, tp_terms):
     """megatron_compose.data_parallel (with _stage_params; ``q``: the domain over tp x group,
     the stages per domain :func:`_pipeline` has; ``heavy_stage``: :func:`_heavy`; ``slack``:
     the priced stage's wait a microbatch, :func:`_pipeline`'s; ``a2a_hidden``: what the
-    combined 1F1B schedule takes off a paired backward's window, :func:`_pipeline`'s)."""
+    combined 1F1B schedule takes off a paired backward's window, :func:`_pipeline`'s;
+    ``tp_terms``: :func:`_dp_tp_terms`, from the kernel's step memo)."""
     window_b = window_b_alone - a2a_hidden
     moe, emb = w[6], w[16]
     dense_scale, expert_scale = (w[35], w[36]) if heavy_stage else (w[14], w[15])
@@ -424,13 +455,12 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     eta = c[9]
     # _stage_params
     layers_mtp = layers_stage + mtp
+    head_tp, emb_tp, ranks_up, ranks_up_expert = tp_terms
     dense_stage_params = ((dense_scale - w[37]) * layers_mtp + mtp * w[40]) / tp + w[37] * layers_mtp \
-        + w[22] / tp * (1.0 if pp == 1.0 else 0.0)
+        + head_tp * (1.0 if pp == 1.0 else 0.0)
     expert_stage_params = expert_scale * layers_mtp / (etp * ep * 1.0) if moe != 0.0 else 0.0
-    heavy = dense_stage_params + emb / tp * ((1.0 if pp > 1.0 else 0.0) * (1.0 + (1.0 if mtp > 0.0 else 0.0)))
-    ranks_up = _max(np.floor(domain / tp), 1.0)
+    heavy = dense_stage_params + emb_tp * ((1.0 if pp > 1.0 else 0.0) * (1.0 + (1.0 if mtp > 0.0 else 0.0)))
     ranks_up = _min(ranks_up, group)
-    ranks_up_expert = _max(np.floor(domain / (etp * ep)), 1.0)
     expert_group = _max(np.floor(tp * group / (etp * ep)), 1.0)
     grads_dense = heavy * grad_bytes
     grads_expert = expert_stage_params * grad_bytes
@@ -577,11 +607,13 @@ def _rank(moe, pp, v, rank, n, dense_n, first, last, dense_l, moe_l, expert_l, h
 
 
 @njit(**_INLINE)
-def _memory(w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local,
-            act_bytes, layers_stage, expert_group, params_bytes, p2p_split, prec, mtp, first, last,
-            hidden_masks, score_masks, extra):
-    """megatron_compose.memory (with megatron_steps.pipeline_ranks)."""
-    h, heads, moe, top_k, vocab, emb_params = w[1], w[2], w[6], w[9], w[13], w[16]
+def _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec, hidden_masks, score_masks):
+    """The terms of megatron_compose.memory that read only knobs of the kernel's step memo
+    (and the dropouts' masks, which its key holds): a layer's activations, dense and MoE,
+    the logits' bytes over TP, ``1 / tp`` and an expert's parameters per rank. They hold
+    most of its divisions, which the kernel's vector loop is bound by: the memo computes
+    them once per key. (:func:`_memory`, the same expressions, the same bits.)"""
+    h, heads, moe, top_k, vocab = w[1], w[2], w[6], w[9], w[13]
     attention0, mlp_dense, mlp_moe = w[17], w[18], w[19]
     low_bits = _low_bits(prec)
     latent = w[39] if low_bits else w[32]  # multi-head latent attention's, by precision
@@ -592,8 +624,21 @@ def _memory(w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_byte
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
                                     low_bits, w[24], latent, w[33], etp / (tp * 1.0), hidden_masks,
                                     score_masks)
+    logits_tp = 4.0 * mbs * s_local * vocab / tp  # (memory's logits, before its "* (1 + mtp)")
+    expert_l = w[36] / (etp * ep * 1.0) if moe != 0.0 else 0.0
+    return act_dense, act_moe, logits_tp, 1.0 / tp, expert_l
+
+
+@njit(**_INLINE)
+def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, expert_group,
+            params_bytes, send2, mtp, first, last, extra, terms):
+    """megatron_compose.memory (with megatron_steps.pipeline_ranks). ``terms``:
+    :func:`_memory_terms`, from the kernel's step memo; ``send2``: ``2.0 * act_bytes`` over
+    the TP split of a p2p send (:func:`_p2p_split`)."""
+    moe, emb_params = w[6], w[16]
+    act_dense, act_moe, logits_tp, per_tp, expert_l = terms
     bucket = grad_bytes * _min(_max(4e7, 1e6 * group), params_bytes / _WB) if zero >= 2 else 0.0
-    buffers = (bucket + 2.0 * act_bytes / p2p_split * (1.0 if pp > 1.0 else 0.0)
+    buffers = (bucket + send2 * (1.0 if pp > 1.0 else 0.0)
                + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
     sw, sg, so, sc = _state_bytes(group, zero, grad_bytes)
     swe, sge, soe, sce = 0.0, 0.0, 0.0, 0.0
@@ -602,14 +647,12 @@ def _memory(w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_byte
     state, state_e = sw + sg + so, swe + sge + soe
     # (the rank-independent terms computed once here: LLVM does not hoist them out of the
     # ranks itself, and the loop over configurations ran 1.08x slower for it, unsaved)
-    per_tp = 1.0 / tp
     dense_l = (w[38] - w[37]) * per_tp + w[37]
     moe_l = (w[35] - w[37]) * per_tp + w[37]
-    expert_l = w[36] / (etp * ep * 1.0) if moe != 0.0 else 0.0
     mtp_l = (moe_l if moe != 0.0 else dense_l) + w[40] * per_tp
     emb = emb_params * per_tp
     one_stage = w[22] / emb_params if emb_params != 0.0 else 1.0
-    logits = 4.0 * mbs * s_local * vocab / tp * (1 + mtp)
+    logits = logits_tp * (1 + mtp)
     tail = act_moe * mtp + logits
     inv_v, mv = 1.0 / v, m * v
     head = 1.0 + (1.0 if mtp > 0.0 else 0.0)

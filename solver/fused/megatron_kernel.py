@@ -70,9 +70,10 @@ from .megatron_primitives import _PRIM
 from .megatron_primitives import COMPILED_CONSTANTS, _ideal, _min
 from .megatron_fused_steps import (G_CORE, G_EH, G_FC1, G_FC2, G_HEAD, G_KVDOWN, G_KVUP, G_MOE1,
                                    G_MOE2, G_PROJ, G_QKV, G_QUP, G_ROUTER, G_SH1, G_SH2, N_GEMMS,
-                                   _communication, _data_parallel, _gemm_flops, _hardware, _head,
-                                   _heavy, _layer_times, _low_bits, _memory, _model_flops,
-                                   _mtp_flops_per_sequence, _p2p_split, _p2p_steady_sends,
+                                   _communication, _data_parallel, _dp_tp_terms, _gemm_flops,
+                                   _hardware, _head, _heavy, _key_rules, _layer_times, _low_bits,
+                                   _memory, _memory_terms, _model_flops, _mtp_flops_per_sequence,
+                                   _p2p_gather_call, _p2p_split, _p2p_steady_sends,
                                    _combined_1f1b_paired, _pipeline, _split)
 
 __all__ = ["run", "workload_scalars", "fleet_scalars", "constant_scalars", "FLOAT_OUTPUTS",
@@ -97,7 +98,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "f5bc3934c8a5f69a"
+SOURCES_DIGEST = "e1236fa5e3b3436e"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -114,8 +115,17 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing of the two key words
 _SLOT_SHIFT = np.uint64(65 - MEMO_SLOTS.bit_length())  # 64 - log2(MEMO_SLOTS)
 _NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key has all 64 bits set
 #: Values the memo keeps per key: steps 3 and 4, the LM head, a multi-token prediction
-#: module's projection and norms and its model FLOPs a sequence (see _kernel).
-_N_MEMO = 16
+#: module's projection and norms and its model FLOPs a sequence (see _kernel); then
+#: (columns 16-28) the terms of the later steps that read only the key's knobs, most of
+#: them divisions, which bind the vector loop (a vector division takes 8-16 cycles, a
+#: gather of the memo's value about 5): split's rules (:func:`_key_rules`), a p2p send over
+#: TP, twice that, the all-gather on arrival, the data-parallel step's (:func:`_dp_tp_terms`)
+#: and the memory step's (:func:`_memory_terms`). The same expressions, the same bits.
+#: The dense loops read these; the MoE loops compute them (see _price_steps), and an MoE
+#: workload's memo has the first :data:`_N_MEMO_MOE` columns only: a draw of thousands of
+#: keys (bench_fused's MoE draw, about 5,200) then keeps its rows in half the cache lines.
+_N_MEMO = 29
+_N_MEMO_MOE = 16
 #: Configurations a block of the kernel's two passes (see _kernel).
 BLOCK = 1024
 
@@ -174,15 +184,17 @@ def _whole(f, has_dp, tp, pp, cp, dp):
 
 
 @njit(**_INLINE_STEP)
-def _memo_key(s, mbs, tp, cp, ep, etp, sp, rc, flash, prec, tco, whole, heavy):
+def _memo_key(s, mbs, tp, cp, ep, etp, sp, rc, flash, prec, tco, whole, heavy, masks):
     """Two words that pack the knobs steps 3-4 and the LM head depend on, exactly
     (each field within its width), and whether they fit (else: no memo for this one).
     ``whole``: the job fits in one NVLink domain (:func:`_whole`); ``heavy``: the heaviest
     stage holds MoE layers only (megatron_fused_steps._heavy); ``etp`` (below 128 to fit)
-    the expert TP degree."""
-    fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 31 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
+    the expert TP degree; ``masks``: bits 1 and 2 of :func:`memory_flags` (whether the
+    hidden and the attention dropout keep masks, which the memory terms read), as 0-3."""
+    fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 29 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
             and 0 <= ep < 1 << 16 and 0 <= etp < 1 << 7 and 0 <= rc < 4 and 0 <= prec < 4)
-    k1 = np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) if fits else _NO_SLOT
+    k1 = (np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) | (np.uint64(masks) << np.uint64(61))) \
+        if fits else _NO_SLOT
     flags = np.uint64(sp) | (np.uint64(rc) << np.uint64(1)) | (np.uint64(flash) << np.uint64(3)) \
         | (np.uint64(prec) << np.uint64(4)) | (np.uint64(tco) << np.uint64(6)) \
         | (np.uint64(whole) << np.uint64(7)) | (np.uint64(heavy) << np.uint64(8)) \
@@ -274,12 +286,22 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             first, last = 0.0, 0.0
         mem = mem_a[i]  # grad_reduce_in_bf16, the dropout masks and combined 1F1B (memory_flags)
         a2a = (mem & 8) != 0  # overlap_moe_expert_parallel_comm [35]
+        # the memo's row; its columns from 16 on read as values[row, k]: read from the row's
+        # view r (r[16] on), the loop was left scalar ("instruction cannot be vectorized").
+        # Those columns (the later steps' terms of the key's knobs) are read in the dense
+        # loops only (w[6], the MoE flag, is a constant in each loop: see _price_block); the
+        # MoE loops compute them here, the same bits (read, they took bench_fused's MoE
+        # draw, about 5,200 keys, 1.37x the time: 1 thread, 5 interleaved rounds, unsaved)
+        row = rows[i - b0]
+        dense = w[6] == 0.0
+        key_ok = (values[row, 16] != 0.0) if dense else _key_rules(w, s, tp, cp, ep, etp,
+                                                                    spk and tp > 1.0)
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
-            prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0, rc, mtp, a2a)
+            prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0, rc, mtp, a2a, key_ok)
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
         grad_bytes = 2.0 if (mem & 1) != 0 else grad_bytes  # grad_reduce_in_bf16 [25]
-        r = values[rows[i - b0]]
+        r = values[row]
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total = \
             r[0], r[1], r[2], r[3], r[4], r[5], r[6]
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head = \
@@ -288,23 +310,37 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         heavy = _heavy(w, pp, v, first, last)  # a heaviest stage of MoE layers only (6 and 7)
         # 5. pipeline
         split = _p2p_split(tp, sp, (p2p & 1) != 0)  # scatter_gather_tensors_in_pipeline [26]
+        # a send's bytes over its split, and twice that (the memo's act_bytes / tp; over a
+        # split of 1.0 the division is exact: the bytes themselves)
+        if dense:
+            send = values[row, 17] if split != 1.0 else act_bytes
+            send2 = values[row, 18] if split != 1.0 else 2.0 * act_bytes
+            gather_call = values[row, 19]
+            tp_terms = (values[row, 20], values[row, 21], values[row, 22], values[row, 23])
+            mem_terms = (values[row, 24], values[row, 25], values[row, 26], values[row, 27],
+                         values[row, 28])
+        else:
+            send, send2 = act_bytes / split, 2.0 * act_bytes / split
+            gather_call = _p2p_gather_call(f, c, tp, act_bytes, n_acc <= f[6])
+            tp_terms = _dp_tp_terms(w, f, tp, ep, etp)
+            mem_terms = _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec,
+                                      (mem & 2) != 0, (mem & 4) != 0)
         steady = _p2p_steady_sends(v, m, (p2p & 2) != 0)  # overlap_p2p_comm [27]
         paired = _combined_1f1b_paired(pp, v, m, a2a)  # overlap_moe_expert_parallel_comm [35]
         (layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack,
          a2a_hidden, a2a_launch) = _pipeline(
             w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
-            cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, split, steady,
+            cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, (send, gather_call), steady,
             1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module, (first, last), paired)
         # 6. data parallel
         (heavy_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, v, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                                  layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp,
-                                 slack, a2a_hidden)
+                                 slack, a2a_hidden, tp_terms)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
-            w, tp, etp, ep, pp, v, m, mbs, group, zero, sp, rc, flash, grad_bytes, s_local, act_bytes,
-            layers_stage, expert_group, params_bytes, split, prec, mtp, first, last, (mem & 2) != 0,
-            (mem & 4) != 0, 1.0 if paired > 0.0 else 0.0)
+            w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, expert_group, params_bytes,
+            send2, mtp, first, last, 1.0 if paired > 0.0 else 0.0, mem_terms)
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
         model_flops = _model_flops(w, batch, s) + mtp * batch * mtp_flops_sequence
@@ -351,8 +387,11 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
 def _price_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                  mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a, fo, bo,
                  values, rows, bounds, span):
-    """:func:`_price_steps` of any workload and any stages."""
-    return _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
+    """:func:`_price_steps` of an MoE workload, any stages (:func:`_priced_block` sends a
+    workload without experts to the dense loops): its MoE flag ``w[6]`` is 1.0, made a
+    constant here, as the dense loops make it 0.0, so that _price_steps' branches on it
+    fold."""
+    return _price_steps(w[:6] + (1.0,) + w[7:], f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a,
                         mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a, mem_a, p2p_a, fo,
                         bo, values, rows, bounds, (span[0], span[1], np.uint64(1)))
 
@@ -373,7 +412,8 @@ def _price_block_even(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp
     activations on the heaviest stage (interleaved A/B, 1 thread, 5 rounds, 2026-12-05,
     unsaved).
     """
-    return _price_steps(w[:21] + (0.0,) + w[22:], f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a,
+    return _price_steps(w[:6] + (1.0,) + w[7:21] + (0.0,) + w[22:], f, c, has_dp, batch_a, s_a, tp_a,
+                        pp_a, cp_a, ep_a,
                         etp_a, dp_a, v_a, mbs_a, spk_a, zero_a, rc_b, prec_b, tco_a, ogr_a, opg_a, flash_a,
                         mem_a, p2p_a, fo, bo, values, rows, bounds, (span[0], span[1], np.uint64(0)))
 
@@ -442,8 +482,9 @@ def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, 
 
 
 @njit(**_PRIM)
-def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, lgs, r):
-    """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), into the row ``r``."""
+def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, masks, lgs, r):
+    """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), and the later
+    steps' terms of its knobs (see :data:`_N_MEMO`), into the row ``r``."""
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
     moe_share = 1.0 if heavy else w[12]
     s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b, t_mtp = \
@@ -459,6 +500,13 @@ def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
     r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
     r[14], r[15] = t_mtp, _mtp_flops_per_sequence(w, s)
+    if w[6] != 0.0:  # the MoE loops compute the rest themselves (see _price_steps)
+        return
+    r[16] = 1.0 if _key_rules(w, s, tp, cp, ep, etp, sp) else 0.0
+    r[17], r[18], r[19] = act_bytes / tp, 2.0 * act_bytes / tp, _p2p_gather_call(f, c, tp, act_bytes, whole)
+    r[20], r[21], r[22], r[23] = _dp_tp_terms(w, f, tp, ep, etp)
+    r[24], r[25], r[26], r[27], r[28] = _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec,
+                                                      (masks & 1) != 0, (masks & 2) != 0)
 
 
 @njit(**_PRIM)
@@ -487,9 +535,9 @@ def _ideals(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp, ext, col):
 
 
 @njit(**_PRIM)
-def _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, r):
+def _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, masks, r):
     """:func:`_memo_row` of a miss of mode 0, its logs from libm (:func:`_logs`)."""
-    _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
+    _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, masks,
               _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp), r)
 
 
@@ -568,7 +616,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             _mtp, first, last = _pipeline_counts(p2p_a[i])
             heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc,
-                                     flash_a[i], prec, tco_a[i], whole, heavy)
+                                     flash_a[i], prec, tco_a[i], whole, heavy, (mem_a[i] >> 1) & 3)
             # mode 0's probe, written out again: as a helper function the scalar pass ran
             # about 2x slower (an earlier session's A/B, unsaved); inlined by numba
             # (inline="always"), the whole call 1.03x slower (1 thread, 1M layouts, 8
@@ -622,13 +670,14 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
                     _mtp, first, last = _pipeline_counts(p2p_a[i])
                     heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
+                    masks = (mem_a[i] >> 1) & 3  # the dropouts' masks (memory_flags)
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
                            ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
                            ext[10, col], ext[11, col], ext[12, col], ext[13, col], ext[14, col])
                     row = plan[1, col]
                     row = MEMO_KEYS + (i - b0) if row < 0 else row
                     _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
-                              heavy, lgs, values[row])
+                              heavy, masks, lgs, values[row])
                 rows[i - b0] = row
             out_of_bounds |= _priced_block(
                 w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
@@ -654,8 +703,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             _mtp, first, last = _pipeline_counts(p2p_a[i])
             staged |= (first > 0.0) | (last > 0.0)
             heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
+            masks = (mem_a[i] >> 1) & 3  # the dropouts' masks (memory_flags)
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc, flash, prec,
-                                     tco, whole, heavy)
+                                     tco, whole, heavy, masks)
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
@@ -676,7 +726,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     row = MEMO_KEYS + (i - b0)
                     slots[1, 3] |= np.uint64(fits)  # a key turned away: the memo overflowed
                 _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
-                           values[row])
+                           masks, values[row])
             rows[i - b0] = row
         out_of_bounds |= _priced_block(
             w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, v_a, mbs_a, spk_a,
@@ -879,7 +929,7 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, 
     def scratch():
         kept = getattr(local, "scratch", None)
         if kept is None:
-            kept = local.scratch = _memo_scratch()
+            kept = local.scratch = _memo_scratch(moe=w[6] != 0.0)
         return kept
 
     if libm_is_numpy_log():
@@ -944,17 +994,19 @@ def vector_width():
 _COMPILED = False
 
 
-def _memo_scratch():
+def _memo_scratch(moe=False):
     """A new, empty step memo and the block scratch for calls of :func:`_kernel` (each
     thread its own): the key table (every slot empty; a slot's fourth word is unused: slot
     0's counts the keys kept, slot 1's says whether a key was turned away, :func:`_memo_kept`),
     the values' rows, and the block's rows and codes.
     The memo lives as long as this scratch: calls on the same workload, fleet and
-    constants may share it, and no others."""
+    constants may share it, and no others. ``moe``: an MoE workload's, whose rows keep
+    :data:`_N_MEMO_MOE` columns."""
     slots = np.empty((MEMO_SLOTS, 4), dtype=np.uint64)
     slots[:, 0] = _NO_SLOT
     slots[0, 3] = slots[1, 3] = 0
-    return (slots, np.empty((MEMO_KEYS + BLOCK, _N_MEMO)), np.empty(BLOCK, dtype=np.int64),
+    columns = _N_MEMO_MOE if moe else _N_MEMO
+    return (slots, np.empty((MEMO_KEYS + BLOCK, columns)), np.empty(BLOCK, dtype=np.int64),
             np.empty(BLOCK, dtype=np.int64), np.empty(BLOCK, dtype=np.int64))
 
 
