@@ -457,23 +457,18 @@ def markdown(res):
                       f"{r['reference_configs_per_s']:,.0f}/s and {r['fused_seconds'] * 1e3:.1f} ms, "
                       f"{r['ratio_to_reference']:,.0f}x" for r in res["mlsysim_flat"]["rounds"])
                   + ". The table takes each side's best."]
-    if "pairs_against_mlsysim" in res["megatron_flat"]:
-        pairs = res["megatron_flat"]["pairs_against_mlsysim"]
-        q = res["megatron_flat"]["megatron_over_mlsysim"]
-        lines += ["", f"The two fused kernels in {len(pairs)} adjacent pairs of calls ({m['threads']} "
-                  f"threads, reused outputs), mlsysim then megatron: megatron took **{q['median']:.2f}x** "
-                  f"mlsysim's time (median of the pairs; quartiles {q['q25']:.2f}x-{q['q75']:.2f}x; "
-                  f"best over best {q['best_over_best']:.2f}x). Pairs (ms): " + "; ".join(
-                      f"{p['mlsysim_seconds'] * 1e3:.1f}/{p['megatron_seconds'] * 1e3:.1f}"
-                      for p in pairs) + "."]
-    if "pairs_against_mlsysim_one_thread" in res["megatron_flat"]:
-        pairs = res["megatron_flat"]["pairs_against_mlsysim_one_thread"]
-        q = res["megatron_flat"]["megatron_over_mlsysim_one_thread"]
-        lines += ["", f"The same {len(pairs)} pairs on one thread each (each kernel's cost a core, "
-                  f"which the second core's availability does not move): megatron took "
-                  f"**{q['median']:.2f}x** mlsysim's time (median; quartiles "
-                  f"{q['q25']:.2f}x-{q['q75']:.2f}x; best over best {q['best_over_best']:.2f}x). "
-                  "Pairs (ms): " + "; ".join(
+    for suffix, opening in (
+            ("", f"The two fused kernels in {{n}} adjacent pairs of calls ({m['threads']} threads, "
+                 "reused outputs), mlsysim then megatron: megatron took"),
+            ("_one_thread", "The same {n} pairs on one thread each (each kernel's cost a core, which "
+                            "the second core's availability does not move): megatron took")):
+        if "pairs_against_mlsysim" + suffix not in res["megatron_flat"]:
+            continue
+        pairs = res["megatron_flat"]["pairs_against_mlsysim" + suffix]
+        q = res["megatron_flat"]["megatron_over_mlsysim" + suffix]
+        lines += ["", opening.format(n=len(pairs)) + f" **{q['median']:.2f}x** mlsysim's time "
+                  f"(median of the pairs; quartiles {q['q25']:.2f}x-{q['q75']:.2f}x; best over best "
+                  f"{q['best_over_best']:.2f}x). Pairs (ms): " + "; ".join(
                       f"{p['mlsysim_seconds'] * 1e3:.1f}/{p['megatron_seconds'] * 1e3:.1f}"
                       for p in pairs) + "."]
     mg = res["megatron_flat"]
