@@ -27,8 +27,8 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, 
     """megatron_steps.split (``supported``: the fleet's 4-tuple of 1.0 where it has the
     precision; ``first``, ``last``: the set stages' layers, 0.0 where not set; ``op2p``:
     ``overlap_p2p_comm``; ``a2a``: ``overlap_moe_expert_parallel_comm``; ``key_ok``: its
-    rules that read only the step memo's knobs, :func:`_key_rules`, from the memo)."""
-    layers, heads, kv_heads, experts, moe = w[0], w[2], w[3], w[5], w[6]
+    rules that read only the step memo's knobs, :func:`_key_rules`)."""
+    layers, moe = w[0], w[6]
     sp = spk and tp > 1.0
     model_parallel = tp * 1.0 * pp * cp
     if has_dp:
@@ -345,7 +345,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
               p2p_steady, p2p_gather, n_acc, mtp, t_mtp_module, stages, paired):
     """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``sends``: a p2p send's bytes,
     ``act_bytes`` over its TP split (:func:`_p2p_split`), and the all-gather of a split
-    send on arrival with its call, :func:`_p2p_gather_call` (from the kernel's step memo);
+    send on arrival with its call, :func:`_p2p_gather_call`;
     ``p2p_steady``: :func:`_p2p_steady_sends`;
     ``p2p_gather``: 1.0 where the split slices are all-gathered over TP on arrival (no
     SP), else 0.0; ``stages``: the first and the last stage's layers; ``paired``: the
@@ -447,7 +447,7 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     the stages per domain :func:`_pipeline` has; ``heavy_stage``: :func:`_heavy`; ``slack``:
     the priced stage's wait a microbatch, :func:`_pipeline`'s; ``a2a_hidden``: what the
     combined 1F1B schedule takes off a paired backward's window, :func:`_pipeline`'s;
-    ``tp_terms``: :func:`_dp_tp_terms`, from the kernel's step memo)."""
+    ``tp_terms``: :func:`_dp_tp_terms`)."""
     window_b = window_b_alone - a2a_hidden
     moe, emb = w[6], w[16]
     dense_scale, expert_scale = (w[35], w[36]) if heavy_stage else (w[14], w[15])
@@ -633,7 +633,7 @@ def _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec, hidden_mask
 def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, expert_group,
             params_bytes, send2, mtp, first, last, extra, terms):
     """megatron_compose.memory (with megatron_steps.pipeline_ranks). ``terms``:
-    :func:`_memory_terms`, from the kernel's step memo; ``send2``: ``2.0 * act_bytes`` over
+    :func:`_memory_terms`; ``send2``: ``2.0 * act_bytes`` over
     the TP split of a p2p send (:func:`_p2p_split`)."""
     moe, emb_params = w[6], w[16]
     act_dense, act_moe, logits_tp, per_tp, expert_l = terms
