@@ -189,8 +189,7 @@ def _memo_key(s, mbs, tp, cp, ep, etp, sp, rc, flash, prec, tco, whole, heavy, m
     (each field within its width), and whether they fit (else: no memo for this one).
     ``whole``: the job fits in one NVLink domain (:func:`_whole`); ``heavy``: the heaviest
     stage holds MoE layers only (megatron_fused_steps._heavy); ``etp`` (below 128 to fit)
-    the expert TP degree; ``masks``: bits 1 and 2 of :func:`memory_flags` (whether the
-    hidden and the attention dropout keep masks, which the memory terms read), as 0-3."""
+    the expert TP degree; ``masks``: :func:`_memo_masks`."""
     fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 29 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
             and 0 <= ep < 1 << 16 and 0 <= etp < 1 << 7 and 0 <= rc < 4 and 0 <= prec < 4)
     k1 = (np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) | (np.uint64(masks) << np.uint64(61))) \
@@ -616,7 +615,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             _mtp, first, last = _pipeline_counts(p2p_a[i])
             heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc,
-                                     flash_a[i], prec, tco_a[i], whole, heavy, (mem_a[i] >> 1) & 3)
+                                     flash_a[i], prec, tco_a[i], whole, heavy, _memo_masks(w, mem_a[i]))
             # mode 0's probe, written out again: as a helper function the scalar pass ran
             # about 2x slower (an earlier session's A/B, unsaved); inlined by numba
             # (inline="always"), the whole call 1.03x slower (1 thread, 1M layouts, 8
@@ -670,7 +669,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
                     _mtp, first, last = _pipeline_counts(p2p_a[i])
                     heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
-                    masks = (mem_a[i] >> 1) & 3  # the dropouts' masks (memory_flags)
+                    masks = _memo_masks(w, mem_a[i])
                     lgs = (ext[0, col], ext[1, col], ext[2, col], ext[3, col], ext[4, col],
                            ext[5, col], ext[6, col], ext[7, col], ext[8, col], ext[9, col],
                            ext[10, col], ext[11, col], ext[12, col], ext[13, col], ext[14, col])
@@ -703,7 +702,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             _mtp, first, last = _pipeline_counts(p2p_a[i])
             staged |= (first > 0.0) | (last > 0.0)
             heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
-            masks = (mem_a[i] >> 1) & 3  # the dropouts' masks (memory_flags)
+            masks = _memo_masks(w, mem_a[i])
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc, flash, prec,
                                      tco, whole, heavy, masks)
             row = -1
@@ -734,6 +733,15 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             bounds, (np.uint64(b0), np.uint64(b1), np.uint64(staged)))
     slots[0, 3] = np.uint64(kept)
     return 0 if out_of_bounds else 1
+
+
+@njit(**_INLINE_STEP)
+def _memo_masks(w, mem):
+    """The memo key's ``masks``: bits 1 and 2 of :func:`memory_flags` (whether the hidden and
+    the attention dropout keep masks) as 0-3, which the memory terms of a dense workload's
+    row read; 0 for an MoE workload, whose row does not keep them (a draw of the dropouts
+    then shares its keys)."""
+    return np.uint64((mem >> 1) & 3) if w[6] == 0.0 else np.uint64(0)
 
 
 @njit(**_INLINE_STEP)
