@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from solver import flops as fl
-from solver import gemm, megatron_memory as mem, network as net
+from solver import catalog, gemm, megatron_memory as mem, network as net
+from solver.physics import megatron as M
+from solver.physics.megatron_compose import _model_flops
 
 
 def _layer_fwd(b, s, h, a, f=None, V=0, gated=False, kv=None):
@@ -204,3 +206,37 @@ def test_gemm_curve_is_calculon_table():
     # faster accelerator needs larger GEMMs: same size is less efficient on 3x the peak
     assert gemm.gemm_size_efficiency(4e9, 3 * peak) < gemm.gemm_size_efficiency(4e9, peak)
     assert gemm.gemm_time(1e12, 1e15, plateau=0.5) == pytest.approx(2e-3)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_hfu_counts_the_recomputed_forward_of_the_layers_not_the_output_layer(engine):
+    # Narayanan 2021 eq. 3, full recompute: 96 B s l h^2 (1 + s/6h + V/16lh) hardware
+    # FLOPs against 72 B s l h^2 (1 + s/6h + V/12lh) model FLOPs (GPT-3 175B: MHA, plain
+    # MLP of 4h): the output layer is not recomputed.
+    wl = catalog.workload("GPT3_175B_MC")
+    s, h, l, V = 2048, wl.hidden_dim, wl.layers, wl.vocab_size
+    out = M.solve(wl, catalog.fleet("HGX_H100_1K_MC"), engine=engine, batch_size=64, seq_len=s,
+                  tp_size=8, pp_size=8, micro_batch_size=1, recompute="full")
+    want = 96 * (1 + s / (6 * h) + V / (16 * l * h)) / (72 * (1 + s / (6 * h) + V / (12 * l * h)))
+    assert float(out["hfu"] / out["mfu"]) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+@pytest.mark.parametrize("name", ["Qwen3_30B_A3B_MC", "DeepSeek_V3_MC", "Llama3_70B_MC"])
+def test_hfu_of_selective_recompute_is_the_attention_cores_forward(engine, name):
+    # Selective recompute reruns QK^T and PV forward: 4 s heads d FLOPs a token and layer,
+    # at the heads' own width (Qwen3-30B-A3B: 32 heads of 128 on h = 2048; DeepSeek-V3's
+    # MLA: the mean of its key and value widths), not h.
+    wl = catalog.workload(name)
+    w = M._Shape(wl)
+    s, batch = 4096, 256
+    out = M.solve(wl, catalog.fleet("HGX_H100_1K_MC"), engine=engine, batch_size=batch, seq_len=s,
+                  tp_size=4, pp_size=1, micro_batch_size=1, sequence_parallel=True,
+                  recompute="selective")
+    # against the model's own FLOP count of a step
+    per_token = float(_model_flops(w, batch, s, float(w.hidden), w.head_dim)) / (batch * s)
+    core = 4.0 * s * w.heads * w.core_dim * w.layers
+    got = float(out["hfu"] / out["mfu"]) - 1.0
+    assert got == pytest.approx(core / per_token, rel=1e-12)
+    if w.heads * w.core_dim != w.hidden:  # not the h-wide count
+        assert got > 1.4 * 4.0 * s * w.hidden * w.layers / per_token

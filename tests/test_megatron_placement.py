@@ -229,3 +229,33 @@ def test_moe_token_permutes_are_copies_at_hbm_bandwidth(monkeypatch, ep, local_s
     k, h = QWEN.active_experts_per_token, QWEN.hidden_dim
     elements = (3 * k + 2) * s / tp + (4 * k * s if local_sorts else 0)
     assert any(b.size == 1 and float(b) == pytest.approx(2 * elements * h, rel=1e-12) for b in seen)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+@pytest.mark.parametrize("pp, dp, up", [
+    (2, 8, 1),   # the second stage's DP groups: 1 peer in one rack, 7 in the next
+    (1, 9, 9),   # TP 8 x DP 9 = 72: every group inside one rack
+    (1, 18, 9),  # 144 ranks cover two racks, 9 peers in each
+    (1, 16, 1),  # 128 ranks: the groups straddle racks 0 and 1 unevenly (9 and 7)
+])
+def test_data_parallel_groups_share_the_nvl72_racks_evenly_or_are_priced_one_peer_a_rack(
+        engine, pp, dp, up):
+    # Llama 3 70B at TP 8 on racks of 72: DP peers are 8 ranks apart and a group spans
+    # 8 x DP. Where the groups do not share the racks evenly the rack with the fewest peers
+    # carries the cross-rack traffic alone: priced as one peer a rack (upper bound). ZeRO 0,
+    # no overlap: the all-reduce of the stage's gradients, exposed whole.
+    out = M.solve(LLAMA70, NVL72, engine=engine, batch_size=8 * dp, seq_len=4096, tp_size=8,
+                  pp_size=pp, dp_size=dp, micro_batch_size=1, sequence_parallel=True,
+                  recompute="full", zero_stage=0, overlap_grad_reduce=False,
+                  overlap_param_gather=False)
+    c = M.CONSTANTS
+    w = M._Shape(LLAMA70)
+    ns = types.SimpleNamespace(tp=8, pp=pp, ep=1, etp=8, v=1, mtp=0, first=0, last=0)
+    heavy = _stage_params(w, ns, np.float64(w.layers / pp))[2]
+    node = NVL72.node
+    t = net.two_level_time("all_reduce", 4.0 * heavy, dp, up,
+                           scale_up_bandwidth=node.scale_up_bus_bandwidth * c["scale_up_efficiency"],
+                           scale_up_latency=steps.SCALE_UP_STEP_LATENCY,
+                           scale_out_bandwidth=node.nic_bandwidth * c["scale_out_efficiency"],
+                           scale_out_latency=NVL72.fabric.latency)
+    assert float(out["dp_communication_latency"]) == pytest.approx(float(t), rel=1e-12)

@@ -789,6 +789,24 @@ def test_sharded_gradient_bucket_is_no_larger_than_the_gradients(engine):
 
 
 @pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_zero_stages_without_data_parallel_peers_hold_no_bucket_and_no_gather_buffers(engine):
+    """With no DP, CP or expert DP peers (a group of one rank) ZeRO-2 and ZeRO-3 shard
+    nothing and gather nothing: the footprint is ZeRO-1's (an audit found ZeRO-2's 160 MB
+    bucket and ZeRO-3's two layers' gather buffers priced at DP 1). With two peers they
+    come back."""
+    wl = catalog.workload("Llama3_8B_MC")
+    zero = np.array([1, 2, 3])
+    one, two = (M.solve(wl, FL, engine=engine, batch_size=64, seq_len=4096, tp_size=8, dp_size=dp,
+                        sequence_parallel=True, zero_stage=zero) for dp in (1, 2))
+    assert one["memory_communication_buffers"][1] == one["memory_communication_buffers"][0] == 0.0
+    assert one["memory_communication_buffers"][2] == 0.0
+    np.testing.assert_array_equal(one["memory_footprint"], one["memory_footprint"][0])
+    np.testing.assert_array_equal(one["step_latency_total"], one["step_latency_total"][0])
+    assert two["memory_communication_buffers"][1] == 4 * 4e7
+    assert two["memory_communication_buffers"][2] > 4 * 4e7
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
 def test_dropout_zero_stores_no_masks_and_changes_memory_only(engine):
     """At hidden_dropout 0 a layer keeps two one-byte masks of s b h fewer (Korthikanti's 34
     -> 32), at attention_dropout 0 an unfused attention 3 of its 5 bytes a score fewer

@@ -460,7 +460,17 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
         + head_tp * (1.0 if pp == 1.0 else 0.0)
     expert_stage_params = expert_scale * layers_mtp / (etp * ep * 1.0) if moe != 0.0 else 0.0
     heavy = dense_stage_params + emb_tp * ((1.0 if pp > 1.0 else 0.0) * (1.0 + (1.0 if mtp > 0.0 else 0.0)))
-    ranks_up = _min(ranks_up, group)
+    # Hardware.within(tp * group): tp * group <= domain and it divides the domain (or the
+    # job fits in one), from q = domain / (tp * group) without a division of its own; or the
+    # span covers whole domains (a multiple of the domain: rounded, then checked exactly,
+    # f[14] = 1 / domain) whose width the peers' stride divides (ranks_up is floor(domain /
+    # stride), so a product checks it). Else one peer a domain (megatron_compose).
+    inside = q >= 1.0 and (np.floor(q) == q or n_acc <= domain)
+    span = tp * group
+    covers = np.floor(span * f[14] + 0.5) * domain == span
+    ranks_up = _min(ranks_up, group) if inside or (covers and ranks_up * tp == domain) else 1.0
+    ranks_up_expert = ranks_up_expert if inside or (covers and ranks_up_expert * (etp * ep) == domain) \
+        else 1.0
     expert_group = _max(np.floor(tp * group / (etp * ep)), 1.0)
     grads_dense = heavy * grad_bytes
     grads_expert = expert_stage_params * grad_bytes
@@ -472,9 +482,6 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     # Only the branch np.where keeps is computed (the same expressions, so the same bits).
     t_fsdp = exp_fsdp = t_grad = t_gather = exp_grad = exp_gather = 0.0
     if fsdp:
-        # Hardware.within(tp * group): tp * group <= domain and it divides the domain (or
-        # the job fits in one), from q = domain / (tp * group) without a division of its own
-        inside = q >= 1.0 and (np.floor(q) == q or n_acc <= domain)
         fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
         # layer by layer: each layer after the first pays (n-1) ring steps and the call cost
         fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11]) if group > 1.0 else 0.0
@@ -637,9 +644,10 @@ def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, exper
     the TP split of a p2p send (:func:`_p2p_split`)."""
     moe, emb_params = w[6], w[16]
     act_dense, act_moe, logits_tp, per_tp, expert_l = terms
-    bucket = grad_bytes * _min(_max(4e7, 1e6 * group), params_bytes / _WB) if zero >= 2 else 0.0
+    shards = group > 1.0 or expert_group > 1.0  # (a group of one rank: no bucket, no gathers)
+    bucket = grad_bytes * _min(_max(4e7, 1e6 * group), params_bytes / _WB) if zero >= 2 and shards else 0.0
     buffers = (bucket + send2 * (1.0 if pp > 1.0 else 0.0)
-               + (2.0 if zero == 3 else 0.0) * _WB * (params_bytes / _WB / layers_stage))
+               + (2.0 if zero == 3 and shards else 0.0) * _WB * (params_bytes / _WB / layers_stage))
     sw, sg, so, sc = _state_bytes(group, zero, grad_bytes)
     swe, sge, soe, sce = 0.0, 0.0, 0.0, 0.0
     if moe != 0.0:

@@ -98,7 +98,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "307b03db07b524d7"
+SOURCES_DIGEST = "537ca2a226139e1f"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -344,8 +344,11 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
         model_flops = _model_flops(w, batch, s) + mtp * batch * mtp_flops_sequence
         per_acc = model_flops / (total * n_acc)
-        selective = 4.0 * s * h * (layers + mtp) / (model_flops / (batch * s))
-        recompute_extra = 1.0 / 3.0 if rc == 2 else (selective if rc == 1 else 0.0)
+        head = 6.0 * batch * s * h * w[13] * (1.0 + mtp)
+        per_flop = 1.0 / model_flops
+        full = (model_flops - head) * per_flop * (1.0 / 3.0)
+        selective = 4.0 * s * w[2] * w[30] * (layers + mtp) * (batch * s) * per_flop
+        recompute_extra = full if rc == 2 else (selective if rc == 1 else 0.0)
         mfu = per_acc / peak_gemm
         ms = m * (paced_layers + mtp * last_paced)
         x = 0.0 if valid else nan
@@ -838,7 +841,8 @@ def fleet_scalars(fleet, total_accelerators=None, constants=None):
             float(_steps.SCALE_UP_STEP_LATENCY),
             float(fabric.latency if fabric.latency is not None else _steps.SCALE_OUT_STEP_LATENCY),
             float(fleet.total_accelerators), float(acc.memory_capacity),
-            tuple(1.0 if _steps.supports(acc, p) else 0.0 for p in P))
+            tuple(1.0 if _steps.supports(acc, p) else 0.0 for p in P),
+            1.0 / float(node.scale_up_domain or node.accelerators_per_node))
 
 
 #: Constant names in the order of the kernel's constant tuple (``gemm_size_shift`` as its log).

@@ -66,10 +66,20 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     dense_stage_params, expert_stage_params, heavy_params = _stage_params(w, sp, layers_stage)
     # Data-parallel peers (with CP's) are tp ranks apart [6]: domain / tp of them share a
     # domain. Expert data-parallel peers are etp ep apart in the expert grid [6], so fewer
-    # of them do (none but itself where the EP group fills the domain).
-    ranks_up = np.clip(hw.domain // sp.tp, 1, None)
-    ranks_up = np.minimum(ranks_up, group)
-    ranks_up_expert = np.clip(hw.domain // (sp.etp * sp.ep), 1, None)
+    # of them do (none but itself where the EP group fills the domain). Both groups span
+    # tp x group ranks. Every group shares the domains evenly where that span lies inside
+    # one (Hardware.within) or covers whole ones whose width the peers' stride divides.
+    # Otherwise groups straddle a boundary unevenly (DP 8 over TP 8 in an NVL72 rack of
+    # 72: the second stage's groups have 1 peer in one rack and 7 in the next) and the
+    # slowest paces the step: the domain with the fewest peers carries the cross-domain
+    # traffic on its NICs alone, priced as one peer a domain (an upper bound: as few as one).
+    span = sp.tp * group
+    inside = hw.within(span, sp.n_acc)
+    covers = np.mod(span, hw.domain) == 0
+    ranks_up = np.where(inside | (covers & (np.mod(hw.domain, sp.tp) == 0)),
+                        np.minimum(np.clip(hw.domain // sp.tp, 1, None), group), 1.0)
+    ranks_up_expert = np.where(inside | (covers & (np.mod(hw.domain, sp.etp * sp.ep) == 0)),
+                               np.clip(hw.domain // (sp.etp * sp.ep), 1, None), 1.0)
 
     def dp_coll(kind, nbytes, n, up=ranks_up):
         return net.two_level_time(kind, nbytes, n, np.minimum(up, n),
@@ -196,11 +206,14 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # Megatron DDP's buckets are views into the gradient buffer [23]: a bucket of its own
     # (size [7]) only where the gradients are sharded and one is gathered to reduce it;
     # no larger than the rank's gradients (the buckets partition them [23]), which the
-    # size's 1e6 per rank of the group outgrows at a large DP x CP.
-    bucket = np.where(zero >= 2, hw.grad_bytes * np.minimum(
+    # size's 1e6 per rank of the group outgrows at a large DP x CP. ZeRO-3 gathers two
+    # layers' weights ahead. A group of one rank (no DP or CP, and no expert DP) shards
+    # nothing and gathers nothing: no bucket, no gather buffers.
+    shards = (group > 1) | (dpr.expert_group > 1)
+    bucket = np.where((zero >= 2) & shards, hw.grad_bytes * np.minimum(
         np.maximum(4e7, 1e6 * group), dpr.params_bytes / mem.WEIGHT_BYTES), 0.0)
     buffers = (bucket + 2.0 * ly.act_bytes / sp.p2p_split * (pp > 1)
-               + (zero == 3) * 2.0 * mem.WEIGHT_BYTES * (dpr.params_bytes / mem.WEIGHT_BYTES / layers_stage))
+               + ((zero == 3) & shards) * 2.0 * mem.WEIGHT_BYTES * (dpr.params_bytes / mem.WEIGHT_BYTES / layers_stage))
     # Bytes a parameter: weights, gradients, optimizer state, and the optimizer's FP32 copy
     # of 16-bit gradients (in the optimizer state), which is never held beside the
     # activations and buffers (megatron_memory [5]): the larger of them counts.
@@ -318,8 +331,16 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
     mtp = sp.mtp
     model_flops = _model_flops(w, batch, s, h, ly.d, mtp)
     per_acc = model_flops / (total * n_acc)
-    recompute_extra = np.where(rc == 2, 1.0 / 3.0, np.where(
-        rc == 1, 4.0 * s * h * (w.layers + mtp) / (model_flops / (batch * s)), 0.0))
+    # Hardware FLOPs: the recomputed forward too. Full recompute reruns every layer's
+    # forward (a third of its FLOPs), not the output layer's (6 B s h V each, the main
+    # one's and each MTP module's: Narayanan 2021 eq. 3's 96 B s l h^2 (1 + s/6h + V/16lh)
+    # against 72 B s l h^2 (1 + s/6h + V/12lh)); selective, each layer's attention core,
+    # QK^T and PV forward, 4 s heads core_dim FLOPs a token (Korthikanti 2022).
+    # (one division: the fused kernel's loop is bound by them)
+    head = 6.0 * batch * s * h * w.vocab * (1.0 + mtp)
+    per_flop = 1.0 / model_flops
+    recompute_extra = np.where(rc == 2, (model_flops - head) * per_flop * (1.0 / 3.0), np.where(
+        rc == 1, 4.0 * s * w.heads * w.core_dim * (w.layers + mtp) * (batch * s) * per_flop, 0.0))
     # layer-microbatches of the stage that paces the pipeline, MTP's with them on the last
     last = pl.last_paced
     ms = m * (pl.paced_layers + mtp * last)
