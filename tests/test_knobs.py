@@ -241,3 +241,20 @@ def test_knob_table_matches_solve_signature():
     assert keywords == list(solver.KNOBS)
     for name in keywords:
         assert params[name].default == solver.KNOBS[name].default, name
+
+
+@pytest.mark.parametrize("physics", ["mlsysim", "megatron"])
+def test_a_masked_array_with_masked_entries_is_refused_not_priced(physics):
+    import solver
+    from solver import catalog
+    wl = catalog.workload("Llama3_70B_MC" if physics == "megatron" else "Llama3_70B")
+    fl = catalog.fleet("HGX_H100_1K_MC" if physics == "megatron" else "Training_1K")
+    tp = np.ma.masked_array([1, 2, 4, 8], mask=[False, True, False, False])
+    with pytest.raises(ValueError, match=r"tp_size is a masked array .*tp_size\.compressed\(\)"):
+        solver.solve(wl, fl, physics=physics, batch_size=1024, tp_size=tp)
+    # no entry masked: the values are priced as a plain array's
+    plain = solver.solve(wl, fl, physics=physics, batch_size=1024, tp_size=np.array([1, 2, 4, 8]))
+    same = solver.solve(wl, fl, physics=physics, batch_size=1024,
+                        tp_size=np.ma.masked_array([1, 2, 4, 8]))
+    np.testing.assert_array_equal(np.asarray(same["step_latency_total"]),
+                                  plain["step_latency_total"])

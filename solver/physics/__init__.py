@@ -34,6 +34,8 @@ from __future__ import annotations
 import difflib
 from types import ModuleType
 
+import numpy as np
+
 from .. import knobs as _knobs
 from . import megatron, mlsysim
 
@@ -127,6 +129,14 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "aut
         For a workload or fleet that is not a solver spec, or an unknown keyword.
     """
     chosen = model(physics)
+    # numpy.ma keeps its mask beside the data, and numpy's arithmetic on the data alone
+    # would price the masked entries as if they were values: refused, not ignored.
+    masked = next((name for name, value in knobs.items()
+                   if np.ma.isMaskedArray(value) and np.ma.getmaskarray(value).any()), None)
+    if masked is not None:
+        raise ValueError(f"{masked} is a masked array with masked entries, which solve would "
+                         f"price as values: pass {masked}.compressed() (drop them) or "
+                         f"{masked}.filled(value)")
     try:
         return chosen.solve(workload, fleet, engine=engine, **knobs)
     except TypeError as error:
