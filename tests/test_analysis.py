@@ -525,3 +525,86 @@ def test_an_empty_answer_names_the_accelerator_minimum():
     why = sweep.top_k(cube).attrs["why_empty"]
     assert "accelerator minimum (>= 64, the spec's) removed" in why
     assert "its other conditions" not in why
+
+
+def _two_fleet_cube(limit):
+    spec = {"workload": "Llama3_70B", "fleet": ["Training_1K", "Training_1K_B200"],
+            "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 8], "zero_stage": [0, 1, 3],
+                     "activation_recomputation": [False, True]},
+            "fixed": {"batch_size": 1024, "microbatch_count": 8},
+            "outputs": ["mfu", "memory_footprint"]}
+    if limit is not None:
+        spec["constraints"] = {"memory_limit": limit}
+    return sweep.run(spec)
+
+
+def test_a_fractional_limit_after_selecting_one_fleet_takes_that_fleets_memory():
+    """cube.sel(fleet=X) leaves fleet a scalar coordinate: a fraction of the accelerator's
+    memory is X's (a B200's 193 GB), not the first fleet's of the cube's attributes (an
+    H100's 86 GB, as an audit found: half the layouts dropped)."""
+    cube = _two_fleet_cube(None)
+    b200 = "Training_1K_B200"
+    one = sweep.top_k(cube.sel(fleet=b200), "mfu", k=1, constraints={"memory_limit": 0.9})
+    listed = sweep.top_k(cube.sel(fleet=[b200]), "mfu", k=1, constraints={"memory_limit": 0.9})
+    assert float(one["mfu"][0]) == float(listed["mfu"][0])
+    capacity = sweep.analysis.masks._capacities(cube.sel(fleet=b200))
+    assert capacity > 150e9
+    n = int(sweep.analysis.mask(cube.sel(fleet=b200), constraints={"memory_limit": 0.9}).sum())
+    assert n == int(((cube["admissible"] & (cube["memory_footprint"] <= 0.9 * capacity))
+                     .sel(fleet=b200)).sum())
+
+
+def test_a_size_limit_is_checked_against_the_selected_fleets_own_limit_only():
+    """With the spec's 90 % a fleet, 100 GB is looser than the H100 fleet's 77 GB but
+    tighter than the B200 fleet's 174 GB: asked of the B200 fleet alone it applies."""
+    cube = _two_fleet_cube(0.9)
+    b200 = cube.sel(fleet=["Training_1K_B200"])
+    top = sweep.top_k(b200, "mfu", k=5, constraints={"memory_limit": "100 GB"})
+    assert top.sizes["rank"] > 0 and float(top["memory_footprint"].max()) <= 100e9
+    with pytest.raises(sweep.limits.MemoryLimitError, match="looser than the cube's own limit"):
+        sweep.top_k(cube.sel(fleet=["Training_1K"]), "mfu", constraints={"memory_limit": "100 GB"})
+
+
+def test_a_looser_limit_on_a_mask_within_admissible_is_refused_too():
+    """``cube.admissible & ...`` holds the cube's limit as ``admissible`` does: a looser limit
+    asked with it is refused, not quietly the cube's own; a mask built on ``valid`` takes it."""
+    spec = {"workload": "Llama3_70B", "fleet": "Training_1K",
+            "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 8], "zero_stage": [0, 1, 3]},
+            "fixed": {"batch_size": 1024, "microbatch_count": 8},
+            "constraints": {"memory_limit": "60 GB"}, "outputs": ["mfu", "memory_footprint"]}
+    cube = sweep.run(spec)
+    with pytest.raises(ValueError, match=r"looser than the cube's own limit .*\(60 GB"):
+        sweep.top_k(cube, "mfu", where=cube["admissible"] & (cube["tp_size"] >= 1),
+                    constraints={"memory_limit": "80 GB"})
+    derived = sweep.top_k(cube, "mfu", k=200, where=cube["valid"] & (cube["tp_size"] >= 1),
+                          constraints={"memory_limit": "80 GB"})
+    plain = sweep.top_k(cube, "mfu", k=200, where="valid", constraints={"memory_limit": "80 GB"})
+    assert derived.sizes["rank"] == plain.sizes["rank"]
+    assert 60e9 < float(derived["memory_footprint"].max()) <= 80e9
+
+
+def test_best_along_and_pareto_front_warn_across_precisions_and_rankings_across_jobs():
+    """best_along over a precision axis took each cell's best MFU across bf16 and fp8 (each
+    against its own peak: not the faster layout) without the warning top_k gives; top_k
+    and pareto_front ranked across sequence lengths without the JobMixWarning."""
+    spec = {"workload": "Llama3_70B", "fleet": "Training_1K",
+            "axes": {"tp_size": [2, 4, 8], "pp_size": [1, 2, 4], "precision": ["bf16", "fp8"]},
+            "fixed": {"batch_size": 1024, "microbatch_count": 8},
+            "outputs": ["mfu", "memory_footprint", "effective_throughput"]}
+    cube = sweep.run(spec)
+    with pytest.warns(sweep.analysis.UtilizationWarning, match="each precision's own peak"):
+        sweep.best_along(cube, "tp_size", "mfu")
+    with pytest.warns(sweep.analysis.UtilizationWarning):
+        sweep.pareto_front(cube, {"mfu": "max", "memory_footprint": "min"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sweep.best_along(cube, ["tp_size", "precision"], "mfu")  # one precision a cell
+        sweep.best_along(cube, "tp_size", "effective_throughput")
+    jobs = sweep.run({**spec, "axes": {"tp_size": [4, 8], "seq_len": [2048, 4096]}})
+    with pytest.warns(sweep.analysis.JobMixWarning, match=r"the ranking spans seq_len"):
+        sweep.top_k(jobs, "mfu", k=3)
+    with pytest.warns(sweep.analysis.JobMixWarning):
+        sweep.pareto_front(jobs, {"mfu": "max", "memory_footprint": "min"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sweep.top_k(jobs.sel(seq_len=4096), "mfu", k=3)

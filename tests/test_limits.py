@@ -116,9 +116,16 @@ def test_a_limit_above_the_memory_is_the_memory_with_a_warning():
         result = sweep.search(hungry, mode="exact", memory_limit="1 TB")
     assert list(result.memory_limits.values()) == [CAPACITY]
     assert result.best_params is not None
-    # asked of a cube, a limit looser than the cube's own (here its capacity) is refused
-    with pytest.raises(MemoryLimitError, match="looser than the cube's own limit"):
-        sweep.top_k(capped, k=12, constraints={"memory_limit": "1 TB"})
+    # asked of a cube, a limit above the accelerator's memory is that memory, with the
+    # warning (it had been taken as asked, so where='valid' ranked layouts that do not fit)
+    with pytest.warns(sweep.limits.MemoryLimitWarning, match=r"above the accelerator's memory"):
+        top = sweep.top_k(capped, k=12, constraints={"memory_limit": "1 TB"})
+    assert top.equals(sweep.top_k(capped, k=12))
+    with pytest.warns(sweep.limits.MemoryLimitWarning):
+        valid = sweep.top_k(capped, k=12, where="valid", collapse_ties=False,
+                            constraints={"memory_limit": "1 TB"})
+    assert bool(valid["feasible"].all())
+    assert bool((valid["memory_footprint"] <= CAPACITY).all())
 
 
 def test_units_take_the_si_kilo_and_suggest_the_case():

@@ -15,6 +15,7 @@ import solver
 from solver.outputs import exposed_dp_time, n_accelerators
 
 from .. import grid
+from .. import physics as physics_
 
 __all__ = ["step_components", "explain_runner_up", "where_step_goes"]
 
@@ -79,7 +80,9 @@ def step_components(out: Mapping, straggler_factor: float = 1.0) -> dict:
 def _price(spec, coords: Mapping) -> dict:
     """One layout priced again (float64): its numeric outputs, components and accelerators."""
     workload, fleet, knobs = grid.point(spec, coords)
-    out = solver.solve(workload, fleet, **knobs)
+    # with the spec's calibration profile, as the cube was priced (sweep.evaluate)
+    constants = physics_.calibrated(spec).get(knobs.get("physics", physics_.DEFAULT_PHYSICS), {})
+    out = solver.solve(workload, fleet, **knobs, **constants)
     values = {name: float(np.asarray(v)) for name, v in out.items() if np.asarray(v).dtype != bool}
     if knobs.get("physics") == "megatron":  # its own terms (they exclude the step overhead)
         values["components"] = {name: float(out[f"{key}_latency"]) for name, key in (

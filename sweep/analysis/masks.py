@@ -97,48 +97,95 @@ def require_output(cube, name, what):
     return var
 
 
-def _capacities(cube):
-    """Accelerator memory [B] per fleet, from the cube's ``fleets`` attribute."""
+def _fleet_attrs(cube, what):
+    """The cube's ``fleets`` attribute (label -> fleet), or a ValueError saying ``what`` needs it."""
     try:
-        fleets = json.loads(cube.attrs["fleets"])
+        return json.loads(cube.attrs["fleets"])
     except (KeyError, ValueError):
-        raise ValueError("memory_limit as a fraction needs the cube's 'fleets' attribute "
-                         "(a cube made by sweep.run); give it in bytes or as '72 GB'") from None
+        raise ValueError(f"{what} needs the cube's 'fleets' attribute (a cube made by "
+                         f"sweep.run); give it in bytes or as '72 GB'") from None
+
+
+def _held_fleets(cube, labels):
+    """The fleet labels this cube still holds: its ``fleet`` dim's, the one of a ``fleet``
+    coordinate left by ``cube.sel(fleet=...)``, or every one of ``labels`` without one."""
+    if "fleet" in cube.coords:
+        return [str(f) for f in np.atleast_1d(cube["fleet"].values)]
+    return list(labels)
+
+
+def _capacities(cube):
+    """Accelerator memory [B] per fleet, from the cube's ``fleets`` attribute (a DataArray
+    over ``fleet`` where it is a dim; else the one fleet the cube holds)."""
+    fleets = _fleet_attrs(cube, "memory_limit as a fraction")
     capacity = {k: v["node"]["accelerator"]["memory_capacity"] for k, v in fleets.items()}
     if "fleet" in cube.dims:
         return xr.DataArray([capacity[str(f)] for f in cube["fleet"].values], dims="fleet",
                             coords={"fleet": cube["fleet"].values})
-    return next(iter(capacity.values()))
+    held = _held_fleets(cube, capacity)
+    if len(held) != 1:
+        raise ValueError(f"memory_limit as a fraction: the cube's attributes name the fleets "
+                         f"{', '.join(held)} but it has no 'fleet' coordinate to tell its points "
+                         f"apart; give the limit in bytes or as '72 GB'")
+    return capacity[held[0]]
 
 
 def _memory_limit(cube, value):
-    """The memory limit [B] (per fleet, for a fraction) that ``value`` names."""
+    """The memory limit [B] (per fleet, for a fraction) that ``value`` names; a size above an
+    accelerator's memory is that memory (with a ``MemoryLimitWarning``, as in a spec and a
+    search: a layout must fit the device), where the cube says what its fleets hold."""
     limit = parse_memory_limit(value, where="constraints.memory_limit")
-    if limit.size is not None:
+    if limit.size is not None and "fleets" not in cube.attrs:
         return limit.size
     return limit.resolve(_capacities(cube))
 
 
-def _check_not_looser(cube, limit, value) -> None:
-    """Refuse a memory limit looser than the one a cube's ``admissible`` already holds: the
-    layouts between the two were never admissible, so the answer would quietly be the
-    cube's own limit's, not the one asked for."""
+def _looser_than_stored(cube, limit):
+    """``(label, asked, own)`` of the first fleet the cube holds whose stored limit (its
+    spec's, in ``admissible``) is tighter than ``limit``; None where there is none."""
     try:
         stored = json.loads(cube.attrs["memory_limit"])
     except (KeyError, ValueError, TypeError):
-        return
-    if isinstance(limit, xr.DataArray) and "fleet" in limit.dims:
-        asked = {str(f): float(limit.sel(fleet=f)) for f in limit["fleet"].values}
-    else:
-        asked = {label: float(limit) for label in stored}
+        return None
+    held = set(_held_fleets(cube, stored))
     for label, own in stored.items():
-        if label in asked and own is not None and asked[label] > float(own) * (1 + 1e-12):
-            raise MemoryLimitError(
-                f"memory_limit {asked[label] / 1e9:.4g} GB is looser than the cube's "
-                f"own limit for fleet {label!r} ({float(own) / 1e9:.4g} GB, its spec's, already in "
-                f"'admissible'): the layouts between the two were never admissible. Sweep with "
-                f"the looser limit (memory_limit in the spec), or ask a mask without it "
-                f"(where='valid' or 'feasible'; on the command line --where)")
+        if label not in held or own is None:
+            continue
+        if isinstance(limit, xr.DataArray) and "fleet" in limit.dims:
+            if label not in limit.indexes["fleet"]:
+                continue
+            asked = float(limit.sel(fleet=label))
+        else:
+            asked = float(limit)
+        if asked > float(own) * (1 + 1e-12):
+            return label, asked, float(own)
+    return None
+
+
+def _check_not_looser(cube, limit, selected, where) -> None:
+    """Refuse a memory limit looser than the one a cube's ``admissible`` already holds when the
+    mask is ``admissible`` or lies within it (``cube.admissible & ...``): the layouts between
+    the two limits were never admissible, so the answer would quietly be the cube's own
+    limit's, not the one asked for. (A mask within ``admissible`` that some valid layout
+    between the two limits could have joined.)"""
+    looser = _looser_than_stored(cube, limit)
+    if looser is None:
+        return
+    label, asked, own = looser
+    if where.name != "admissible":
+        if "admissible" not in cube.data_vars or "valid" not in cube.data_vars:
+            return
+        footprint = cube["memory_footprint"]
+        within = not bool((selected & ~cube["admissible"]).any())
+        between = bool((cube["valid"] & (footprint > own) & (footprint <= asked)).any())
+        if not (within and between):
+            return
+    raise MemoryLimitError(
+        f"memory_limit {asked / 1e9:.4g} GB is looser than the cube's "
+        f"own limit for fleet {label!r} ({own / 1e9:.4g} GB, its spec's, already in "
+        f"'admissible'): the layouts between the two were never admissible. Sweep with "
+        f"the looser limit (memory_limit in the spec), or ask a mask without it "
+        f"(where='valid' or 'feasible'; on the command line --where)")
 
 
 def aligned(cube: xr.Dataset, where: xr.DataArray) -> xr.DataArray:
@@ -215,8 +262,7 @@ def mask(cube: xr.Dataset, where=None, constraints: Optional[Mapping] = None) ->
         if key == "memory_limit":
             var = _require(cube, "memory_footprint", "memory_limit's variable")
             limit = _memory_limit(cube, value)
-            if where.name == "admissible":
-                _check_not_looser(cube, limit, value)
+            _check_not_looser(cube, limit, selected, where)
             selected = selected & (var <= limit)
         elif key in ("max_accelerators", "min_accelerators"):
             var = _require(cube, "n_accelerators", f"{key}'s variable")

@@ -171,7 +171,7 @@ def _warn_models(cube, where, *, stacklevel: int = 4) -> None:
     warn_across_models(models, stacklevel=stacklevel)
 
 
-def warn_reduced(cube, reduced, where=None, *, stacklevel: int = 3) -> None:
+def warn_reduced(cube, reduced, where=None, *, stacklevel: int = 3, what: str = "reduction") -> None:
     """Warn where a reduction over the dims ``reduced`` (a best per cell, a plot's cell)
     takes its best across physics models (:class:`ModelMixWarning`, as :func:`_warn_models`
     reads ``where``) or across jobs (:class:`JobMixWarning`: more than one workload, fleet,
@@ -181,12 +181,20 @@ def warn_reduced(cube, reduced, where=None, *, stacklevel: int = 3) -> None:
     jobs = [d for d in reduced if d in JOB_DIMS and d in cube.dims and cube.sizes[d] > 1]
     if jobs:
         first = {d: cube[d].values[0].item() for d in jobs}
-        warnings.warn(f"the reduction spans {' and '.join(jobs)} (the job, not a choice between "
-                      f"layouts): each value is the best over jobs; keep "
+        each = "each value is the best" if what == "reduction" else "its best is the best"
+        warnings.warn(f"the {what} spans {' and '.join(jobs)} (the job, not a choice between "
+                      f"layouts): {each} over jobs; keep "
                       f"{'it' if len(jobs) == 1 else 'them'} (dims=) or select one "
                       f"(cube.sel({', '.join(f'{d}={v!r}' for d, v in first.items())}); on the "
                       f"command line --select {' '.join(f'{d}={v}' for d, v in first.items())})",
                       JobMixWarning, stacklevel=stacklevel)
+
+
+def _warn_jobs(cube, *, stacklevel: int = 5) -> None:
+    """:class:`JobMixWarning` for a ranking over all the cube's points (:func:`top_k`,
+    :func:`pareto_front`) where they span more than one job (:func:`warn_reduced`'s rule)."""
+    warn_reduced(cube, [d for d in _cube_dims(cube) if d != "physics"], stacklevel=stacklevel,
+                 what="ranking")
 
 
 def _sign(direction):
@@ -263,6 +271,7 @@ def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
     if "precision" in cube.dims:
         warn_across_precisions([objective], cube["precision"].values)
     _warn_models(cube, where)
+    _warn_jobs(cube)
     sign = _sign(direction)
     if not collapse_ties:
         best_values, best_flat = _best_flat(cube, objective, sign, k, where, constraints,
@@ -372,6 +381,8 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
     require_output(cube, objective, keyword)
     others = tuple(d for d in all_dims if d not in dims)
     warn_reduced(cube, others, where)
+    if "precision" in others:
+        warn_across_precisions([objective], cube["precision"].values)
     order = dims + others
     group_shape = tuple(cube.sizes[d] for d in dims)
     groups = int(np.prod(group_shape, dtype=np.int64))
@@ -492,7 +503,10 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
     slab_points = _block_points(block_points, slab_points)
     objectives = _objectives(objectives)
     _warn_models(cube, where)
+    _warn_jobs(cube)
     names = list(objectives)
+    if "precision" in cube.dims:
+        warn_across_precisions(names, cube["precision"].values)
     signs = [_sign(objectives[n]) for n in names]
     all_values, all_flat = [], []
     for values, flat in _candidates(cube, names, signs, where, constraints, slab_points):

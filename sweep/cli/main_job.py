@@ -18,9 +18,9 @@ from ..analysis import NoAdmissibleError, explain_runner_up, scenario_dims, wher
 from ..analysis.ties import EQUIVALENT, parse_equivalent
 from ..preflight import ResourceError
 from ..spec import builtin_spec, load_spec
-from ._common import DEFAULT_SPEC, _GB, _SPLIT_DIMS, EXIT_OK, UsageError, _check_output, _progress
+from ._common import DEFAULT_SPEC, _SPLIT_DIMS, EXIT_OK, UsageError, _check_output, _progress
 from .cubes import _rows, _split_first, _with_dp
-from .format import _TABLE_VALUES, _fmt, _human_bytes, _layout_table, _plain
+from .format import _TABLE_VALUES, _fmt, _human_bytes, _layout_table, _memory_size, _plain
 
 __all__ = ["command"]
 
@@ -152,7 +152,7 @@ def command(args) -> int:
     fleets = " + ".join(f"{k} ({f.total_accelerators} x {f.node.accelerator.name})"
                         for k, f in spec.fleets.items())
     admissible = int(cube["admissible"].sum())
-    limits = ", ".join(f"{spec.memory_limit_for(f) / _GB:.0f} GB" for f in spec.fleets.values())
+    limits = ", ".join(_memory_size(spec.memory_limit_for(f)) for f in spec.fleets.values())
     low, high = zip(*(spec.accelerator_range(f) for f in spec.fleets.values()))
     if set(high) != {None}:
         limits += f", at most {'/'.join(str(h) for h in sorted(set(high) - {None}))} accelerators"
