@@ -488,15 +488,21 @@ def test_top_k_of_a_utilization_across_precisions_warns():
             sweep.top_k(one, objective)
 
 
+def _cube_within_60_gb():
+    """Llama3_70B on Training_1K over TP x PP x ZeRO, its spec's memory limit 60 GB."""
+    return sweep.run({"workload": "Llama3_70B", "fleet": "Training_1K",
+                      "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 8],
+                               "zero_stage": [0, 1, 3]},
+                      "fixed": {"batch_size": 1024, "microbatch_count": 8},
+                      "constraints": {"memory_limit": "60 GB"},
+                      "outputs": ["mfu", "memory_footprint"]})
+
+
 def test_a_looser_memory_limit_than_the_cubes_is_refused_not_ignored():
     """admissible holds the spec's memory limit: a looser limit asked of it could admit
     nothing more, so it is refused naming both limits; a tighter one applies, and a mask
     without the limit (valid) takes any."""
-    spec = {"workload": "Llama3_70B", "fleet": "Training_1K",
-            "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 8], "zero_stage": [0, 1, 3]},
-            "fixed": {"batch_size": 1024, "microbatch_count": 8},
-            "constraints": {"memory_limit": "60 GB"}, "outputs": ["mfu", "memory_footprint"]}
-    cube = sweep.run(spec)
+    cube = _cube_within_60_gb()
     with pytest.raises(ValueError, match=r"looser than the cube's own limit .*\(60 GB"):
         sweep.top_k(cube, "mfu", k=3, constraints={"memory_limit": "84 GB"})
     tight = sweep.top_k(cube, "mfu", k=50, constraints={"memory_limit": "40 GB"})
@@ -568,11 +574,7 @@ def test_a_size_limit_is_checked_against_the_selected_fleets_own_limit_only():
 def test_a_looser_limit_on_a_mask_within_admissible_is_refused_too():
     """``cube.admissible & ...`` holds the cube's limit as ``admissible`` does: a looser limit
     asked with it is refused, not quietly the cube's own; a mask built on ``valid`` takes it."""
-    spec = {"workload": "Llama3_70B", "fleet": "Training_1K",
-            "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 8], "zero_stage": [0, 1, 3]},
-            "fixed": {"batch_size": 1024, "microbatch_count": 8},
-            "constraints": {"memory_limit": "60 GB"}, "outputs": ["mfu", "memory_footprint"]}
-    cube = sweep.run(spec)
+    cube = _cube_within_60_gb()
     with pytest.raises(ValueError, match=r"looser than the cube's own limit .*\(60 GB"):
         sweep.top_k(cube, "mfu", where=cube["admissible"] & (cube["tp_size"] >= 1),
                     constraints={"memory_limit": "80 GB"})

@@ -137,8 +137,8 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # They run layer by layer (one gather forward, one backward, one reduce-scatter per
     # layer [9]), so each of the stage's layers pays the ring's (n-1) latency steps [8]
     # and the per-call cost; the bytes are the stage's.
-    # (its ranks are tp apart [6]: the group spans tp x its size)
-    fsdp_bw, fsdp_lat = hw.link(hw.within(sp.tp * group, sp.n_acc))
+    # (its ranks are tp apart [6]: the group spans tp x its size, inside a domain or not)
+    fsdp_bw, fsdp_lat = hw.link(inside)
     # (one rank gathers nothing: no call at all, as for the other stages' collectives)
     fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"]) * (group > 1)
     t_fsdp_gather = m * (2.0 * net.all_gather_time(params_bytes, group, bus_bandwidth=fsdp_bw,

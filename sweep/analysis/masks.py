@@ -97,15 +97,6 @@ def require_output(cube, name, what):
     return var
 
 
-def _fleet_attrs(cube, what):
-    """The cube's ``fleets`` attribute (label -> fleet), or a ValueError saying ``what`` needs it."""
-    try:
-        return json.loads(cube.attrs["fleets"])
-    except (KeyError, ValueError):
-        raise ValueError(f"{what} needs the cube's 'fleets' attribute (a cube made by "
-                         f"sweep.run); give it in bytes or as '72 GB'") from None
-
-
 def _held_fleets(cube, labels):
     """The fleet labels this cube still holds: its ``fleet`` dim's, the one of a ``fleet``
     coordinate left by ``cube.sel(fleet=...)``, or every one of ``labels`` without one."""
@@ -117,7 +108,11 @@ def _held_fleets(cube, labels):
 def _capacities(cube):
     """Accelerator memory [B] per fleet, from the cube's ``fleets`` attribute (a DataArray
     over ``fleet`` where it is a dim; else the one fleet the cube holds)."""
-    fleets = _fleet_attrs(cube, "memory_limit as a fraction")
+    try:
+        fleets = json.loads(cube.attrs["fleets"])
+    except (KeyError, ValueError):
+        raise ValueError("memory_limit as a fraction needs the cube's 'fleets' attribute "
+                         "(a cube made by sweep.run); give it in bytes or as '72 GB'") from None
     capacity = {k: v["node"]["accelerator"]["memory_capacity"] for k, v in fleets.items()}
     if "fleet" in cube.dims:
         return xr.DataArray([capacity[str(f)] for f in cube["fleet"].values], dims="fleet",
@@ -175,9 +170,11 @@ def _check_not_looser(cube, limit, selected, where) -> None:
     if where.name != "admissible":
         if "admissible" not in cube.data_vars or "valid" not in cube.data_vars:
             return
-        footprint = cube["memory_footprint"]
         within = not bool((selected & ~cube["admissible"]).any())
-        between = bool((cube["valid"] & (footprint > own) & (footprint <= asked)).any())
+        valid, footprint = cube["valid"], cube["memory_footprint"]
+        if "fleet" in cube.dims:  # the looser fleet's own layouts
+            valid, footprint = valid.sel(fleet=label), footprint.sel(fleet=label)
+        between = bool((valid & (footprint > own) & (footprint <= asked)).any())
         if not (within and between):
             return
     raise MemoryLimitError(

@@ -190,10 +190,14 @@ def warn_reduced(cube, reduced, where=None, *, stacklevel: int = 3, what: str = 
                       JobMixWarning, stacklevel=stacklevel)
 
 
-def _warn_jobs(cube, *, stacklevel: int = 5) -> None:
-    """:class:`JobMixWarning` for a ranking over all the cube's points (:func:`top_k`,
-    :func:`pareto_front`) where they span more than one job (:func:`warn_reduced`'s rule)."""
-    warn_reduced(cube, [d for d in _cube_dims(cube) if d != "physics"], stacklevel=stacklevel,
+def _warn_ranking(cube, objectives, where) -> None:
+    """The warnings of a ranking over all the cube's points (:func:`top_k`,
+    :func:`pareto_front`; stack levels for their caller): a utilization objective across
+    precisions, points of more than one physics model (those ``where`` keeps) or job."""
+    if "precision" in cube.dims:
+        warn_across_precisions(objectives, cube["precision"].values, stacklevel=4)
+    _warn_models(cube, where, stacklevel=5)
+    warn_reduced(cube, [d for d in _cube_dims(cube) if d != "physics"], stacklevel=4,
                  what="ranking")
 
 
@@ -268,10 +272,7 @@ def top_k(cube: xr.Dataset, objective: str = "mfu", k: int = 10, where=None,
     if cube[objective].dtype == bool:  # a mask ranks nothing (the command line refuses it too)
         raise ValueError(f"{keyword} must be a numeric variable, but got the boolean mask "
                          f"{objective!r} (pass it as where= to select points)")
-    if "precision" in cube.dims:
-        warn_across_precisions([objective], cube["precision"].values)
-    _warn_models(cube, where)
-    _warn_jobs(cube)
+    _warn_ranking(cube, [objective], where)
     sign = _sign(direction)
     if not collapse_ties:
         best_values, best_flat = _best_flat(cube, objective, sign, k, where, constraints,
@@ -502,11 +503,8 @@ def pareto_front(cube: xr.Dataset, objectives: Optional[Mapping] = None, where=N
     where = _aligned_where(cube, where)
     slab_points = _block_points(block_points, slab_points)
     objectives = _objectives(objectives)
-    _warn_models(cube, where)
-    _warn_jobs(cube)
     names = list(objectives)
-    if "precision" in cube.dims:
-        warn_across_precisions(names, cube["precision"].values)
+    _warn_ranking(cube, names, where)
     signs = [_sign(objectives[n]) for n in names]
     all_values, all_flat = [], []
     for values, flat in _candidates(cube, names, signs, where, constraints, slab_points):
