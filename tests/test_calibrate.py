@@ -561,3 +561,22 @@ def test_search_and_top_name_the_calibration_they_priced_with(synthetic_fit, tmp
     cube = sweep.save(sweep.run(spec), tmp_path / "c.nc")
     assert main(["top", str(cube), "-k", "1"]) == 0
     assert f"priced with the calibration {path} (see show for its constants)" in capsys.readouterr().out
+
+
+def test_a_posterior_is_never_wider_than_its_prior():
+    # A fit worse than the stated noise widens the data's share of the uncertainty only: a
+    # constant the runs do not see keeps its prior's width (the whole matrix had been
+    # scaled by rms / noise, an audit's 4.31 in log against a prior of 0.5)
+    from sweep.calibration import fit as fit_
+
+    noise, widths = 0.03, np.array([0.3, 0.5])
+    data_jac = np.array([[1.0, 0.0], [0.5, 0.0], [2.0, 0.0]])  # the second constant unseen
+    jac = np.vstack([data_jac, np.diag(noise / widths)])
+    residuals = np.concatenate([[0.3, -0.25, 0.2], [0.0, 0.0]])  # rms 10x the noise
+    sd = np.sqrt(np.diag(fit_.posterior_covariance(jac, residuals, 2, noise)))
+    assert sd[1] == pytest.approx(0.5, rel=1e-9)
+    assert sd[0] < 0.3
+    # at the stated noise it is the usual Laplace approximation
+    small = residuals * 0.01
+    want = noise ** 2 * np.linalg.inv(jac.T @ jac)
+    np.testing.assert_allclose(fit_.posterior_covariance(jac, small, 2, noise), want, rtol=1e-9)

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import warnings as warnings_
 from typing import Mapping, Optional, Sequence
 
@@ -516,6 +517,9 @@ def _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, n
         raise ValueError(f"physics must be 'megatron' (the physics with fitted constants), "
                          f"but got {physics!r}")
     _positive("noise", noise)
+    if not math.isfinite(noise):  # (a prior width may be inf, a plain fit; a scatter not)
+        raise ValueError(f"noise must be a finite positive number (the runs' scatter in log "
+                         f"step time, e.g. 0.03), but got {noise!r}")
     require_scipy()
     data = read_measurements(measurements)
     selection = ()
@@ -714,20 +718,32 @@ def _uncertainty(solution, names, constants, n_runs, notes, widths,
     return std, sens, corr
 
 
+def layout_groups(data) -> list:
+    """The runs' indices grouped by layout (workload, fleet and every knob the same): repeated
+    measurements of one layout are one point for leave-one-out, not several."""
+    groups = {}
+    for i, run in enumerate(data.runs):
+        key = (run.group, tuple(sorted((k, str(v)) for k, v in run.knobs.items())))
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
 def _leave_one_out(data, constants, names, max_nfev, prior=None) -> np.ndarray:
-    """Each run predicted by the fit of all the others (started from the full fit).
+    """Each run predicted by the fit of the runs of every other layout (started from the
+    full fit): a layout measured twice would otherwise predict itself from its own repeat.
 
     With no constant fitted, the fit of the others is the start: each run gets the start's
-    prediction (``constants`` are then the start's)."""
+    prediction (``constants`` are then the start's). With one layout only, NaN."""
     if not names:
         return predict(data, constants)
     out = np.full(len(data), np.nan)
-    if len(data) < 2:
+    groups = layout_groups(data)
+    if len(groups) < 2:
         return out
     held = {k: v for k, v in constants.items() if k not in names}
-    for i in range(len(data)):
-        rest = data.subset([j for j in range(len(data)) if j != i])
+    for group in groups:
+        rest = data.subset([j for j in range(len(data)) if j not in group])
         sol = fit_.fit_log(_log_residuals(rest), constants, names, megatron.CONSTANT_BOUNDS,
                            held=held, diff_step=DIFF_STEP, max_nfev=max_nfev, **(prior or {}))
-        out[i] = predict(data.subset([i]), sol.constants)[0]
+        out[group] = predict(data.subset(group), sol.constants)
     return out

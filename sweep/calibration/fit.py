@@ -16,7 +16,7 @@ bound [2].
 
 The uncertainty is the linearized one: ``cov(x) = s^2 (J^T J)^-1`` with ``s^2 =
 sum(r^2) / (n - p)`` [1] (:func:`covariance`), or with a prior, the Laplace
-approximation of the posterior ``s^2 (J^T J + w^2 I)^-1`` [2]
+approximation of the posterior ``(J^T J / s^2 + w^2 I / noise^2)^-1`` [2]
 (:func:`posterior_covariance`); a constant's standard deviation is
 ``constant * sqrt(cov(x)_jj)`` (the delta method).
 
@@ -188,9 +188,9 @@ def posterior_covariance(jac: np.ndarray, residuals: np.ndarray, n_prior: int,
     """``s^2 (J^T J)^-1`` of a MAP fit whose last ``n_prior`` rows are the prior's [2].
 
     ``J`` holds the prior rows (``prior_weight`` times the identity), so this is
-    the Laplace approximation ``s^2 (J_data^T J_data + w^2 I)^-1``; ``s`` is
-    the larger of the stated ``noise`` and the data residuals' RMS (a fit worse
-    than the stated noise widens its own uncertainty).
+    the Laplace approximation ``(J_data^T J_data / s^2 + w^2 I / noise^2)^-1``; ``s``
+    is the larger of the stated ``noise`` and the data residuals' RMS (a fit worse
+    than the stated noise widens the data's share of its uncertainty, not the prior's).
 
     Returns
     -------
@@ -198,7 +198,11 @@ def posterior_covariance(jac: np.ndarray, residuals: np.ndarray, n_prior: int,
         Covariance of ``x = log(constant)``.
     """
     jac = np.atleast_2d(jac)
-    data = np.asarray(residuals)[:len(residuals) - n_prior]
+    split = len(residuals) - n_prior
+    data = np.asarray(residuals)[:split]
     rms2 = float(np.mean(data ** 2)) if data.size else 0.0
     s2 = max(noise ** 2, rms2)
-    return s2 * np.linalg.pinv(jac.T @ jac)
+    # The widening is the data's: the prior rows keep the stated noise, so no constant's
+    # posterior is wider than its prior (scaling the whole matrix had widened the prior too).
+    jd, jp = jac[:split], jac[split:]
+    return np.linalg.pinv(jd.T @ jd / s2 + jp.T @ jp / noise ** 2)

@@ -377,6 +377,11 @@ _MLSYSIM_ONLY = {
 
 
 def _check_columns(source, header):
+    if len(header) == 1 and any(sep in header[0] for sep in ";\t"):
+        sep = ";" if ";" in header[0] else "tab"
+        raise MeasurementError(f"{source} line 1: expected columns separated by commas, but "
+                               f"got one column holding {sep}-separated names (save the file "
+                               f"as comma-separated CSV)")
     for column in header:
         if column not in COLUMNS:
             close = difflib.get_close_matches(column, list(COLUMNS), n=1, cutoff=0.4)

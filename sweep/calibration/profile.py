@@ -162,6 +162,10 @@ def _from_data(data: Mapping, where: str) -> Profile:
     except ValueError as err:
         raise ProfileError(f"{where}: calibration.physics: {err}") from None
     known = getattr(model, "CONSTANT_BOUNDS", {})
+    if not known:
+        raise ProfileError(f"{where}: calibration.physics: the {name} physics has no fitted "
+                           f"constants to calibrate (it is exact); a profile is the megatron "
+                           f"physics' (physics = \"megatron\")")
     constants = data.get("constants", {})
     if not isinstance(constants, Mapping):
         raise ProfileError(f"{where}: constants: expected a table, but got {constants!r}")
@@ -215,17 +219,26 @@ def _from_data(data: Mapping, where: str) -> Profile:
     except (TypeError, ValueError, AttributeError):
         raise ProfileError(f"{where}: prior_width and uncertainty: expected tables of numbers, "
                            f"but got {data.get('prior_width')!r} and {uncertainty!r}") from None
+    def names(key):
+        # a list of strings (a string alone would be taken letter by letter)
+        value = meta.get(key, ())
+        if isinstance(value, str) or not isinstance(value, (list, tuple)) \
+                or not all(isinstance(v, str) for v in value):
+            raise ProfileError(f"{where}: calibration.{key}: expected a list of strings "
+                               f"([\"a\", \"b\"]), but got {value!r}")
+        return tuple(value)
+
     return Profile(physics=name, constants={k: float(v) for k, v in constants.items()},
                    uncertainty=uncertainty,
-                   free=tuple(meta.get("free", ())), data_sha256=str(meta.get("data_sha256", "")),
+                   free=names("free"), data_sha256=str(meta.get("data_sha256", "")),
                    data_source=str(meta.get("data_source", "")), date=str(meta.get("date", "")),
                    runs=number("runs", int, 0),
                    in_sample_mape=number("in_sample_mape", float, math.nan),
                    loo_mape=number("loo_mape", float, math.nan),
                    prior_width=prior_width,
                    noise=number("noise", float, math.nan),
-                   warnings=tuple(meta.get("warnings", ())) + tuple(notes), path=where,
-                   accelerators=tuple(str(a) for a in meta.get("accelerators", ())))
+                   warnings=names("warnings") + tuple(notes), path=where,
+                   accelerators=names("accelerators"))
 
 
 def with_calibration(spec, calibration):

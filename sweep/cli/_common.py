@@ -56,14 +56,20 @@ def _suggest(name, choices) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _check_output(path, flag) -> Path:
-    """``path`` as a Path, if its directory exists (else a :class:`UsageError`)."""
+def _check_output(path, flag, inputs=()) -> Path:
+    """``path`` as a Path, if its directory exists and it is none of the command's
+    ``inputs`` (files it reads; else a :class:`UsageError`)."""
     path = Path(path)
     if not path.parent.is_dir():
         raise UsageError(f"{flag}: expected a file in an existing directory, but got {str(path)!r} "
                          f"({path.parent} does not exist)")
     if path.is_dir():
         raise UsageError(f"{flag}: expected a file, but got the directory {str(path)!r}")
+    for source in inputs:
+        if source is not None and path.exists() and Path(source).is_file() \
+                and path.resolve() == Path(source).resolve():
+            raise UsageError(f"{flag}: {str(path)!r} is the file this command reads; writing "
+                             f"there would replace it (name another file)")
     return path
 
 

@@ -45,6 +45,11 @@ def _score(args, data):
 
     profile = load_profile(args.calibration)
     pred = predict(data, profile.constants)
+    ran_on = sorted({r.fleet.node.accelerator.name for r in data.runs})
+    if profile.accelerators and not set(ran_on) <= set(profile.accelerators):
+        print(f"warning: {profile.path or 'the profile'}: fitted on runs of "
+              f"{', '.join(profile.accelerators)}, but these runs are on {', '.join(ran_on)}: "
+              f"its GEMM efficiency and link shares were fitted to other hardware")
     meas = data.step_times
     err = (pred / meas - 1.0) * 100.0
     print(f"{profile.path}: {profile.physics} constants fitted {profile.date} on "
@@ -58,6 +63,8 @@ def _score(args, data):
 
 def _fit(args, data):
     import sweep
+
+    from ..calibration.core import layout_groups
 
     free = [n.strip() for n in args.free.split(",") if n.strip()] if args.free else None
     if free == ["auto"]:
@@ -86,14 +93,14 @@ def _fit(args, data):
                         "LOO error [%]", "uncalibrated [%]"], _residual_rows(cal.residuals())))
     loo = "" if args.no_loo else (
         f", leave-one-out {cal.loo_error:.2f} %" if math.isfinite(cal.loo_error)
-        else ", leave-one-out needs two runs or more" if len(data) < 2
+        else ", leave-one-out needs two layouts or more" if len(layout_groups(data)) < 2
         else ", leave-one-out skipped (--loo runs it)")
     print(f"mean absolute error: in sample {cal.in_sample_error:.2f} %{loo} (uncalibrated "
           f"{np.mean(np.abs(cal.uncalibrated / data.step_times - 1)) * 100:.2f} %)")
     for w in caught:
         print(f"warning: {w.message}")
     if args.output:
-        path = _check_output(args.output, "-o")
+        path = _check_output(args.output, "-o", inputs=(args.measurements,))
         cal.save(path)
         print(f"wrote {path}")
     return data.step_times, cal.predicted, cal.uncalibrated
@@ -105,7 +112,17 @@ def command(args) -> int:
 
     # where the results go is checked before the fit, which can take a while
     if args.output:
-        _check_output(args.output, "-o")
+        _check_output(args.output, "-o", inputs=(args.measurements, args.calibration))
+    if args.calibration:  # scoring a saved profile fits nothing: the fit's options do nothing
+        given = [flag for flag, value in (("-o", args.output), ("--free", args.free),
+                                          ("--noise", args.noise),
+                                          ("--prior-width", args.prior_width),
+                                          ("--loo", args.loo), ("--no-loo", args.no_loo))
+                 if value not in (None, False)]
+        if given:
+            raise UsageError(f"calibrate --calibration scores a saved profile on the runs and "
+                             f"fits nothing, so {', '.join(given)} would do nothing; drop "
+                             f"{'it' if len(given) == 1 else 'them'}, or drop --calibration to fit")
     if not args.calibration:  # a fit (scoring a saved profile needs no optimizer)
         from ..calibration.core import SCIPY_HINT
         import importlib.util

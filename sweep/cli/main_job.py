@@ -139,7 +139,7 @@ def command(args) -> int:
     import sweep
 
     spec = load_spec(_spec_for(args), physics=args.physics)
-    output = None if args.no_save else _check_output(args.output, "-o")
+    output = None if args.no_save else _check_output(args.output, "-o", inputs=(_spec_for(args),))
     started = time.perf_counter()
     spec = spec.with_constraints(require_realizable=args.require_realizable)
     try:

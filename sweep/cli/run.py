@@ -19,7 +19,7 @@ def command(args) -> int:
 
     spec = load_spec(args.spec, physics=args.physics).with_constraints(
         require_realizable=args.require_realizable)
-    path = _check_output(args.output or f"{spec.name}.nc", "-o")
+    path = _check_output(args.output or f"{spec.name}.nc", "-o", inputs=(args.spec,))
     before = path.stat().st_mtime_ns if path.exists() else None
     staged = _staged(path) if args.resume else None
     started = time.perf_counter()
