@@ -742,7 +742,8 @@ def _leave_one_out(data, constants, names, max_nfev, prior=None) -> np.ndarray:
         return out
     held = {k: v for k, v in constants.items() if k not in names}
     for group in groups:
-        rest = data.subset([j for j in range(len(data)) if j not in group])
+        left_out = set(group)
+        rest = data.subset([j for j in range(len(data)) if j not in left_out])
         sol = fit_.fit_log(_log_residuals(rest), constants, names, megatron.CONSTANT_BOUNDS,
                            held=held, diff_step=DIFF_STEP, max_nfev=max_nfev, **(prior or {}))
         out[group] = predict(data.subset(group), sol.constants)
