@@ -407,3 +407,17 @@ def test_a_semicolon_separated_file_says_so(tmp_path):
     with pytest.raises(MeasurementError, match=r"line 1: expected columns separated by commas, "
                                                r"but got one column holding ;-separated names"):
         read_measurements(path)
+
+
+def test_a_parameter_count_far_from_the_shapes_is_refused(tmp_path):
+    # the megatron physics prices the shape's own count (1.48e9 here: no GQA, a plain MLP);
+    # 1000x it (a unit slip) had been read without a word, and priced the same as the right
+    # count
+    head = "run_id,layers,hidden_dim,heads,ffn_hidden_dim,vocab_size,parameters,fleet," \
+           "batch_size,seq_len,tp_size,pp_size,dp_size,step_time_s"
+    row = "a,24,2048,16,8192,131072,{},EOS_H100_MC,128,4096,1,1,16,2.5"
+    ok = read_measurements(_write(tmp_path, [head, row.format("1.7e9")]))  # 15 % off: a check
+    assert len(ok) == 1
+    with pytest.raises(MeasurementError, match=r"line 2, column parameters: expected about the "
+                                               r"shape's own count, 1.476e\+09"):
+        read_measurements(_write(tmp_path, [head, row.format("1.7e12")], "bad.csv"))

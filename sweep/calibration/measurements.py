@@ -17,7 +17,8 @@ sweep catalog workloads``), or its shape:
 ``gated_mlp``              SwiGLU-style MLP of 3 matrices (default false)
 ``tied_embeddings``        output layer shares the embedding's weights (default true,
                            Megatron-LM's; false for Llama-style ``--untie-embeddings-...``)
-``parameters``             total parameters (default: counted from the shape)
+``parameters``             total parameters, a check of the shape (default: counted
+                           from it; the megatron physics prices the shape's count)
 ``experts``, ``active_experts_per_token``, ``moe_ffn_hidden_dim``, ``shared_experts``,
 ``dense_layers``           MoE shape (optional)
 ``kv_lora_rank``,          multi-head latent attention (DeepSeek-V2/V3's ``config.json``
@@ -281,6 +282,13 @@ def _workload(where, row):
     total, active = counted.parameter_counts()
     params = (_positive(where, "parameters", shape["parameters"]) if "parameters" in shape
               else total)
+    # The megatron physics counts the parameters from the shape; a stated count is a check
+    # of the shape (published counts differ by their embeddings' convention, a few per cent),
+    # and one off by 2x or more is a unit or a shape mistake, which the fit would not see.
+    if not 0.5 <= params / total <= 2.0:
+        where.fail("parameters", f"about the shape's own count, {total:.4g} (the megatron "
+                   f"physics counts parameters from the shape; within 2x of it)",
+                   shape["parameters"])
     fields["parameters"] = float(params)
     moe = counted.moe
     workload = Workload(name=name, kind="moe" if moe else "transformer",
