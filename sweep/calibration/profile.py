@@ -78,6 +78,11 @@ class Profile:
     #: profile written before 2026-12-05 or by hand): a spec priced on others is warned.
     accelerators: tuple = ()
 
+    def other_accelerators(self, names) -> list:
+        """Those of the accelerator ``names`` its runs did not run on (none where the profile
+        does not record them), sorted, each once."""
+        return sorted({n for n in names if self.accelerators and n not in self.accelerators})
+
     def solve_keywords(self) -> dict:
         """``{"physics": ..., **constants}``: keywords for :func:`solver.solve`."""
         return {"physics": self.physics, **self.constants}
@@ -275,7 +280,7 @@ def warn_other_hardware(profile, spec) -> None:
 
     for label, fleet in spec.fleets.items():
         name = fleet.node.accelerator.name
-        if name not in profile.accelerators:
+        if profile.other_accelerators([name]):
             warnings.warn(f"{profile.path or 'the calibration'}: fitted on runs of "
                           f"{', '.join(profile.accelerators)}, but spec {spec.name!r} prices "
                           f"fleet {label!r} of {name}: its GEMM efficiency and link shares "

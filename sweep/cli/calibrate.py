@@ -45,10 +45,10 @@ def _score(args, data):
 
     profile = load_profile(args.calibration)
     pred = predict(data, profile.constants)
-    ran_on = sorted({r.fleet.node.accelerator.name for r in data.runs})
-    if profile.accelerators and not set(ran_on) <= set(profile.accelerators):
+    other = profile.other_accelerators(r.fleet.node.accelerator.name for r in data.runs)
+    if other:
         print(f"warning: {profile.path or 'the profile'}: fitted on runs of "
-              f"{', '.join(profile.accelerators)}, but these runs are on {', '.join(ran_on)}: "
+              f"{', '.join(profile.accelerators)}, but these runs are on {', '.join(other)}: "
               f"its GEMM efficiency and link shares were fitted to other hardware")
     meas = data.step_times
     err = (pred / meas - 1.0) * 100.0
