@@ -89,7 +89,8 @@ def _evaluate_block(block: grid.Block, plan: _Plan, out: Optional[dict] = None) 
 
     An output the block's physics model does not return is NaN (False for a boolean).
     """
-    result = solver.solve(block.workload, block.fleet, physics=block.physics, **block.knobs,
+    result = solver.solve(block.workload, block.fleet, physics=block.physics,
+                          warn_unrealizable=False, **block.knobs,
                           **plan.constants.get(block.physics, {}))
     if out is None:
         out = {name: np.empty(block.shape, dtype=dtype) for name, dtype in plan.dtypes.items()}

@@ -134,8 +134,8 @@ def solve(workload, fleet, physics, knobs: Mapping, names=None, constants=None) 
     names = tuple(names) if names is not None else union_outputs(models)
     results = {}
     for m in models:
-        result = solver.solve(workload, fleet, physics=m, **knobs_for(m, knobs),
-                              **(constants or {}).get(m, {}))
+        result = solver.solve(workload, fleet, physics=m, warn_unrealizable=False,
+                              **knobs_for(m, knobs), **(constants or {}).get(m, {}))
         results[m] = fill_missing(result, names, np.shape(result["valid"]))
     if labels.ndim == 0:
         return {n: results[models[0]][n] for n in names}

@@ -357,6 +357,7 @@ def test_solve_refuses_clearly_or_prices_cleanly(case, workload, fleet):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # an overflow or invalid operation is a failure too
+            warnings.simplefilter("ignore", solver.physics.UnrealizableWarning)  # drawn so
             out = solver.solve(workload, fleet, **knobs)
     except (ValueError, TypeError) as err:
         message = str(err)
@@ -512,6 +513,7 @@ def test_catalog_loader_refuses_clearly(tmp_path_factory, case):
         for workload in list(loaded["workloads"].values()) + [WORKLOADS[0]]:
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
+                warnings.simplefilter("ignore", solver.physics.UnrealizableWarning)
                 out = solver.solve(workload, fleet, tp_size=np.array([1, 8]),
                                    pp_size=np.array([[1], [4]]), batch_size=1024)
             _check_outputs(out)

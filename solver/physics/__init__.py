@@ -32,6 +32,7 @@ shares (spec checks, the invalid mask) are in :mod:`solver.physics.common`.
 from __future__ import annotations
 
 import difflib
+import warnings
 from types import ModuleType
 
 import numpy as np
@@ -39,7 +40,7 @@ import numpy as np
 from .. import knobs as _knobs
 from . import megatron, mlsysim
 
-__all__ = ["PHYSICS", "KNOBS", "DEFAULT_PHYSICS", "model", "solve"]
+__all__ = ["PHYSICS", "KNOBS", "DEFAULT_PHYSICS", "UnrealizableWarning", "model", "solve"]
 
 #: Physics model name -> its module (``solve`` and ``OUTPUTS``).
 PHYSICS = {
@@ -56,6 +57,15 @@ KNOBS = {
 
 #: The model ``solve`` uses unless told otherwise.
 DEFAULT_PHYSICS = "mlsysim"
+
+
+class UnrealizableWarning(UserWarning):
+    """No configuration of a :func:`solve` call is ``realizable``.
+
+    Its outputs then price only layouts a framework would not run as stated (a partial
+    microbatch, idle ranks, layers that do not split over the stages, ...), or are NaN where
+    the split cannot be made. The message names the rules the call breaks.
+    """
 
 
 def model(name: str) -> ModuleType:
@@ -77,7 +87,7 @@ def model(name: str) -> ModuleType:
 
 
 def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "auto",
-          **knobs) -> dict:
+          warn_unrealizable: bool = True, **knobs) -> dict:
     """Distributed training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Parameters
@@ -112,6 +122,11 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "aut
         where it can run and the call is large enough
         (:data:`solver.fused.FUSED_MIN_POINTS` configurations), else numpy.
         Passed to the model as its ``engine`` keyword.
+    warn_unrealizable : bool, optional
+        Warn (:class:`UnrealizableWarning`, naming the rules broken) when no configuration
+        of the call is ``realizable``: a single layout that breaks a rule still gets its
+        numbers, and they should not be read without it. True by default; callers that
+        mask by ``realizable`` themselves (a sweep's blocks, a search's trials) pass False.
 
     Returns
     -------
@@ -138,7 +153,7 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "aut
                          f"price as values: pass {masked}.compressed() (drop them) or "
                          f"{masked}.filled(value)")
     try:
-        return chosen.solve(workload, fleet, engine=engine, **knobs)
+        out = chosen.solve(workload, fleet, engine=engine, **knobs)
     except TypeError as error:
         # a keyword of the other model: say which model takes it
         name = next((n for n in knobs if f"unexpected keyword argument '{n}'" in str(error)), None)
@@ -147,3 +162,48 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "aut
             raise
         raise TypeError(f"{name!r} is a knob of physics={owners[0]!r}, not of "
                         f"physics={physics!r} (pass physics={owners[0]!r}); {error}") from None
+    realizable = np.asarray(out["realizable"])
+    if warn_unrealizable and realizable.size and not realizable.any():
+        warnings.warn(_unrealizable_message(physics, workload, fleet, knobs, out),
+                      UnrealizableWarning, stacklevel=2)
+    return out
+
+
+def _unrealizable_message(physics, workload, fleet, knobs, out) -> str:
+    """What :class:`UnrealizableWarning` says: each rule the call breaks, with how many of
+    its configurations break it (all of them where the call is one layout)."""
+    size = np.asarray(out["realizable"]).size
+    if physics == "megatron":
+        taken = {n: v for n, v in knobs.items() if n in megatron.KNOBS}
+        broken = megatron.why_unrealizable(workload, fleet, **taken)
+        rules = {name: megatron.steps.REALIZABLE_CONDITIONS.get(name, _SPLIT_RULE)
+                 for name in broken}
+        counts = {name: int(np.count_nonzero(where)) for name, where in broken.items()}
+        see = "solver.physics.megatron.why_unrealizable says where"
+    else:
+        valid = np.asarray(out["valid"])
+        rules, counts = {}, {}
+        if not valid.all():
+            rules["valid"], counts["valid"] = _SPLIT_RULE, int(np.count_nonzero(~valid))
+        whole = valid & ~np.asarray(out["realizable"])
+        if whole.any():
+            rules["whole_microbatches"] = (
+                "dp_size * gradient_accumulation_steps * microbatch_count divides batch_size "
+                "(mlsysim prices the layout anyway)")
+            counts["whole_microbatches"] = int(np.count_nonzero(whole))
+        see = "solver.physics.common.realizable says what it asks"
+    if size == 1:
+        head = f"the layout is not realizable (physics={physics!r}); it breaks "
+        listed = "; ".join(f"rule {name!r}: {text}" for name, text in rules.items())
+    else:
+        head = (f"none of the {size:,} configurations of this solve call is realizable "
+                f"(physics={physics!r}); they break ")
+        listed = "; ".join(f"rule {name!r} ({counts[name]:,} of {size:,}): {text}"
+                           for name, text in rules.items())
+    return (f"{head}{listed}. The outputs price what would not run as stated (NaN where the "
+            f"split cannot be made); {see}. warn_unrealizable=False silences this.")
+
+
+#: What ``valid`` asks, in the words of :class:`UnrealizableWarning`.
+_SPLIT_RULE = ("the split can be made (TP x PP (x CP) divides the fleet's accelerators and the "
+               "expert grid tiles the ranks; else every output is NaN)")
