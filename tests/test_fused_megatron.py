@@ -67,6 +67,9 @@ def _draw(rng, n, *, dp_given, etp_given=False):
         num_layers_in_first_pipeline_stage=pick([0, 0, 0, 1, 2, 3, 5, 8, 4095]),
         num_layers_in_last_pipeline_stage=pick([0, 0, 0, 1, 2, 4, 6, 4095]),
         overlap_moe_expert_parallel_comm=rng.random(n) < 0.5,
+        # the embedding / the loss counted in the split: set stages where the rule holds
+        account_for_embedding_in_pipeline_split=rng.random(n) < 0.3,
+        account_for_loss_in_pipeline_split=rng.random(n) < 0.3,
     )
     if dp_given:
         knobs["dp_size"] = pick([1, 2, 4, 8, 16, 64])
@@ -114,6 +117,9 @@ def test_fused_is_numpy_bitwise(case):
     # blocks after it the loops of any stages, on one thread or two.
     for name in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
         knobs[name][:1536] = 0
+    # (and counts neither the embedding nor the loss in the split, which would set them)
+    for name in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        knobs[name][:1024] = False
     # scalar knobs and scalar constant overrides ride along on some cases
     if case % 3 == 0:
         knobs["seq_len"] = 4096

@@ -143,3 +143,72 @@ def test_the_step_is_its_terms_the_launch_time_and_the_fixed_overhead(name):
     assert (launch >= 0).all() and (launch == 0).any()
     if name == "Llama3_8B_MC":  # small layers on small microbatches are launch-bound
         assert (launch > 0).any()
+
+
+EMB, LOSS = "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"
+ALL_OUT = tuple(M.OUTPUTS)
+
+
+def _same_but_realizable(a, b):
+    for name in ALL_OUT:
+        if name != "realizable":
+            np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]), err_msg=name)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_embedding_and_loss_in_the_split_run_405b_on_8_interleaved_stages(engine):
+    """Llama 3.1 405B's 126 layers + embedding + loss = 128 on 8 stages of 8 chunks [36]:
+    stages of 15, 16 x 6, 15 layers, interleaved, which Megatron-Core runs. Set as stages
+    (15 and 15) the interleaved split is refused (15 is no multiple of 8 [13]); the flags
+    price the same stages and are realizable. Without them, ceil(126 / 8) = 16 layers and
+    the LM head sit on the last stage, which then paces the pipeline: slower."""
+    kw = dict(pp_size=8, v_stages=8, dp_size=16)
+    flags = _solve(L405, engine, **kw, **{EMB: True, LOSS: True})
+    set_ = _solve(L405, engine, first=15, last=15, **kw)
+    even = _solve(L405, engine, **kw)
+    assert bool(flags["realizable"]) and not bool(set_["realizable"]) and not bool(even["realizable"])
+    _same_but_realizable(flags, set_)
+    assert _f(flags, "step_latency_total") < _f(even, "step_latency_total")
+    assert not M.why_unrealizable(L405, FLEET, **{**KW, **kw, EMB: True, LOSS: True})
+    assert set(M.why_unrealizable(L405, FLEET, **{**KW, **kw})) == {"layers"}
+    # not interleaved, the flags are the set stages exactly, realizable included
+    plain = _solve(L405, engine, pp_size=8, dp_size=16, **{EMB: True, LOSS: True})
+    for name in ALL_OUT:
+        np.testing.assert_array_equal(np.asarray(plain[name]),
+                                      np.asarray(_solve(L405, engine, first=15, last=15, pp_size=8,
+                                                        dp_size=16)[name]), err_msg=name)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_the_split_rule_of_the_flags(engine):
+    """Megatron-Core's __post_init__ [36]: the layers plus one for each flag split into
+    pp_size equal stages, each a multiple of v_stages; where it fails the layout is priced
+    as the even split, not realizable. One flag moves one stage; without a pipeline, or with
+    a stage's layers set, the flags change nothing (Megatron-Core reads the set stages)."""
+    L70 = catalog.workload("Llama3_70B_MC")  # 80 layers
+    # the embedding alone: 81 on 3 stages of 27, the first holding 26
+    one = _solve(L70, engine, pp_size=3, dp_size=8, **{EMB: True})
+    assert bool(one["realizable"])
+    _same_but_realizable(one, _solve(L70, engine, first=26, pp_size=3, dp_size=8))
+    # both: 82 "layers". 2 stages of 41 (40 layers each); 41 stages of 2 (1, 2 x 39, 1);
+    # refused: 4 stages (82 % 4), 2 interleaved (41 % 2), 82 stages (the ends of no layer,
+    # which this model does not price as stages); refused, they are priced as without them
+    for pp, v, ok in ((2, 1, True), (41, 1, True), (4, 1, False), (2, 2, False), (82, 1, False)):
+        kw = dict(pp_size=pp, v_stages=v, dp_size=8)
+        out = _solve(L70, engine, **kw, **{EMB: True, LOSS: True})
+        assert bool(out["realizable"]) is ok, (pp, v)
+        if ok:
+            share = 82 // pp
+            _same_but_realizable(out, _solve(L70, engine, first=share - 1, last=share - 1, **kw))
+        else:
+            _same_but_realizable(out, _solve(L70, engine, **kw))
+            assert "layers" in M.why_unrealizable(L70, FLEET, **{**KW, **kw, EMB: True, LOSS: True})
+    # without a pipeline, or under set stages, nothing changes
+    for kw in (dict(pp_size=1, dp_size=8), dict(pp_size=4, dp_size=8, first=18, last=22)):
+        _ = kw.pop("first", 0), kw.pop("last", 0)
+        first, last = _
+        flags = _solve(L70, engine, first=first, last=last, **kw, **{EMB: True, LOSS: True})
+        plain = _solve(L70, engine, first=first, last=last, **kw)
+        for name in ALL_OUT:
+            np.testing.assert_array_equal(np.asarray(flags[name]), np.asarray(plain[name]),
+                                          err_msg=name)

@@ -23,11 +23,12 @@ from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _
 
 @njit(**_INLINE)
 def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, prec, flash,
-           ogr, opg, zero, supported, first, last, op2p, rc, mtp, a2a, key_ok):
+           ogr, opg, zero, supported, first, last, op2p, rc, mtp, a2a, key_ok, accounted):
     """megatron_steps.split (``supported``: the fleet's 4-tuple of 1.0 where it has the
     precision; ``first``, ``last``: the set stages' layers, 0.0 where not set; ``op2p``:
     ``overlap_p2p_comm``; ``a2a``: ``overlap_moe_expert_parallel_comm``; ``key_ok``: its
-    rules that read only the step memo's knobs, :func:`_key_rules`)."""
+    rules that read only the step memo's knobs, :func:`_key_rules`; ``accounted``: 0-2,
+    ``megatron._account_stages``'s ``pipeline_split``)."""
     layers, moe = w[0], w[6]
     sp = spk and tp > 1.0
     model_parallel = tp * 1.0 * pp * cp
@@ -46,7 +47,9 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, 
     m_exact = batch / (dp * 1.0 * mbs)
     fm = np.floor(m_exact)
     m = _max(np.ceil(m_exact), 1.0)
-    if first > 0.0 or last > 0.0:  # set first and last stages (megatron_steps.split)
+    if accounted != 0:  # account_for_embedding/loss_in_pipeline_split, decided before [36]
+        layers_ok = accounted == 1
+    elif first > 0.0 or last > 0.0:  # set first and last stages (megatron_steps.split)
         middle = pp - (1.0 if first > 0.0 else 0.0) - (1.0 if last > 0.0 else 0.0)
         rest = layers - first - last
         n_mid = _stage_layers(w, pp, first, last)[2]

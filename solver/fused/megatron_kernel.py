@@ -98,7 +98,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "537ca2a226139e1f"
+SOURCES_DIGEST = "703773fed63a41e9"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -297,7 +297,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
                                                                     spk and tp > 1.0)
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
             w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
-            prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0, rc, mtp, a2a, key_ok)
+            prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0, rc, mtp, a2a, key_ok,
+            (mem >> 4) & 3)
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
         grad_bytes = 2.0 if (mem & 1) != 0 else grad_bytes  # grad_reduce_in_bf16 [25]
         r = values[row]
@@ -883,16 +884,19 @@ def pipeline_flags(scatter_gather, overlap_p2p, mtp_num_layers=0, first_stage_la
 
 
 def memory_flags(grad_reduce_in_bf16, hidden_dropout=0.1, attention_dropout=0.1,
-                 overlap_moe_expert_parallel_comm=False):
+                 overlap_moe_expert_parallel_comm=False, pipeline_split=0):
     """The ``mem`` argument of :func:`run` (before it is spread to ``n`` values):
     ``grad_reduce_in_bf16``, whether each dropout keeps a mask
-    (:func:`solver.megatron_memory.keeps_mask`) and ``overlap_moe_expert_parallel_comm``
-    (the combined 1F1B schedule, which moves memory and time), scalars or arrays, packed
-    into uint8: bits 0, 1 (hidden), 2 (attention) and 3."""
+    (:func:`solver.megatron_memory.keeps_mask`), ``overlap_moe_expert_parallel_comm``
+    (the combined 1F1B schedule, which moves memory and time) and ``pipeline_split`` (0-2:
+    whether Megatron-Core's rule for ``account_for_embedding/loss_in_pipeline_split``
+    applies and holds, ``solver.physics.megatron._account_stages``), scalars or arrays,
+    packed into uint8: bits 0, 1 (hidden), 2 (attention), 3 and 4-5."""
     u = np.uint8
     return (np.asarray(grad_reduce_in_bf16).astype(u) | (keeps_mask(hidden_dropout).astype(u) << u(1))
             | (keeps_mask(attention_dropout).astype(u) << u(2))
-            | (np.asarray(overlap_moe_expert_parallel_comm).astype(u) << u(3)))
+            | (np.asarray(overlap_moe_expert_parallel_comm).astype(u) << u(3))
+            | (np.asarray(pipeline_split).astype(u) << u(4)))
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,

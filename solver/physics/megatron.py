@@ -234,12 +234,25 @@ References
     recomputation through on conditions, the recomputed forward's all-to-alls exposed;
     this model keeps refusing it). NVIDIA, "Combined 1F1B: Expert-Parallel All-to-All
     Overlap" (Megatron-Core user guide, features/moe_a2a_overlap).
+[36] Megatron-Core ``TransformerConfig.account_for_embedding_in_pipeline_split`` /
+    ``account_for_loss_in_pipeline_split`` (``--account-for-embedding-in-pipeline-split``,
+    ``--account-for-loss-in-pipeline-split``; ``transformer/transformer_config.py``
+    ``__post_init__`` and ``transformer/transformer_block.py`` ``get_num_layers_to_build``,
+    Megatron-Core 0.11 on): the input embedding (the loss) counts as one layer of the
+    split, so the layers plus one for each split into ``pp_size`` stages of equal counts
+    (each a multiple of ``v_stages`` when interleaved, else ``__post_init__`` raises) and
+    the first (last) stage builds one transformer layer fewer. Set only where neither
+    ``num_layers_in_first/last_pipeline_stage`` is (the validation's ``elif``; the layer
+    offsets read the set stages first). Llama 3.1 405B's 126 layers + 2 run on 8 stages of
+    8 interleaved chunks; Megatron-Bridge's Qwen3-235B-A22B recipe uses both ("for proper
+    layer distribution in pipeline parallelism", 94 + 2 layers on 16 stages).
 """
 
 from __future__ import annotations
 
 import math
 import tomllib
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -361,12 +374,16 @@ KNOBS = {k.name: k for k in (
        why="layers of the first pipeline stage (Megatron-Core's; 0: not set, an even share)"),
     _K("num_layers_in_last_pipeline_stage", "int", 0, low=0, high=4095,
        why="layers of the last pipeline stage (Megatron-Core's; 0: not set, an even share)"),
+    _K("account_for_embedding_in_pipeline_split", "bool", False),
+    _K("account_for_loss_in_pipeline_split", "bool", False),
 )}
 #: The rules of ``realizable`` beyond whole microbatches, in words (messages name them).
 REALIZABLE_RULES = (
     "heads and KV heads divisible by tp_size, layers by pp_size x v_stages (with the first "
     "or last stage's layers set: a pipeline, the other layers split evenly over the stages "
-    "between, a layer or more each, and every stage's by v_stages), seq_len by "
+    "between, a layer or more each, and every stage's by v_stages; with "
+    "account_for_embedding/loss_in_pipeline_split, the layers plus one for each by pp_size "
+    "into stages of two or more, each by v_stages), seq_len by "
     "2 x cp_size (and by tp_size x cp_size under sequence_parallel), experts by ep_size, an "
     "expert's width by etp_size, an "
     "interleaved schedule's microbatches by pp_size (and, without overlap_p2p_comm, more "
@@ -484,6 +501,38 @@ def _normalize(values, fast=False, unchecked=None):
         else:
             out[name] = knobs_._CONVERT[knob.kind](knob, value)
     return out
+
+
+_FIRST, _LAST = "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"
+
+
+def _account_stages(w, k):
+    """``k`` with ``account_for_embedding/loss_in_pipeline_split`` [36] made the set stages
+    they amount to, and ``"pipeline_split"`` where either is on: 1 where Megatron-Core's
+    rule holds (the layers plus one for each split into ``pp_size`` equal stages, each a
+    multiple of ``v_stages``; the first / last stage's layers are then that share less one,
+    and the ``layers`` rule holds), 2 where it does not (the stages are left unset, so the
+    layout is priced as an even split; ``layers`` is broken), 0 where the flags do not apply
+    (no pipeline, or a stage's layers set). Without either flag on: ``k`` without them, no
+    work. A share of one layer (a stage of the embedding or the loss alone) is taken as
+    broken: this model prices no stage of no layers. The flags leave ``k`` either way (the
+    kernel takes the stages and the rule's outcome)."""
+    emb = k.pop("account_for_embedding_in_pipeline_split", False)
+    loss = k.pop("account_for_loss_in_pipeline_split", False)
+    if not (np.any(emb) or np.any(loss)):
+        return k
+    e, l = np.asarray(emb, dtype=np.int64), np.asarray(loss, dtype=np.int64)
+    pp, v = np.maximum(k["pp_size"], 1), np.maximum(k["v_stages"], 1)  # (bounds checked later)
+    first, last = k[_FIRST], k[_LAST]
+    on = ((e | l) == 1) & (pp > 1) & (first == 0) & (last == 0)
+    total = w.layers + e + l
+    share = total // pp
+    holds = (total % pp == 0) & (share % v == 0) & (share > 1) & (share <= 4096)
+    set_ = on & holds
+    k[_FIRST] = np.where(set_ & (e == 1), share - e, first)
+    k[_LAST] = np.where(set_ & (l == 1), share - l, last)
+    k["pipeline_split"] = np.where(on, np.where(holds, 1, 2), 0).astype(np.int64)
+    return k
 
 
 def _constants(overrides):
@@ -615,7 +664,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           overlap_moe_expert_parallel_comm=False, hidden_dropout=0.1,
           attention_dropout=0.1, mtp_num_layers=0,
           num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
-          engine="auto", **constants):
+          account_for_embedding_in_pipeline_split=False,
+          account_for_loss_in_pipeline_split=False, engine="auto", **constants):
     """Megatron-Core training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Every knob may be an array; all broadcast together (pass a grid as an
@@ -721,6 +771,16 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         rank's own (a lighter first stage moves the peak to rank 1); DP traffic is priced
         on the stage of the most layers (an upper bound), hidden behind its compute and its
         wait each microbatch for a slower paced stage. 0 to 4095.
+    account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split : bool
+        Megatron-Core's flags of the same names [36]: the input embedding (the loss) counts
+        as a layer of the pipeline split, so the first (last) stage holds one transformer
+        layer fewer. With a pipeline and neither stage's layers set, the layers plus one for
+        each must split into ``pp_size`` equal stages (each a multiple of ``v_stages``) for
+        ``realizable``, and the step is priced as those set stages are (Llama 3.1 405B's
+        126 layers on 8 stages: 15, 16 x 6, 15, interleaved 8 ways). A stage left with no
+        transformer layer (one layer a stage) is not priced as one here: not realizable.
+        Ignored without a pipeline or where a stage's layers are set, as Megatron-Core
+        ignores them. Default False.
     engine : {"auto", "numpy", "fused"}
         ``"numpy"``: the broadcast numpy path (any shapes). ``"fused"``: the
         numba kernel of :mod:`solver.fused.megatron_kernel` (bitwise the same
@@ -758,14 +818,17 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   hidden_dropout=hidden_dropout,
                   attention_dropout=attention_dropout, mtp_num_layers=mtp_num_layers,
                   num_layers_in_first_pipeline_stage=num_layers_in_first_pipeline_stage,
-                  num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage)
+                  num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage,
+                  account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
+                  account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split)
     if dp_size is not None:
         values["dp_size"] = dp_size
     if etp_size is not None:
         values["etp_size"] = etp_size
     unchecked = []  # range checks left to the fused kernel, or made before the numpy path
-    k = _normalize(values, fast=engine != "numpy", unchecked=unchecked)
-    return _price(_Shape(workload), fleet, k, constants, engine, {"unchecked": unchecked})
+    w = _Shape(workload)
+    k = _account_stages(w, _normalize(values, fast=engine != "numpy", unchecked=unchecked))
+    return _price(w, fleet, k, constants, engine, {"unchecked": unchecked})
 
 
 def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
@@ -799,8 +862,9 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
     _check_inputs(workload, fleet, engine)
     values = _knob_values(knobs, "prepare", "; the constants go to the callable it returns")
     # copies: an array the caller changes later must not reach the physics unchecked
-    k = {name: np.array(v) for name, v in _normalize(values, fast=engine != "numpy").items()}
     w = _Shape(workload)
+    k = _account_stages(w, {name: np.array(v) for name, v in
+                            _normalize(values, fast=engine != "numpy").items()})
     memo = {}  # what the fused path derives from the knobs, workload and fleet: once
 
     def price(**constants):
@@ -836,8 +900,8 @@ def why_unrealizable(workload: Workload, fleet: Fleet, **knobs) -> dict:
     'the layers split into pp_size * v_stages eq'
     """
     _check_inputs(workload, fleet, "numpy")
-    k = _normalize(_knob_values(knobs, "why_unrealizable"))
     w = _Shape(workload)
+    k = _account_stages(w, _normalize(_knob_values(knobs, "why_unrealizable")))
     split = steps.split(w, fleet, k)
     shape = np.broadcast_shapes(*(np.shape(v) for v in k.values()))
     broken = {"valid": ~np.asarray(split.valid)}
@@ -941,7 +1005,7 @@ _FUSED_DTYPES = {"int": np.int64, "bool": np.bool_, "choice": np.int64}
 #: Knobs the fused kernel receives packed into one byte (megatron_kernel.memory_flags): what a
 #: layout's memory reads beside its knobs, and the combined 1F1B schedule's flag.
 _MEMORY_KNOBS = ("grad_reduce_in_bf16", "hidden_dropout", "attention_dropout",
-                 "overlap_moe_expert_parallel_comm")
+                 "overlap_moe_expert_parallel_comm", "pipeline_split")
 
 
 def _flat(name, value, n):
@@ -979,8 +1043,8 @@ def _fused_arrays(k, n):
     a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in packed}
     a["p2p_flags"] = _spread(fk.pipeline_flags(*(k[name] for name in _PIPELINE_KNOBS)), n,
                              np.uint32)
-    a["memory_flags"] = _spread(fk.memory_flags(*(k[name] for name in _MEMORY_KNOBS)), n,
-                                np.uint8)
+    a["memory_flags"] = _spread(fk.memory_flags(*(k.get(name, 0) for name in _MEMORY_KNOBS)),
+                                n, np.uint8)
     return a
 
 

@@ -170,7 +170,9 @@ REALIZABLE_CONDITIONS = {
                          "dense model)",
     "layers": "the layers split into pp_size * v_stages equal chunks, or as the first and last "
               "stages' layers are set (the rest evenly over the stages between, every stage's "
-              "by v_stages; Megatron-LM refuses other splits) [13]",
+              "by v_stages; Megatron-LM refuses other splits) [13], or, with "
+              "account_for_embedding/loss_in_pipeline_split, the layers plus one for each "
+              "into pp_size equal stages of two or more, each by v_stages [36]",
     "kv_heads": "tp_size divides the KV heads [16]",
     "interleaved_microbatches": "an interleaved schedule's microbatches come in groups of "
                                 "pp_size [17]",
@@ -219,7 +221,11 @@ def realizable_conditions(w, fleet, k, m_exact) -> dict:
                                          tp_size=tp, pp_size=pp, v_stages=v, ep_size=ep),
         # layers into pp * v equal chunks, or the first and last stages' as set:
         # Megatron-LM's validate_args refuses layers pp does not divide unless they are set [13]
-        "layers": np.where((first > 0) | (last > 0), layers_set, _even_chunks(w.layers, pp, v)),
+        # or, with account_for_embedding/loss_in_pipeline_split, Megatron-Core's rule for
+        # them, decided where they became set stages (megatron._account_stages) [36]
+        "layers": _accounted(k.get("pipeline_split", 0),
+                             np.where((first > 0) | (last > 0), layers_set,
+                                      _even_chunks(w.layers, pp, v))),
         "kv_heads": w.kv_heads % tp == 0,  # [16]
         # the interleaved schedule runs microbatches in groups of pp [17]
         "interleaved_microbatches": (v == 1) | ((m_exact % pp == 0) & (m_exact >= pp)),
@@ -426,6 +432,15 @@ class Layer:
     layer_b: object
     #: a multi-token prediction module's projection and norms, forward and backward [34]
     t_mtp: object
+
+
+def _accounted(state, rule):
+    """The ``layers`` rule ``rule`` where ``account_for_embedding/loss_in_pipeline_split`` do
+    not apply (``state`` 0), held where Megatron-Core's rule for them holds (1), broken where
+    it does not (2): :func:`solver.physics.megatron._account_stages`."""
+    if np.ndim(state) == 0 and state == 0:
+        return rule
+    return np.where(state == 1, True, np.where(state == 2, False, rule))
 
 
 def _even_chunks(layers, pp, v):
