@@ -265,7 +265,7 @@ from ..specs import Fleet, Workload
 from . import megatron_compose as after
 from . import megatron_steps as steps
 
-__all__ = ["solve", "prepare", "why_unrealizable", "OUTPUTS", "KNOBS", "DEFAULTS", "CONSTANTS",
+__all__ = ["solve", "prepare", "why_unrealizable", "ShapeWarning", "OUTPUTS", "KNOBS", "DEFAULTS", "CONSTANTS",
            "CONSTANTS_PROVENANCE", "RECOMPUTE", "PRECISIONS", "load_constants"]
 
 #: The model's sourced constants, kept in the steps module (documented there).
@@ -559,6 +559,88 @@ def _constants(overrides):
 
 # ------------------------------------------------------------------ shape
 
+class ShapeWarning(UserWarning):
+    """The shape the megatron physics prices a workload by is not the model it declares.
+
+    The megatron physics counts FLOPs, weights and traffic from the shape (layers, hidden
+    width, heads, KV heads, FFN width, vocabulary, experts), filling what a workload omits
+    with Megatron's defaults; the mlsysim physics prices the declared ``parameters``. Where
+    the shape's parameter count is more than :data:`SHAPE_TOLERANCE` off the declared one
+    with a field defaulted (a catalog entry written for the mlsysim physics, as
+    ``Llama3_70B``: its shape lacks GQA's KV heads, the SwiGLU width and the vocabulary,
+    and comes to 64.8B of 70.6B), or more than 2x off with every field given (a unit slip
+    in a catalog of one's own), the two models price different models, and this says so.
+    """
+
+
+#: The share a shape's parameter count may stray from the declared ``parameters`` where a
+#: shape field takes Megatron's default (the ``*_MC`` entries, every field given, come
+#: within 0.1 %; a full shape may differ up to 2x, by its embeddings' convention).
+SHAPE_TOLERANCE = 0.05
+
+#: The shape fields a workload gives the megatron physics (MoE's where it has experts).
+_SHAPE_FIELDS = ("hidden_dim", "heads", "kv_heads", "ffn_hidden_dim", "vocab_size", "gated_mlp")
+_MOE_FIELDS = ("moe_ffn_hidden_dim", "active_experts_per_token", "shared_experts")
+
+
+def _check_shape(w: Workload, shape) -> None:
+    """:class:`ShapeWarning` where ``shape``'s parameter count strays from ``w``'s declared one
+    (a workload of no stated shape at all, priced as 12 L h^2 = N, is taken as meant)."""
+    if not (w.hidden_dim and w.heads):
+        return
+    total = shape.parameter_counts()[0]
+    # the declared count by any convention of the embeddings: without them, with one matrix
+    # or two (published counts differ: NAR21's 1.7B is its shape's 1.8B without the 0.12B
+    # embedding)
+    emb = shape.embedding_params
+    closest = min((count / float(w.parameters) for count in (total - emb, total, total + emb)),
+                  key=lambda r: abs(math.log(r)) if r > 0 else math.inf)
+    ratio = total / float(w.parameters)
+    fields = _SHAPE_FIELDS + (_MOE_FIELDS if shape.moe else ())
+    defaulted = [f for f in fields if getattr(w, f, None) is None
+                 and not (f == "kv_heads" and shape.mla)]
+    if (defaulted and abs(closest - 1.0) > SHAPE_TOLERANCE) or not 0.5 <= closest <= 2.0:
+        why = (f"{', '.join(defaulted)} {'is' if len(defaulted) == 1 else 'are'} not given and "
+               f"take{'s' if len(defaulted) == 1 else ''} Megatron's defaults (KV heads = heads, "
+               f"FFN width 4 x hidden, no gated MLP, a {DEFAULT_VOCAB:,}-token vocabulary"
+               + (", experts as wide as it, top-1 routing, no shared expert" if shape.moe else "")
+               + ")"
+               if defaulted else "every shape field is given, so the declared count is likely "
+               "wrong (a unit slip?) or the shape is")
+        full = _full_shape_entry(w) if defaulted else None
+        hint = f"; the catalog's {full!r} has the full shape" if full else ""
+        warnings.warn(
+            f"workload {w.name!r}: the megatron physics prices the {_count(total)} "
+            f"parameters of its shape, {ratio:.2f}x its declared {_count(w.parameters)}, "
+            f"so it prices another model than the mlsysim physics does: {why}{hint}",
+            ShapeWarning, stacklevel=_outside_solver())
+
+
+def _outside_solver() -> int:
+    """The ``stacklevel`` of the first frame outside the ``solver`` package, for a warning
+    its caller makes: the user's call, whether it came through ``solver.solve`` or not."""
+    import sys
+    package = str(Path(__file__).resolve().parent.parent)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _count(n) -> str:
+    """A parameter count as people write it: 64.8B, 120M."""
+    n = float(n)
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def _full_shape_entry(w):
+    """The catalog's ``<key>_MC`` entry for the catalog workload ``w`` (None if there is none)."""
+    from .. import catalog
+    names = catalog.names("workloads")
+    key = next((n for n in names if catalog.workload(n) == w), None)
+    return f"{key}_MC" if key is not None and f"{key}_MC" in names else None
+
+
 class _Shape:
     """The workload's transformer shape, with Megatron's defaults for what it omits."""
 
@@ -643,6 +725,8 @@ class _Shape:
         # One pipeline stage holds the input embedding and, untied, the output layer too [22].
         tied = True if w.tied_embeddings is None else bool(w.tied_embeddings)
         self.single_stage_embedding = self.embedding_params * (1.0 if tied else 2.0)
+
+        _check_shape(w, self)
 
     def parameter_counts(self):
         """(total, active) parameters of the shape: its layers, dense and MoE (every expert;

@@ -1,0 +1,63 @@
+"""The megatron physics says when the shape it prices is not the model a workload declares.
+
+It counts from the shape, filling omitted fields with Megatron's defaults, where the mlsysim
+physics prices the declared ``parameters``: the catalog's ``Llama3_70B`` (written for mlsysim:
+no KV heads, FFN width or vocabulary) was priced as a 64.8B model under physics="megatron",
+``DeepSeek_V3`` as 6.4T, and a catalog entry with ``parameters`` 10x its shape's without a word.
+"""
+
+import dataclasses
+import warnings
+
+import numpy as np
+import pytest
+
+import solver
+from solver.physics import megatron as M
+from solver.physics.megatron import ShapeWarning
+
+CAT = solver.catalog
+FL = CAT.fleet("HGX_H100_1K_MC")
+KW = dict(physics="megatron", batch_size=1024, seq_len=8192, tp_size=8, pp_size=4,
+          sequence_parallel=True)
+
+
+def test_an_mlsysim_entry_under_megatron_names_its_defaults_and_the_full_entry():
+    with pytest.warns(ShapeWarning) as caught:
+        solver.solve(CAT.workload("Llama3_70B"), FL, **KW)
+    message = str(caught[0].message)
+    assert "prices the 64.8B parameters of its shape, 0.92x its declared 70.6B" in message
+    assert "kv_heads, ffn_hidden_dim, vocab_size, gated_mlp are not given" in message
+    assert message.endswith("the catalog's 'Llama3_70B_MC' has the full shape")
+    assert caught[0].filename == __file__  # points at the call
+    with pytest.warns(ShapeWarning, match=r"6431\.8B parameters of its shape, 9\.59x its declared "
+                                          r"671\.0B.*moe_ffn_hidden_dim.*'DeepSeek_V3_MC'"):
+        M.solve(CAT.workload("DeepSeek_V3"), FL, batch_size=1024)
+
+
+@pytest.mark.parametrize("name", [n for n in CAT.names("workloads") if n.endswith("_MC")])
+def test_full_shapes_are_priced_without_a_word(name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShapeWarning)
+        out = solver.solve(CAT.workload(name), FL, physics="megatron", batch_size=1024)
+    assert np.isfinite(out["model_flops_per_accelerator"])
+
+
+def test_a_full_shape_whose_declared_count_is_off_10x():
+    l8 = CAT.workload("Llama3_8B_MC")
+    slip = dataclasses.replace(l8, parameters=80.3e9)
+    with pytest.warns(ShapeWarning, match=r"8\.0B parameters of its shape, 0\.10x its declared "
+                                          r"80\.3B.*every shape field is given"):
+        M.solve(slip, FL, batch_size=1024)
+    # within 2x a full shape is its own count (embedding conventions differ): no word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShapeWarning)
+        M.solve(dataclasses.replace(l8, parameters=1.5 * l8.parameters), FL, batch_size=1024)
+
+
+def test_no_word_without_a_shape_or_under_the_mlsysim_physics():
+    no_shape = dataclasses.replace(CAT.workload("Llama3_70B"), hidden_dim=None, heads=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShapeWarning)
+        M.solve(no_shape, FL, batch_size=1024)  # 12 L h^2 = N: the declared count, by design
+        solver.solve(CAT.workload("Llama3_70B"), FL, batch_size=1024)  # mlsysim: declared
