@@ -351,8 +351,10 @@ def _preflight(spec: Spec, cube_layout, *, path, serial: bool, n_jobs: int, back
         with joblib.parallel_config(backend=backend or "loky"):
             workers = 1 if serial or not local else max(1, joblib.effective_n_jobs(n_jobs))
         preflight.check_memory(spec, cube_layout, block_points=block_points, workers=workers)
-    elif not storage.partial_path(path).exists():  # a resume needs less than a new sweep
-        preflight.check_disk(spec, cube_layout, path)
+    else:
+        storage.atomic.writable_file(path)  # before the work, not at its end
+        if not storage.partial_path(path).exists():  # a resume needs less than a new sweep
+            preflight.check_disk(spec, cube_layout, path)
 
 
 def _destination(spec: Spec, cube_layout, *, path, serial: bool, backend, block_points: int,

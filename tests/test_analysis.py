@@ -293,6 +293,20 @@ def test_analysis_of_a_real_cube_and_its_file(real_cube, tmp_path):
     lazy.close()
 
 
+def test_a_mask_over_a_dim_the_cube_selected_to_one_value(real_cube):
+    """cube.sel(seq_len=8192) keeps seq_len as a scalar coordinate; a where= mask built on the
+    whole cube still spans it. Looking the 0-d value up in the mask's index raised
+    TypeError: unhashable type: 'numpy.ndarray'."""
+    one = real_cube.sel(seq_len=8192)
+    got = sweep.top_k(one, objective="mfu", k=3, where=real_cube["admissible"].sel(tp_size=[4, 8]))
+    want = sweep.top_k(one.sel(tp_size=[4, 8]), objective="mfu", k=3)
+    assert set(got["tp_size"].values) <= {4, 8}
+    np.testing.assert_array_equal(got["mfu"].values, want["mfu"].values)
+    # a mask that holds only the other sequence length selects nothing
+    none = sweep.top_k(one, objective="mfu", k=3, where=real_cube["admissible"].sel(seq_len=[2048]))
+    assert none["mfu"].size == 0
+
+
 def test_memory_limit_as_fraction_of_capacity(real_cube):
     got = sweep.top_k(real_cube, k=3, constraints={"memory_limit": 0.5})
     capacity = solver.catalog.fleet("Training_1K").node.accelerator.memory_capacity

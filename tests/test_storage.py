@@ -60,6 +60,24 @@ def test_save_round_trips_exactly(cube, tmp_path):
     assert not partial_path(path).exists()
 
 
+def test_a_file_in_a_missing_directory_is_refused_before_the_work(cube, tmp_path, monkeypatch):
+    """sweep.save into a missing directory said "Permission denied" on its temporary name,
+    and sweep.run(path=) a bare FileNotFoundError; both name the missing directory now, and
+    run says so before it prices anything."""
+    target = tmp_path / "nodir" / "x.nc"
+    with pytest.raises(FileNotFoundError, match=r"expected a file in an existing directory, "
+                                                 r"but got .*x\.nc.*nodir does not exist"):
+        sweep.save(cube, target)
+    with pytest.raises(IsADirectoryError, match="expected a file, but got the directory"):
+        sweep.save(cube, tmp_path)
+    priced = []
+    monkeypatch.setattr(evaluate, "_evaluate_block",
+                        lambda *a, **k: priced.append(1) or (_ for _ in ()).throw(AssertionError))
+    with pytest.raises(FileNotFoundError, match="nodir does not exist"):
+        sweep.run(CLUSTER, path=target)
+    assert not priced and not (tmp_path / "nodir").exists()
+
+
 def test_save_compresses(cube, tmp_path):
     packed = sweep.save(cube, tmp_path / "packed.nc")
     plain = sweep.save(cube, tmp_path / "plain.nc", complevel=0)

@@ -212,7 +212,7 @@ def aligned(cube: xr.Dataset, where: xr.DataArray) -> xr.DataArray:
                                  f"cube's {cube.sizes[d]} points, but got {where.sizes[d]} points "
                                  f"without coordinates")
         elif d in cube.coords and cube[d].ndim == 0:
-            value = cube[d].values
+            value = cube[d].values.item()  # (a 0-d array is no key of an index)
             if d in where.indexes and value in where.indexes[d]:
                 where = where.sel({d: value}, drop=True)
             else:  # the cube's one value is not covered: nothing selected

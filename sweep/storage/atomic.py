@@ -14,9 +14,23 @@ import uuid
 from pathlib import Path
 
 __all__ = ["partial_path", "aside", "is_aside", "fsync_file", "fsync_dir", "replace",
-           "remove_dead_asides"]
+           "remove_dead_asides", "writable_file"]
 
 _ASIDE = re.compile(r"\.tmp-(\d+)(?:-[0-9a-f]+)?$")
+
+
+def writable_file(path) -> Path:
+    """``path`` as a Path, if it can name a file to write: its directory exists and it is
+    not a directory. Else FileNotFoundError / IsADirectoryError saying so (a write into a
+    missing directory had failed on the temporary name, as "Permission denied" or a bare
+    FileNotFoundError, after the work)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"expected a file in an existing directory, but got "
+                                f"{str(path)!r} ({path.parent} does not exist)")
+    if path.is_dir():
+        raise IsADirectoryError(f"expected a file, but got the directory {str(path)!r}")
+    return path
 
 
 def partial_path(path) -> Path:

@@ -12,7 +12,7 @@ from ..cube import COMPLETE
 from ..spec import Spec
 from . import cf
 from .assemble import COMPLEVEL, compression, preview
-from .atomic import aside, partial_path, replace
+from .atomic import aside, partial_path, replace, writable_file
 from .staging import MANIFEST, IncompleteCubeError, staged_progress
 
 __all__ = ["save", "open_cube", "finished_cube", "ENGINE"]
@@ -38,7 +38,7 @@ def save(cube: xr.Dataset, path, *, complevel: int = COMPLEVEL) -> Path:
     pathlib.Path
         ``path``.
     """
-    path = Path(path)
+    path = writable_file(path)
     tmp = aside(path, token=True)
     encoding = {name: compression(complevel) for name, var in cube.data_vars.items()
                 if var.ndim > 0}
