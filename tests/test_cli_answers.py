@@ -39,14 +39,15 @@ def _spec(root, name, axes, fixed="", constraints=""):
 
 @pytest.fixture(scope="module")
 def ties(tmp_path_factory):
-    """pp_size 1 only: microbatch_count changes nothing, nor overlap_efficiency without
-    overlap_comm (4 layouts per split; v_stages > 1 needs stages to interleave).
+    """pp_size 1 only: microbatch_count changes nothing (2 layouts per split; v_stages > 1
+    needs stages to interleave). overlap_efficiency, a no-op without overlap_comm, had been
+    the second such axis; it is what the model assumes, answered each value on its own now.
 
     Every layout is realizable: a replica holds at least 2 samples (TP 2 of 1024).
     """
     root = tmp_path_factory.mktemp("answers")
     spec = _spec(root, "ties", "tp_size = [2, 4, 8]\npp_size = [1]\n"
-                 "microbatch_count = [1, 2]\noverlap_efficiency = [0.5, 1.0]",
+                 "microbatch_count = [1, 2]",
                  "zero_stage = 3\noverlap_comm = false")
     cube = sweep.save(sweep.run(sweep.load_spec(spec)), root / "ties.nc")
     return {"root": root, "spec": spec, "cube": cube}
@@ -71,7 +72,7 @@ def test_top_with_no_admissible_layout_says_why_and_exits_3(ties, capsys):
     cube.close()
     code, out, err = _call(capsys, ["top", ties["cube"], "--max-accelerators", "512",
                                     "--select", "tp_size=4"])
-    assert code == 3 and "(with tp_size=4): no admissible layout among 4 points" in err
+    assert code == 3 and "(with tp_size=4): no admissible layout among 2 points" in err
 
 
 def test_plot_with_no_admissible_layout_says_why_and_exits_3(ties, tmp_path, capsys):
@@ -79,7 +80,7 @@ def test_plot_with_no_admissible_layout_says_why_and_exits_3(ties, tmp_path, cap
     for kind in ("heatmap", "pareto"):
         code, out, err = _call(capsys, ["plot", ties["cube"], "--kind", kind, "--x",
                                         "tp_size" if kind == "heatmap" else "memory_footprint",
-                                        "--y", "overlap_efficiency" if kind == "heatmap" else "mfu",
+                                        "--y", "microbatch_count" if kind == "heatmap" else "mfu",
                                         "--max-accelerators", "512", "-o", tmp_path / "x.png"])
         assert code == 3, err
         assert "accelerator budget (<= 512) removed" in err and not (tmp_path / "x.png").exists()
@@ -96,21 +97,19 @@ def test_main_job_with_no_admissible_layout_exits_3_after_saving(tmp_path, capsy
 
 
 def test_top_shows_layouts_equal_in_every_output_as_one_row(ties, capsys):
-    # Issue #11.6: with pp_size 1, microbatch_count changes no output (nor, without
-    # overlap_comm, overlap_efficiency).
+    # Issue #11.6: with pp_size 1, microbatch_count changes no output.
     code, out, err = _call(capsys, ["top", ties["cube"], "-k", "10"])
     assert code == 0, err
     cube = sweep.open_cube(ties["cube"])
-    splits = int(cube["admissible"].any(["microbatch_count", "overlap_efficiency"]).sum())
+    splits = int(cube["admissible"].any("microbatch_count").sum())
     assert out.startswith(f"top {splits} of {int(cube['admissible'].sum())} admissible")
-    assert "microbatch_count=1|2, overlap_efficiency=0.5|1" in out
+    assert "microbatch_count=1|2" in out
     table = [line for line in out.splitlines() if re.match(r"\s*\d+ ", line)]
     assert len(table) == splits
     best = sweep.top_k(cube, k=1)
-    assert int(best["ties"][0]) == 4 and str(best["equivalent"][0].values) == (
-        "microbatch_count=1|2; overlap_efficiency=0.5|1")
-    code, out, err = _call(capsys, ["top", ties["cube"], "-k", "10", "--keep-ties"])
-    assert len([line for line in out.splitlines() if re.match(r"\s*\d+ ", line)]) == 10
+    assert int(best["ties"][0]) == 2 and str(best["equivalent"][0].values) == "microbatch_count=1|2"
+    code, out, err = _call(capsys, ["top", ties["cube"], "-k", "5", "--keep-ties"])
+    assert len([line for line in out.splitlines() if re.match(r"\s*\d+ ", line)]) == 5
     cube.close()
 
 
@@ -153,10 +152,10 @@ def test_search_shows_layouts_equal_in_every_output_as_one_row(ties, capsys):
     table = out.split("distinct layouts by mfu:")[1]
     rows = [line for line in table.splitlines() if re.match(r"\s*\d+ ", line)]
     cube = sweep.open_cube(ties["cube"])
-    splits = int(cube["admissible"].any(["microbatch_count", "overlap_efficiency"]).sum())
+    splits = int(cube["admissible"].any("microbatch_count").sum())
     cube.close()
     assert len(rows) == splits
-    assert "microbatch_count=1|2, overlap_efficiency=0.5|1" in table.splitlines()[1]
+    assert "microbatch_count=1|2" in table.splitlines()[1]
 
 
 def test_a_search_with_no_admissible_layout_says_why_and_exits_3(ties, capsys):
@@ -193,7 +192,7 @@ def test_search_top_one_shows_its_whole_tie_group(ties, capsys):
     rows = [line for line in out.split("distinct layouts by mfu:")[1].splitlines()
             if re.match(r"\s*\d+ ", line)]
     assert len(rows) == 1
-    assert "microbatch_count=1|2, overlap_efficiency=0.5|1" in out.split("distinct layouts by mfu:")[1]
+    assert "microbatch_count=1|2" in out.split("distinct layouts by mfu:")[1]
 
 
 def test_main_job_rows_list_the_knob_values_that_change_nothing(ties, tmp_path, capsys):
@@ -201,6 +200,36 @@ def test_main_job_rows_list_the_knob_values_that_change_nothing(ties, tmp_path, 
     assert code == 0, err
     table = out.split("Best layout of each parallel split", 1)[1]
     rows = [line for line in table.splitlines() if re.match(r"\s*\d+ ", line)]
-    assert len(rows) == 3  # one per TP split, each standing for its 4 equal layouts
-    assert "same in every row: pp_size=1, microbatch_count=1|2, overlap_efficiency=0.5|1" in table
+    assert len(rows) == 3  # one per TP split, each standing for its 2 equal layouts
+    assert "same in every row: pp_size=1, microbatch_count=1|2" in table
     assert "a|b: layouts with these values are equal in every output" in out
+
+
+def test_an_assumption_of_the_model_is_answered_per_value_not_ranked(tmp_path, capsys,
+                                                                     monkeypatch):
+    """efficiency (what the mlsysim model assumes a GEMM achieves) had been ranked like a
+    layout knob: every answer took the most optimistic value, without a word."""
+    monkeypatch.chdir(tmp_path)
+    spec = _spec(tmp_path, "eff", "tp_size = [4, 8]\npp_size = [2, 4]\nefficiency = [0.3, 0.7]",
+                 "zero_stage = 3")
+    code, out, err = _call(capsys, ["--spec", spec, "--no-save", "--no-progress"])
+    assert code == 0, err
+    assert "(efficiency: what the model assumes, not a choice), 2 blocks" in out
+    assert "efficiency=0.3: Best layout" in out and "efficiency=0.7: Best layout" in out
+    cube = sweep.run(sweep.load_spec(spec))
+    with pytest.warns(sweep.analysis.JobMixWarning,
+                      match=r"spans efficiency \(what the model assumes, not a choice"):
+        sweep.top_k(cube, k=1)
+    code, out, err = _call(capsys, ["top", sweep.save(cube, tmp_path / "eff.nc"), "-k", "3"])
+    assert "this ranking spans more than one efficiency (what the model assumes" in out
+
+
+def test_an_objective_in_capitals_gets_its_name_suggested(ties, capsys):
+    code, out, err = _call(capsys, ["top", ties["cube"], "--objective", "MFU"])
+    assert code == 2 and err.rstrip().endswith("but got 'MFU'; did you mean 'mfu'?")
+    cube = sweep.open_cube(ties["cube"])
+    with pytest.raises(KeyError, match=r"but got 'MFU'; did you mean 'mfu'\?"):
+        sweep.top_k(cube, objective="MFU")
+    cube.close()
+    with pytest.raises(ValueError, match=r"but got 'MFU'; did you mean 'mfu'\?"):
+        sweep.search(ties["spec"], objective="MFU", progress=False)

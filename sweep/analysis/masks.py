@@ -55,7 +55,9 @@ class UnknownVariableError(KeyError):
 
 def _require(cube, name, what):
     if name not in cube.data_vars:
-        close = difflib.get_close_matches(str(name), [str(v) for v in cube.data_vars], n=1)
+        names = [str(v) for v in cube.data_vars]
+        close = [v for v in names if v.lower() == str(name).lower()][:1]  # MFU for mfu
+        close = close or difflib.get_close_matches(str(name), names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise UnknownVariableError(f"{what} must be a data variable of the cube "
                                    f"({', '.join(cube.data_vars)}), but got {name!r}{hint}")

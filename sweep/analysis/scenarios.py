@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["SCENARIO_DIMS", "JOB_DIMS", "scenario_dims", "layout_dims", "JobMixWarning",
+__all__ = ["SCENARIO_DIMS", "ASSUMPTION_DIMS", "JOB_DIMS", "scenario_dims", "layout_dims", "JobMixWarning",
            "warn_across_jobs"]
 
-#: Dims that describe the job rather than its layout, in the order they are shown.
-SCENARIO_DIMS = ("physics", "workload", "fleet", "seq_len", "batch_size", "precision")
+#: The mlsysim physics' knobs that state what the model assumes of the hardware and the run
+#: (an achieved efficiency, a congestion, a straggler, an imbalance), not a layout choice: a
+#: ranking over them takes the most optimistic assumption, so they are answered each on its
+#: own, as the job's dims are.
+ASSUMPTION_DIMS = ("efficiency", "overlap_efficiency", "congestion_factor", "straggler_factor",
+                   "moe_routing_imbalance_factor")
+
+#: Dims that describe the job (or what the model assumes) rather than its layout, in the
+#: order they are shown.
+SCENARIO_DIMS = ("physics", "workload", "fleet", "seq_len", "batch_size",
+                 "precision") + ASSUMPTION_DIMS
 
 
 def scenario_dims(cube) -> tuple:
@@ -38,18 +47,36 @@ class JobMixWarning(UserWarning):
 JOB_DIMS = tuple(d for d in SCENARIO_DIMS if d not in ("physics", "precision"))
 
 
+def _what(dims) -> str:
+    """What ``dims`` describe, for the warnings: the job, or what the model assumes."""
+    assumed = [d for d in dims if d in ASSUMPTION_DIMS]
+    if not assumed:
+        return "the job"
+    return "what the model assumes" if len(assumed) == len(dims) else \
+        "the job and what the model assumes"
+
+
+def _over(dims) -> str:
+    """What a best over ``dims`` is the best over: jobs, assumptions, or both."""
+    assumed = [d for d in dims if d in ASSUMPTION_DIMS]
+    if not assumed:
+        return "jobs"
+    return "assumptions" if len(assumed) == len(dims) else "jobs and assumptions"
+
+
 def warn_across_jobs(axes, *, stacklevel: int = 3) -> bool:
     """Warn (:class:`JobMixWarning`) when a search's ``axes`` (:class:`sweep.axes.Axis`)
-    span more than one workload, fleet, sequence length or global batch; returns whether
-    it warned. Its best point is then the best over jobs (the megatron model's MFU rises
-    with the sequence length), not the best layout of one."""
+    span more than one workload, fleet, sequence length or global batch (or a model
+    assumption, :data:`ASSUMPTION_DIMS`); returns whether it warned. Its best point is then
+    the best over jobs (the megatron model's MFU rises with the sequence length) or the most
+    optimistic assumption, not the best layout of one."""
     spans = [a.name for a in axes if a.name in JOB_DIMS
              and (a.values is None or len(set(map(str, a.values))) > 1)]
     if not spans:
         return False
     they = "it describes" if len(spans) == 1 else "they describe"
-    warnings.warn(f"the search's axes include {' and '.join(spans)} ({they} the job, not a "
-                  f"choice between layouts): its best is the best over jobs; search one "
+    warnings.warn(f"the search's axes include {' and '.join(spans)} ({they} {_what(spans)}, not a "
+                  f"choice between layouts): its best is the best over {_over(spans)}; search one "
                   f"job (each value in the spec's [fixed], one search each), as the main job "
                   f"ranks each on its own", JobMixWarning, stacklevel=stacklevel)
     return True

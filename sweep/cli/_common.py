@@ -51,7 +51,8 @@ class UsageError(Exception):
 def _suggest(name, choices) -> str:
     """``"; did you mean 'x'?"`` for the closest of ``choices`` (or one it begins), else ``""``."""
     choices = [str(c) for c in choices]
-    close = difflib.get_close_matches(str(name), choices, n=1, cutoff=0.5)
+    close = [c for c in choices if c.lower() == str(name).lower()][:1]  # MFU for mfu
+    close = close or difflib.get_close_matches(str(name), choices, n=1, cutoff=0.5)
     close = close or [c for c in choices if name and c.startswith(str(name))][:1]
     return f"; did you mean {close[0]!r}?" if close else ""
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import analysis
 from ..analysis import NoAdmissibleError, explain_runner_up, scenario_dims, where_step_goes
+from ..analysis.scenarios import _what
 from ..analysis.ties import EQUIVALENT, parse_equivalent
 from ..preflight import ResourceError
 from ..spec import builtin_spec, load_spec
@@ -102,9 +103,9 @@ def _report(spec, cube, k) -> bool:
     """One block per scenario (a scenario with no admissible layout says why); any found."""
     scenarios = _scenarios(cube) if len(_scenarios(cube)) > 1 else [{}]
     if scenarios != [{}]:
-        names = ", ".join(scenario_dims(cube))
-        print(f"\nThe layout knobs are ranked for each scenario ({names}: the job, not a "
-              f"choice), {len(scenarios)} blocks:")
+        dims = scenario_dims(cube)
+        print(f"\nThe layout knobs are ranked for each scenario ({', '.join(dims)}: "
+              f"{_what(dims)}, not a choice), {len(scenarios)} blocks:")
     found = False
     for scenario in scenarios:
         rows = _best_per_split(cube, k, scenario)

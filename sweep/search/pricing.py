@@ -8,6 +8,7 @@ constraint values, feasible where <= 0 (see :mod:`sweep.search`).
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -64,9 +65,12 @@ def _direction(name, dirn):
 
 def _check(name, dirn):
     if not isinstance(name, str) or (name not in DEFAULT_DIRECTIONS and name not in _NO_DEFAULT):
-        choices = ", ".join(sorted(DEFAULT_DIRECTIONS))
+        names = sorted(DEFAULT_DIRECTIONS)
+        close = [n for n in names if isinstance(name, str) and n.lower() == name.lower()][:1]
+        close = close or difflib.get_close_matches(str(name), names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"objective must be a numeric output of solver.solve or a derived "
-                         f"quantity ({choices}), but got {name!r}")
+                         f"quantity ({', '.join(names)}), but got {name!r}{hint}")
     return _direction(name, dirn)
 
 
