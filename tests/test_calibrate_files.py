@@ -421,3 +421,25 @@ def test_a_parameter_count_far_from_the_shapes_is_refused(tmp_path):
     with pytest.raises(MeasurementError, match=r"line 2, column parameters: expected about the "
                                                r"shape's own count, 1.476e\+09"):
         read_measurements(_write(tmp_path, [head, row.format("1.7e12")], "bad.csv"))
+
+
+def test_a_knob_column_left_empty_on_some_runs_is_named(tmp_path):
+    """An empty cell takes the knob's default, as documented; a column filled on some runs
+    and empty on others is most likely a slip, and a pp_size left empty had been fitted as
+    PP 1 without a word."""
+    lines = [HEADER, *GOOD[:2], "c,Llama3_8B_MC,EOS_H100_MC,128,4096,8,,2,9.0"]
+    with pytest.warns(sweep.calibration.CalibrationWarning,
+                      match=r"runs\.csv: column pp_size is empty on line 4 \(1 of 3 runs\), "
+                            r"which take its default \(1\)"):
+        data = read_measurements(_write(tmp_path, lines))
+    assert data.runs[2].knobs["pp_size"] == 1
+    # a column empty on every run, or dp_size empty beside num_gpus, is no slip
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sweep.calibration.CalibrationWarning)
+        read_measurements(_write(tmp_path, [HEADER + ",recompute",
+                                            *(g + "," for g in GOOD)], "all.csv"))
+        read_measurements(_write(tmp_path, [
+            "run_id,workload,fleet,batch_size,seq_len,tp_size,num_gpus,dp_size,step_time_s",
+            "a,Llama3_8B_MC,EOS_H100_MC,128,4096,1,16,,2.1",
+            "b,Llama3_8B_MC,EOS_H100_MC,128,4096,2,,8,2.3"], "either.csv"))

@@ -74,7 +74,7 @@ from solver import fused
 from solver.physics import megatron
 
 from . import fit as fit_
-from .measurements import MeasurementError, Measurements, read_measurements
+from .measurements import CalibrationWarning, MeasurementError, Measurements, read_measurements
 from .profile import Profile, load_profile, now
 
 __all__ = ["calibrate", "Calibration", "CalibrationWarning", "DEFAULT_FREE", "LAUNCH_FLOOR",
@@ -147,10 +147,6 @@ PRIOR_DOMINATED = 0.8
 LOO_WORSE_MARGIN = 0.1
 #: ``calibrate(free=AUTO)``: the runs choose the free constants (:func:`select_free`).
 AUTO = "auto"
-
-
-class CalibrationWarning(UserWarning):
-    """The runs cannot identify a constant, or its uncertainty is not stated."""
 
 
 def predict(measurements: Measurements, constants: Mapping[str, float]) -> np.ndarray:

@@ -67,6 +67,7 @@ import difflib
 import hashlib
 import io
 import math
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
@@ -455,6 +456,31 @@ def _layout(knobs) -> str:
     return ", ".join(f"{k}={knobs[k]}" for k in keys)
 
 
+class CalibrationWarning(UserWarning):
+    """The runs cannot identify a constant, or its uncertainty is not stated, or a column
+    is left empty on some of them (filter it by class)."""
+
+
+def _warn_blanks(source, header, numbered) -> None:
+    """:class:`CalibrationWarning` for each knob or shape column some runs fill in and others
+    leave empty: those take the default (a missing ``pp_size`` had been read as 1 without a
+    word, and a step time then blamed for an MFU it could not have)."""
+    # (dp_size and etp_size have no default: a blank dp_size beside num_gpus is the rule;
+    # shape columns are blank where a run names a catalog workload)
+    columns = [c for c in header if c in megatron.KNOBS and megatron.KNOBS[c].default is not None]
+    for column in columns:
+        i = header.index(column)
+        blank = [line for line, cells in numbered if len(cells) == len(header)
+                 and not cells[i].strip()]
+        if blank and len(blank) < len(numbered):
+            default = f"its default ({megatron.KNOBS[column].default})"
+            shown = ", ".join(map(str, blank[:8])) + (", ..." if len(blank) > 8 else "")
+            warnings.warn(f"{source}: column {column} is empty on line{'s' if len(blank) > 1 else ''} "
+                          f"{shown} ({len(blank)} of {len(numbered)} runs), which take "
+                          f"{default}; fill it in where the run set it", CalibrationWarning,
+                          stacklevel=4)
+
+
 def read_measurements(source, *, name: Optional[str] = None) -> Measurements:
     """Read and check measured runs.
 
@@ -550,6 +576,7 @@ def _from_text(text, source, sha256) -> Measurements:
         runs.append(_run(source, line, {k: c.strip() for k, c in zip(header, cells)}))
     if not runs:
         raise MeasurementError(f"{source}: expected at least one run after the header, but got none")
+    _warn_blanks(source, header, numbered[1:])
     first = {}
     for run in runs:
         if run.run_id in first:
