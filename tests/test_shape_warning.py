@@ -61,3 +61,23 @@ def test_no_word_without_a_shape_or_under_the_mlsysim_physics():
         warnings.simplefilter("error", ShapeWarning)
         M.solve(no_shape, FL, batch_size=1024)  # 12 L h^2 = N: the declared count, by design
         solver.solve(CAT.workload("Llama3_70B"), FL, batch_size=1024)  # mlsysim: declared
+
+
+def test_counting_a_shape_is_quiet_and_every_entry_point_warns(tmp_path):
+    """A calibration file's shape is counted with a placeholder count (its parameters come
+    from the count): no warning there (the first version warned "1476493312x its declared
+    0M" in notebook 04). solve, prepare and why_unrealizable each say it."""
+    from sweep.calibration import read_measurements
+
+    path = tmp_path / "runs.csv"
+    path.write_text("layers,hidden_dim,heads,node,num_gpus,tp_size,batch_size,seq_len,step_time_s\n"
+                    "24,2048,16,DGX_H100_MC,8,1,64,4096,1.0\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShapeWarning)
+        read_measurements(path)
+    wl = CAT.workload("Llama3_70B")
+    for call in (lambda: M.prepare(wl, FL, batch_size=1024),
+                 lambda: M.why_unrealizable(wl, FL, batch_size=1024)):
+        with pytest.warns(ShapeWarning, match="0.92x its declared 70.6B") as caught:
+            call()
+        assert caught[0].filename == __file__

@@ -726,8 +726,6 @@ class _Shape:
         tied = True if w.tied_embeddings is None else bool(w.tied_embeddings)
         self.single_stage_embedding = self.embedding_params * (1.0 if tied else 2.0)
 
-        _check_shape(w, self)
-
     def parameter_counts(self):
         """(total, active) parameters of the shape: its layers, dense and MoE (every expert;
         the top-k and shared ones a token meets), and one embedding matrix if tied, two if not."""
@@ -911,6 +909,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         values["etp_size"] = etp_size
     unchecked = []  # range checks left to the fused kernel, or made before the numpy path
     w = _Shape(workload)
+    _check_shape(workload, w)  # (solve, prepare, why_unrealizable: what users call)
     k = _account_stages(w, _normalize(values, fast=engine != "numpy", unchecked=unchecked))
     return _price(w, fleet, k, constants, engine, {"unchecked": unchecked})
 
@@ -947,6 +946,7 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
     values = _knob_values(knobs, "prepare", "; the constants go to the callable it returns")
     # copies: an array the caller changes later must not reach the physics unchecked
     w = _Shape(workload)
+    _check_shape(workload, w)  # (solve, prepare, why_unrealizable: what users call)
     k = _account_stages(w, {name: np.array(v) for name, v in
                             _normalize(values, fast=engine != "numpy").items()})
     memo = {}  # what the fused path derives from the knobs, workload and fleet: once
@@ -985,6 +985,7 @@ def why_unrealizable(workload: Workload, fleet: Fleet, **knobs) -> dict:
     """
     _check_inputs(workload, fleet, "numpy")
     w = _Shape(workload)
+    _check_shape(workload, w)  # (solve, prepare, why_unrealizable: what users call)
     k = _account_stages(w, _normalize(_knob_values(knobs, "why_unrealizable")))
     split = steps.split(w, fleet, k)
     shape = np.broadcast_shapes(*(np.shape(v) for v in k.values()))
