@@ -461,13 +461,20 @@ class CalibrationWarning(UserWarning):
     is left empty on some of them (filter it by class)."""
 
 
+#: Knob columns a run's layout cannot leave to a default without a slip being likely.
+_SPLIT_COLUMNS = ("tp_size", "pp_size", "cp_size", "ep_size", "v_stages", "micro_batch_size",
+                  "batch_size", "seq_len", "zero_stage", "recompute", "precision")
+
+
 def _warn_blanks(source, header, numbered) -> None:
-    """:class:`CalibrationWarning` for each knob or shape column some runs fill in and others
-    leave empty: those take the default (a missing ``pp_size`` had been read as 1 without a
+    """:class:`CalibrationWarning` for each column of the layout's sizes some runs fill in
+    and others leave empty: those take the default (a missing ``pp_size`` had been read as 1 without a
     word, and a step time then blamed for an MFU it could not have)."""
-    # (dp_size and etp_size have no default: a blank dp_size beside num_gpus is the rule;
-    # shape columns are blank where a run names a catalog workload)
-    columns = [c for c in header if c in megatron.KNOBS and megatron.KNOBS[c].default is not None]
+    # The split's sizes only, where an empty cell is a slip: a flag or a dropout left empty
+    # is "not stated, the default" (the shipped h100_measurements.csv states dropout 0 on the
+    # runs that set it); dp_size and etp_size have no default (a blank dp_size beside
+    # num_gpus is the rule); shape columns are blank where a run names a catalog workload.
+    columns = [c for c in header if c in _SPLIT_COLUMNS]
     for column in columns:
         i = header.index(column)
         blank = [line for line, cells in numbered if len(cells) == len(header)
