@@ -183,8 +183,8 @@ def test_embedding_and_loss_in_the_split_run_405b_on_8_interleaved_stages(engine
 def test_the_split_rule_of_the_flags(engine):
     """Megatron-Core's __post_init__ [36]: the layers plus one for each flag split into
     pp_size equal stages, each a multiple of v_stages; where it fails the layout is priced
-    as the even split, not realizable. One flag moves one stage; without a pipeline, or with
-    a stage's layers set, the flags change nothing (Megatron-Core reads the set stages)."""
+    as the even split, not realizable. One flag moves one stage; without a pipeline the flags
+    change nothing, and with a stage's layers set Megatron-Core refuses them."""
     L70 = catalog.workload("Llama3_70B_MC")  # 80 layers
     # the embedding alone: 81 on 3 stages of 27, the first holding 26
     one = _solve(L70, engine, pp_size=3, dp_size=8, **{EMB: True})
@@ -203,12 +203,20 @@ def test_the_split_rule_of_the_flags(engine):
         else:
             _same_but_realizable(out, _solve(L70, engine, **kw))
             assert "layers" in M.why_unrealizable(L70, FLEET, **{**KW, **kw, EMB: True, LOSS: True})
-    # without a pipeline, or under set stages, nothing changes
-    for kw in (dict(pp_size=1, dp_size=8), dict(pp_size=4, dp_size=8, first=18, last=22)):
-        _ = kw.pop("first", 0), kw.pop("last", 0)
-        first, last = _
-        flags = _solve(L70, engine, first=first, last=last, **kw, **{EMB: True, LOSS: True})
-        plain = _solve(L70, engine, first=first, last=last, **kw)
-        for name in ALL_OUT:
-            np.testing.assert_array_equal(np.asarray(flags[name]), np.asarray(plain[name]),
-                                          err_msg=name)
+    # without a pipeline, nothing changes
+    flags = _solve(L70, engine, pp_size=1, dp_size=8, **{EMB: True, LOSS: True})
+    plain = _solve(L70, engine, pp_size=1, dp_size=8)
+    for name in ALL_OUT:
+        np.testing.assert_array_equal(np.asarray(flags[name]), np.asarray(plain[name]),
+                                      err_msg=name)
+    # with a stage's layers set too, Megatron-Core's __post_init__ refuses it ("cannot be set
+    # at the same time"): priced as the set stages, not realizable, the rule named
+    for flag in (EMB, LOSS):
+        kw = dict(pp_size=4, dp_size=8)
+        both = _solve(L70, engine, first=18, last=22, **kw, **{flag: True})
+        set_ = _solve(L70, engine, first=18, last=22, **kw)
+        assert bool(set_["realizable"]) and not bool(both["realizable"])
+        _same_but_realizable(both, set_)
+        assert set(M.why_unrealizable(L70, FLEET, **{**KW, **kw, flag: True,
+                                                   "num_layers_in_first_pipeline_stage": 18,
+                                                   "num_layers_in_last_pipeline_stage": 22})) == {"layers"}

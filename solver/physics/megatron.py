@@ -241,9 +241,9 @@ References
     Megatron-Core 0.11 on): the input embedding (the loss) counts as one layer of the
     split, so the layers plus one for each split into ``pp_size`` stages of equal counts
     (each a multiple of ``v_stages`` when interleaved, else ``__post_init__`` raises) and
-    the first (last) stage builds one transformer layer fewer. Set only where neither
-    ``num_layers_in_first/last_pipeline_stage`` is (the validation's ``elif``; the layer
-    offsets read the set stages first). Llama 3.1 405B's 126 layers + 2 run on 8 stages of
+    the first (last) stage builds one transformer layer fewer. ``__post_init__`` refuses
+    either with ``num_layers_in_first/last_pipeline_stage`` set ("cannot be set at the same
+    time"). Llama 3.1 405B's 126 layers + 2 run on 8 stages of
     8 interleaved chunks; Megatron-Bridge's Qwen3-235B-A22B recipe uses both ("for proper
     layer distribution in pipeline parallelism", 94 + 2 layers on 16 stages).
 """
@@ -511,10 +511,10 @@ def _account_stages(w, k):
     they amount to, and ``"pipeline_split"`` where either is on: 1 where Megatron-Core's
     rule holds (the layers plus one for each split into ``pp_size`` equal stages, each a
     multiple of ``v_stages``; the first / last stage's layers are then that share less one,
-    and the ``layers`` rule holds), 2 where it does not (the stages are left unset, so the
-    layout is priced as an even split; ``layers`` is broken), 0 where the flags do not apply
-    (no pipeline, or a stage's layers set). Without either flag on: ``k`` without them, no
-    work. A share of one layer (a stage of the embedding or the loss alone) is taken as
+    and the ``layers`` rule holds), 2 where it does not or a stage's layers are set too
+    (which Megatron-Core refuses; the stages are left as given, so the layout is priced as
+    the even split or the set stages; ``layers`` is broken), 0 where the flags do not apply
+    (no pipeline and no stage set). Without either flag on: ``k`` without them, no work. A share of one layer (a stage of the embedding or the loss alone) is taken as
     broken: this model prices no stage of no layers. The flags leave ``k`` either way (the
     kernel takes the stages and the rule's outcome)."""
     emb = k.pop("account_for_embedding_in_pipeline_split", False)
@@ -524,14 +524,16 @@ def _account_stages(w, k):
     e, l = np.asarray(emb, dtype=np.int64), np.asarray(loss, dtype=np.int64)
     pp, v = np.maximum(k["pp_size"], 1), np.maximum(k["v_stages"], 1)  # (bounds checked later)
     first, last = k[_FIRST], k[_LAST]
-    on = ((e | l) == 1) & (pp > 1) & (first == 0) & (last == 0)
+    flagged, staged = (e | l) == 1, (first > 0) | (last > 0)
+    on = flagged & (pp > 1) & ~staged
     total = w.layers + e + l
     share = total // pp
     holds = (total % pp == 0) & (share % v == 0) & (share > 1) & (share <= 4096)
     set_ = on & holds
     k[_FIRST] = np.where(set_ & (e == 1), share - e, first)
     k[_LAST] = np.where(set_ & (l == 1), share - l, last)
-    k["pipeline_split"] = np.where(on, np.where(holds, 1, 2), 0).astype(np.int64)
+    k["pipeline_split"] = np.where(flagged & staged, 2,
+                                   np.where(on, np.where(holds, 1, 2), 0)).astype(np.int64)
     return k
 
 
@@ -861,8 +863,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         ``realizable``, and the step is priced as those set stages are (Llama 3.1 405B's
         126 layers on 8 stages: 15, 16 x 6, 15, interleaved 8 ways). A stage left with no
         transformer layer (one layer a stage) is not priced as one here: not realizable.
-        Ignored without a pipeline or where a stage's layers are set, as Megatron-Core
-        ignores them. Default False.
+        With a stage's layers set as well, not realizable (Megatron-Core refuses the two
+        together); without a pipeline, no effect. Default False.
     engine : {"auto", "numpy", "fused"}
         ``"numpy"``: the broadcast numpy path (any shapes). ``"fused"``: the
         numba kernel of :mod:`solver.fused.megatron_kernel` (bitwise the same

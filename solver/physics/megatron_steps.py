@@ -172,7 +172,8 @@ REALIZABLE_CONDITIONS = {
               "stages' layers are set (the rest evenly over the stages between, every stage's "
               "by v_stages; Megatron-LM refuses other splits) [13], or, with "
               "account_for_embedding/loss_in_pipeline_split, the layers plus one for each "
-              "into pp_size equal stages of two or more, each by v_stages [36]",
+              "into pp_size equal stages of two or more, each by v_stages, and no stage's "
+              "layers set [36]",
     "kv_heads": "tp_size divides the KV heads [16]",
     "interleaved_microbatches": "an interleaved schedule's microbatches come in groups of "
                                 "pp_size [17]",
