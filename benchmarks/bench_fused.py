@@ -104,13 +104,15 @@ def megatron_draw(n, seed=1):
     }
 
 
-def megatron_normalization(mknobs, n):
+def megatron_normalization(mknobs, n, workload="Llama3_70B_MC"):
     """What megatron.solve(engine="fused") does to the knobs before its kernel: checks the
-    bools, spreads the scalars to arrays (the integer range checks and, for names of up
-    to 9 characters, the names' matching are the kernel's)."""
+    bools, makes the pipeline-split flags set stages, spreads the scalars to arrays (the
+    integer range checks and, for names of up to 9 characters, the names' matching are the
+    kernel's)."""
     values = {name: default for name, default in megatron.DEFAULTS.items() if default is not None}
     values.update(mknobs, seq_len=8192)
-    k = megatron._normalize(values, fast=True, unchecked=[])
+    shape = megatron._Shape(catalog.workload(workload))
+    k = megatron._account_stages(shape, megatron._normalize(values, fast=True, unchecked=[]))
     return megatron._fused_arrays(k, n)
 
 

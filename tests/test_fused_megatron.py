@@ -473,3 +473,14 @@ def test_benchmark_mirrors_the_kernels_inputs():
     assert (a["memory_flags"] & 6 == 6).all()
     assert not {"hidden_dropout", "attention_dropout", "mtp_num_layers"} & set(a)
     assert all(np.shape(v) == (n,) for v in a.values())
+    # the pipeline-split flags become set stages before the kernel, as in solve (a copy
+    # that skipped it passed the flags on as arrays of their own)
+    draw = dict(bench_fused.megatron_draw(n), account_for_embedding_in_pipeline_split=True,
+                account_for_loss_in_pipeline_split=True, pp_size=np.full(n, 2),
+                v_stages=np.ones(n, dtype=np.int64))
+    a = bench_fused.megatron_normalization(draw, n)
+    assert not {"account_for_embedding_in_pipeline_split",
+                "account_for_loss_in_pipeline_split"} & set(a)
+    assert (a["memory_flags"] >> 4 == 1).all()  # 80 + 2 on 2 stages of 41: the rule holds
+    first, last = (a["p2p_flags"] >> 8) & 4095, a["p2p_flags"] >> 20
+    assert (first == 40).all() and (last == 40).all()
