@@ -431,7 +431,7 @@ def _mlsysim_grid(run):
     dp_eff = np.where(n % apn == 0, dp * cp, apn // np.minimum(tp * pp, apn))
     # (a layout on part of a node, priced on the node's ranks, splits no whole microbatches
     # in mlsysim's terms: priced anyway, for the comparison, without solve's warning)
-    out = solver.solve(run.workload, fleet, warn_unrealizable=False,
+    out = solver.solve(run.workload, fleet, warn=False,
                        batch_size=kn["batch_size"], precision=prec, efficiency=efficiency, tp_size=tp, pp_size=pp, v_stages=kn["v_stages"],
                        microbatch_count=m, zero_stage=kn["zero_stage"],
                        activation_recomputation=kn["recompute"] != "none",

@@ -363,7 +363,7 @@ def check_some_valid(spec: Spec) -> None:
         workload = next(iter(spec.workloads.values()))
         constants = physics_.calibrated(spec)
         for model in spec.physics:
-            if solver.solve(workload, fleet, physics=model, warn_unrealizable=False,
+            if solver.solve(workload, fleet, physics=model, warn=False,
                             **physics_.knobs_for(model, mesh),
                             **constants.get(model, {}))["valid"].any():
                 return

@@ -90,7 +90,7 @@ def _evaluate_block(block: grid.Block, plan: _Plan, out: Optional[dict] = None) 
     An output the block's physics model does not return is NaN (False for a boolean).
     """
     result = solver.solve(block.workload, block.fleet, physics=block.physics,
-                          warn_unrealizable=False, **block.knobs,
+                          warn=False, **block.knobs,
                           **plan.constants.get(block.physics, {}))
     if out is None:
         out = {name: np.empty(block.shape, dtype=dtype) for name, dtype in plan.dtypes.items()}
@@ -446,6 +446,7 @@ def run(spec, *, n_jobs: int = 1, backend: Optional[str] = None,
             storage.discard_staged(path, spec)
             return finished
     blocks = list(grid.blocks(spec, block_points))  # raises for continuous axes
+    physics_.check_shapes(spec)  # once, here: the blocks price with warn=False
     cube_.check_some_valid(spec)
     cube_layout = cube_.layout(spec)
     plan = _make_plan(spec, cube_layout)

@@ -110,6 +110,15 @@ def calibrated(spec) -> dict:
     return {} if profile is None else {profile.physics: dict(profile.constants)}
 
 
+def check_shapes(spec) -> None:
+    """:class:`solver.physics.megatron.ShapeWarning` for each workload ``spec`` prices with the
+    megatron physics whose shape is not the model it declares, once, attributed to the
+    caller: its blocks and trials then call ``solver.solve(..., warn=False)``."""
+    if "megatron" in spec.physics:
+        for workload in spec.workloads.values():
+            megatron.check_shape(workload)
+
+
 def solve(workload, fleet, physics, knobs: Mapping, names=None, constants=None) -> dict:
     """``solver.solve`` by model ``physics`` with the knobs it takes; outputs ``names`` filled.
 
@@ -134,7 +143,7 @@ def solve(workload, fleet, physics, knobs: Mapping, names=None, constants=None) 
     names = tuple(names) if names is not None else union_outputs(models)
     results = {}
     for m in models:
-        result = solver.solve(workload, fleet, physics=m, warn_unrealizable=False,
+        result = solver.solve(workload, fleet, physics=m, warn=False,
                               **knobs_for(m, knobs), **(constants or {}).get(m, {}))
         results[m] = fill_missing(result, names, np.shape(result["valid"]))
     if labels.ndim == 0:

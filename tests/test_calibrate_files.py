@@ -431,9 +431,12 @@ def test_a_knob_column_left_empty_on_some_runs_is_named(tmp_path):
     lines = [HEADER, *GOOD[:2], "c,Llama3_8B_MC,EOS_H100_MC,128,4096,8,,2,9.0"]
     with pytest.warns(sweep.calibration.CalibrationWarning,
                       match=r"runs\.csv: column pp_size is empty on line 4 \(1 of 3 runs\), "
-                            r"which take its default \(1\)"):
+                            r"which take its default \(1\)") as caught:
         data = read_measurements(_write(tmp_path, lines))
-    assert data.runs[2].knobs["pp_size"] == 1
+    assert data.runs[2].knobs["pp_size"] == 1 and caught[0].filename == __file__
+    with pytest.warns(sweep.calibration.CalibrationWarning, match="column pp_size") as caught:
+        sweep.calibrate(_write(tmp_path, lines), free=["gemm_scale"], loo=False)
+    assert caught[0].filename == __file__  # through calibrate too, not core.py
     # a column empty on every run, dp_size empty beside num_gpus, or a dropout stated only
     # where a run set it (the shipped H100 file), is no slip
     import warnings

@@ -81,3 +81,43 @@ def test_counting_a_shape_is_quiet_and_every_entry_point_warns(tmp_path):
         with pytest.warns(ShapeWarning, match="0.92x its declared 70.6B") as caught:
             call()
         assert caught[0].filename == __file__
+
+
+def _caught(call):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = call()
+    return result, caught
+
+
+def test_a_sweep_a_search_and_a_calibration_say_it_once_at_the_call(tmp_path):
+    """The blocks, the validity check and the trials each priced the workload: the warning
+    came two or more times, from sweep/evaluate.py and sweep/cube.py; a calibration's fit
+    said it once an iteration."""
+    import sweep
+
+    spec = {"workload": "Llama3_70B", "fleet": "HGX_H100_1K_MC", "physics": "megatron",
+            "axes": {"pp_size": [4, 8], "tp_size": [4, 8]},
+            "fixed": {"batch_size": 1024, "seq_len": 4096, "dp_size": 4}}
+    for call in (lambda: sweep.run(spec), lambda: sweep.search(spec, progress=False)):
+        _, caught = _caught(call)
+        shape = [w for w in caught if issubclass(w.category, ShapeWarning)]
+        assert len(shape) == 1 and shape[0].filename == __file__
+        assert not [w for w in caught if issubclass(w.category, solver.physics.UnrealizableWarning)]
+    runs = tmp_path / "runs.csv"
+    runs.write_text("run_id,workload,fleet,batch_size,seq_len,tp_size,pp_size,dp_size,step_time_s\n"
+                    "a,Llama3_70B,EOS_H100_MC,512,4096,8,4,2,30\n"
+                    "b,Llama3_70B,EOS_H100_MC,512,4096,8,2,4,31\n")
+    _, caught = _caught(lambda: sweep.calibrate(runs, free=["gemm_scale"], loo=False))
+    shape = [w for w in caught if issubclass(w.category, ShapeWarning)]
+    assert len(shape) == 1 and "'Llama3_70B_MC' has the full shape" in str(shape[0].message)
+
+
+def test_an_unrealizable_call_says_each_thing_once():
+    """Building the unrealizable message ran the shape check again: two ShapeWarnings."""
+    _, caught = _caught(lambda: solver.solve(CAT.workload("Llama3_70B"), FL, physics="megatron",
+                                             pp_size=3, batch_size=1024, dp_size=4))
+    kinds = [w.category for w in caught]
+    assert kinds.count(ShapeWarning) == 1
+    assert kinds.count(solver.physics.UnrealizableWarning) == 1
+    assert all(w.filename == __file__ for w in caught)

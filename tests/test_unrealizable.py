@@ -36,9 +36,9 @@ def test_one_unrealizable_megatron_layout_warns_with_its_rule_and_keeps_its_numb
     assert message.startswith("the layout is not realizable (physics='megatron')")
     # 126 layers over 8 stages of 2 chunks: the one rule broken, in its own words
     assert f"rule 'layers': {steps.REALIZABLE_CONDITIONS['layers']}" in message
-    assert "whole_microbatches" not in message and "warn_unrealizable=False" in message
+    assert "whole_microbatches" not in message and "warn=False" in message
     assert not out["realizable"] and out["valid"]
-    silent = _quiet(lambda: solver.solve(L405, NVL72, warn_unrealizable=False, **knobs))
+    silent = _quiet(lambda: solver.solve(L405, NVL72, warn=False, **knobs))
     for name, value in out.items():  # the warning changes no output
         np.testing.assert_array_equal(value, silent[name], err_msg=name)
     assert np.isfinite(out["step_latency_total"]) and out["step_latency_total"] > 0
@@ -67,7 +67,7 @@ def test_mlsysim_names_an_impossible_split_and_a_partial_microbatch():
     assert np.isnan(out["step_latency_total"][1]) and np.isfinite(out["step_latency_total"][0])
     # the exact model's numbers are the reference's, warning or not
     silent = _quiet(lambda: solver.solve(wl, fl, batch_size=1000, tp_size=[8, 3],
-                                         warn_unrealizable=False))
+                                         warn=False))
     np.testing.assert_array_equal(out["mfu"], silent["mfu"])
 
 
@@ -93,3 +93,27 @@ def test_sweeps_and_searches_mask_by_themselves_and_stay_quiet():
         result = sweep.search(spec, seed=0)
     assert not cube["realizable"].any()
     assert result.best_params is None
+
+
+def test_mlsysim_names_an_uneven_split_not_the_microbatches():
+    """TP 3 does not divide Llama 3 8B's 32 heads; 768 sequences split over 192 replicas.
+    The message had blamed whole microbatches, which hold."""
+    with pytest.warns(UnrealizableWarning) as caught:
+        solver.solve(CAT.workload("Llama3_8B"), NVL72, tp_size=3, pp_size=1, batch_size=768,
+                     microbatch_count=1)
+    message = str(caught[0].message)
+    assert "it breaks rule 'even_splits': tp_size divides the heads" in message
+    assert "whole_microbatches" not in message
+
+
+def test_a_large_call_says_so_without_pricing_its_split_again():
+    """Counting each rule re-prices the split on the numpy path: past 65,536 configurations
+    the message names where to look instead."""
+    n = solver.physics.RULES_COUNTED_UP_TO + 1
+    with pytest.warns(UnrealizableWarning) as caught:
+        solver.solve(L405, NVL72, physics="megatron", batch_size=256, tp_size=8,
+                     pp_size=np.full(n, 5))  # 126 layers on 5 stages
+    message = str(caught[0].message)
+    assert message.startswith(f"none of the {n:,} configurations of this solve call")
+    assert "why_unrealizable(workload, fleet, **knobs) names the rules" in message
+    assert "rule '" not in message

@@ -8,13 +8,33 @@ run a layout (:func:`realizable`) does not depend on the model.
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import Iterable, Mapping
 
 import numpy as np
 
 from ..specs import Fleet, Workload
 
-__all__ = ["check_specs", "mask_invalid", "realizable", "even_splits", "split_divisors"]
+__all__ = ["check_specs", "mask_invalid", "realizable", "even_splits", "split_divisors",
+           "caller_stacklevel"]
+
+#: The project's packages (solver, sweep): a warning is attributed to the first frame
+#: outside them, the user's call, however deep in them it was raised.
+_PACKAGES = tuple(str(Path(__file__).resolve().parent.parent.parent / name) + os.sep
+                  for name in ("solver", "sweep"))
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning its caller makes to the first frame
+    outside the ``solver`` and ``sweep`` packages (the user's call, whether it came
+    through ``solver.solve``, ``sweep.run`` or a model's own ``solve``); the outermost
+    frame where every frame is theirs (the command line)."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGES):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def check_specs(workload, fleet) -> None:

@@ -264,8 +264,9 @@ from ..fused import ENGINES, FUSED_MIN_POINTS, buffers
 from ..specs import Fleet, Workload
 from . import megatron_compose as after
 from . import megatron_steps as steps
+from .common import caller_stacklevel
 
-__all__ = ["solve", "prepare", "why_unrealizable", "ShapeWarning", "OUTPUTS", "KNOBS", "DEFAULTS", "CONSTANTS",
+__all__ = ["solve", "prepare", "why_unrealizable", "check_shape", "ShapeWarning", "OUTPUTS", "KNOBS", "DEFAULTS", "CONSTANTS",
            "CONSTANTS_PROVENANCE", "RECOMPUTE", "PRECISIONS", "load_constants"]
 
 #: The model's sourced constants, kept in the steps module (documented there).
@@ -577,12 +578,20 @@ class ShapeWarning(UserWarning):
 
 #: The share a shape's parameter count may stray from the declared ``parameters`` where a
 #: shape field takes Megatron's default (the ``*_MC`` entries, every field given, come
-#: within 0.1 %; a full shape may differ up to 2x, by its embeddings' convention).
+#: within 0.2 %; a full shape may differ up to 2x, by its embeddings' convention).
 SHAPE_TOLERANCE = 0.05
 
 #: The shape fields a workload gives the megatron physics (MoE's where it has experts).
 _SHAPE_FIELDS = ("hidden_dim", "heads", "kv_heads", "ffn_hidden_dim", "vocab_size", "gated_mlp")
 _MOE_FIELDS = ("moe_ffn_hidden_dim", "active_experts_per_token", "shared_experts")
+
+
+def check_shape(workload: Workload) -> None:
+    """Warn (:class:`ShapeWarning`) if the shape the megatron physics would price
+    ``workload`` by is not the model it declares; :func:`solve`, :func:`prepare` and
+    :func:`why_unrealizable` do (``check_shape=False`` skips it: a sweep checks each of its
+    workloads once, before its blocks)."""
+    _check_shape(workload, _Shape(workload))
 
 
 def _check_shape(w: Workload, shape) -> None:
@@ -614,19 +623,9 @@ def _check_shape(w: Workload, shape) -> None:
         warnings.warn(
             f"workload {w.name!r}: the megatron physics prices the {_count(total)} "
             f"parameters of its shape, {ratio:.2f}x its declared {_count(w.parameters)}, "
-            f"so it prices another model than the mlsysim physics does: {why}{hint}",
-            ShapeWarning, stacklevel=_outside_solver())
-
-
-def _outside_solver() -> int:
-    """The ``stacklevel`` of the first frame outside the ``solver`` package, for a warning
-    its caller makes: the user's call, whether it came through ``solver.solve`` or not."""
-    import sys
-    package = str(Path(__file__).resolve().parent.parent)
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(package):
-        frame, level = frame.f_back, level + 1
-    return level
+            f"so it prices another model than the one declared (the mlsysim physics prices "
+            f"the declared count): {why}{hint}",
+            ShapeWarning, stacklevel=caller_stacklevel())
 
 
 def _count(n) -> str:
@@ -749,7 +748,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           attention_dropout=0.1, mtp_num_layers=0,
           num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
           account_for_embedding_in_pipeline_split=False,
-          account_for_loss_in_pipeline_split=False, engine="auto", **constants):
+          account_for_loss_in_pipeline_split=False, engine="auto", check_shape=True,
+          **constants):
     """Megatron-Core training step of ``workload`` on ``fleet``, for every configuration at once.
 
     Every knob may be an array; all broadcast together (pass a grid as an
@@ -873,6 +873,10 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         ``"auto"`` (default): fused where it can run (numba importable, flat
         inputs) and the call prices at least :data:`FUSED_MIN_POINTS`
         configurations, else numpy.
+    check_shape : bool
+        Warn (:class:`ShapeWarning`) where the workload's shape is not the model it declares
+        (:func:`check_shape`). True by default; a sweep checks each workload once and
+        passes False for its blocks.
     **constants : float or array_like
         Overrides of :data:`CONSTANTS` (names in :data:`CONSTANT_BOUNDS`).
 
@@ -911,12 +915,13 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         values["etp_size"] = etp_size
     unchecked = []  # range checks left to the fused kernel, or made before the numpy path
     w = _Shape(workload)
-    _check_shape(workload, w)  # (solve, prepare, why_unrealizable: what users call)
+    if check_shape:
+        _check_shape(workload, w)
     k = _account_stages(w, _normalize(values, fast=engine != "numpy", unchecked=unchecked))
     return _price(w, fleet, k, constants, engine, {"unchecked": unchecked})
 
 
-def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
+def prepare(workload: Workload, fleet: Fleet, *, engine="auto", check_shape=True, **knobs):
     """:func:`solve` with its layouts fixed, to price them under many sets of constants.
 
     ``prepare(workload, fleet, **knobs)(**constants)`` returns what
@@ -926,7 +931,7 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
 
     Parameters
     ----------
-    workload, fleet, engine
+    workload, fleet, engine, check_shape
         As for :func:`solve`.
     **knobs
         :func:`solve`'s knobs (names in :data:`KNOBS`; the same defaults).
@@ -948,7 +953,8 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
     values = _knob_values(knobs, "prepare", "; the constants go to the callable it returns")
     # copies: an array the caller changes later must not reach the physics unchecked
     w = _Shape(workload)
-    _check_shape(workload, w)  # (solve, prepare, why_unrealizable: what users call)
+    if check_shape:
+        _check_shape(workload, w)
     k = _account_stages(w, {name: np.array(v) for name, v in
                             _normalize(values, fast=engine != "numpy").items()})
     memo = {}  # what the fused path derives from the knobs, workload and fleet: once
@@ -958,12 +964,12 @@ def prepare(workload: Workload, fleet: Fleet, *, engine="auto", **knobs):
     return price
 
 
-def why_unrealizable(workload: Workload, fleet: Fleet, **knobs) -> dict:
+def why_unrealizable(workload: Workload, fleet: Fleet, *, check_shape=True, **knobs) -> dict:
     """Why :func:`solve` marks layouts not ``realizable``: each rule they break, and where.
 
     Parameters
     ----------
-    workload, fleet, **knobs
+    workload, fleet, check_shape, **knobs
         As for :func:`solve` (the same defaults; constants play no part).
 
     Returns
@@ -987,7 +993,8 @@ def why_unrealizable(workload: Workload, fleet: Fleet, **knobs) -> dict:
     """
     _check_inputs(workload, fleet, "numpy")
     w = _Shape(workload)
-    _check_shape(workload, w)  # (solve, prepare, why_unrealizable: what users call)
+    if check_shape:
+        _check_shape(workload, w)
     k = _account_stages(w, _normalize(_knob_values(knobs, "why_unrealizable")))
     split = steps.split(w, fleet, k)
     shape = np.broadcast_shapes(*(np.shape(v) for v in k.values()))

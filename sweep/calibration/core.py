@@ -164,7 +164,8 @@ def _pricer(measurements: Measurements):
     bits as ``solve``, at a fraction of the cost per call.
     """
     engine = "fused" if fused.NUMBA else "numpy"
-    groups = [(indices, megatron.prepare(workload, fleet, engine=engine, **knobs))
+    groups = [(indices, megatron.prepare(workload, fleet, engine=engine, check_shape=False,
+                                         **knobs))  # (read_measurements checked each)
               for workload, fleet, indices, knobs in measurements.groups()]
     n = len(measurements)
 

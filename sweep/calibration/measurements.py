@@ -76,6 +76,7 @@ import numpy as np
 from solver import catalog
 from solver.catalog import CatalogError
 from solver.physics import megatron
+from solver.physics.common import caller_stacklevel
 from solver.specs import MLA_KEYS, Fleet, Workload
 
 __all__ = ["MeasurementError", "Run", "Measurements", "read_measurements", "COLUMNS",
@@ -412,9 +413,17 @@ def _check_columns(source, header):
 
 def _check_priced(measurements: Measurements) -> None:
     """Refuse runs the model cannot price as Megatron-Core would run them."""
+    named = {catalog.workload(n): n for n in catalog.names("workloads")}
+    checked = set()
     for workload, fleet, indices, knobs in measurements.groups():
+        # A catalog entry written for the mlsysim physics (Llama3_70B: no KV heads, FFN width
+        # or vocabulary) is another model to the megatron physics: said once a workload. A
+        # shape of the file's own has its parameters checked where it is read.
+        if workload in named and workload not in checked:
+            checked.add(workload)
+            megatron.check_shape(workload)
         try:
-            out = megatron.solve(workload, fleet, **knobs)
+            out = megatron.solve(workload, fleet, check_shape=False, **knobs)
         except ValueError as err:
             raise MeasurementError(f"{measurements.source}: {err}") from None
         for name, why in (("valid", "a possible split (ep_size must divide dp_size * cp_size, "
@@ -485,7 +494,7 @@ def _warn_blanks(source, header, numbered) -> None:
             warnings.warn(f"{source}: column {column} is empty on line{'s' if len(blank) > 1 else ''} "
                           f"{shown} ({len(blank)} of {len(numbered)} runs), which take "
                           f"{default}; fill it in where the run set it", CalibrationWarning,
-                          stacklevel=4)
+                          stacklevel=caller_stacklevel())
 
 
 def read_measurements(source, *, name: Optional[str] = None) -> Measurements:

@@ -9,7 +9,7 @@ from solver.outputs import MAXIMIZE
 from .. import analysis
 from ..analysis import NoAdmissibleError, step_components
 from ..analysis._aliases import direction_of
-from ..analysis.scenarios import JOB_DIMS, _what
+from ..analysis.scenarios import JOB_DIMS, _over, _what
 from ..analysis.explain import _plain
 from ..analysis.ties import EQUIVALENT, TIES, parse_equivalent
 from ._common import _GB, EXIT_OK, UsageError
@@ -137,7 +137,8 @@ def command(args) -> int:
             one = ", ".join(f"{d}={_fmt(cube[d].values[0])}" for d in spans)
             print(f"this ranking spans more than one {' and '.join(spans)} ({_what(spans)}, "
                   f"not a choice between layouts; the main job ranks each on its own): --select "
-                  f"{one.replace(', ', ' ')} ranks one job")
+                  f"{one.replace(', ', ' ')} ranks one "
+                  f"{'job' if _over(spans) == 'jobs' else 'value of each'}")
         if breakdown:
             print()
             print(breakdown)

@@ -134,6 +134,7 @@ from solver.blocks import BLOCK_POINTS
 from ..analysis.scenarios import warn_across_jobs
 from ..analysis.utilization import warn_across_models, warn_across_precisions
 from ..calibration.profile import with_calibration
+from ..physics import check_shapes
 from ..spec import SpecError, load_spec
 from .auto import DEFAULT_TIME_BUDGET, MODES, Probe, duration, mode_name
 from .exhaustive import exact as _exact
@@ -326,6 +327,7 @@ def search(spec, *, n_trials: Optional[int] = None, seed: Optional[int] = None,
     objs = parse_objectives(objective, direction, objectives)
     check_objectives_of_models(spec, objs)
     _warn_utilization_across_precisions(spec, objs)
+    check_shapes(spec)  # once, here: the trials price with warn=False
     limits = {label: resolve_memory_limit(memory_limit, spec, fleet)
               for label, fleet in spec.fleets.items()}
     setup = _Setup(spec=spec, objectives=objs, limits=limits, derive=derive,

@@ -13,6 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from solver import outputs as outputs_
+from solver.physics.common import caller_stacklevel
 
 from ..pareto import nondominated
 from .pricing import REPORTED, _describe, _layout_knobs
@@ -360,5 +361,5 @@ def finish_result(setup, entries_best_first, pareto, *, study, n_evaluated, n_ne
                           elapsed=time.perf_counter() - started, reason=reason,
                           empty_counts=empty_counts, calibration=_calibration_text(setup))
     if not top:  # the counts' reading where there are counts: which condition to relax
-        warnings.warn(result.why_empty(), RuntimeWarning, stacklevel=3)
+        warnings.warn(result.why_empty(), RuntimeWarning, stacklevel=caller_stacklevel())
     return result
