@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..spec import builtin_spec
+from ..storage.atomic import writable_file
 
 __all__ = ["UsageError", "DEFAULT_SPEC", "DEFAULT_CUBE", "EXIT_OK", "EXIT_USAGE",
            "EXIT_EMPTY", "EXIT_INTERRUPTED"]
@@ -60,12 +61,10 @@ def _suggest(name, choices) -> str:
 def _check_output(path, flag, inputs=()) -> Path:
     """``path`` as a Path, if its directory exists and it is none of the command's
     ``inputs`` (files it reads; else a :class:`UsageError`)."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise UsageError(f"{flag}: expected a file in an existing directory, but got {str(path)!r} "
-                         f"({path.parent} does not exist)")
-    if path.is_dir():
-        raise UsageError(f"{flag}: expected a file, but got the directory {str(path)!r}")
+    try:
+        path = writable_file(path)  # (the rule sweep.save and sweep.run(path=) keep)
+    except OSError as error:
+        raise UsageError(f"{flag}: {error}") from None
     for source in inputs:
         if source is not None and path.exists() and Path(source).is_file() \
                 and path.resolve() == Path(source).resolve():
