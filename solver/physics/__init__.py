@@ -39,6 +39,7 @@ import numpy as np
 
 from .. import knobs as _knobs
 from . import megatron, mlsysim
+from .common import caller_stacklevel
 
 __all__ = ["PHYSICS", "KNOBS", "DEFAULT_PHYSICS", "UnrealizableWarning", "model", "solve"]
 
@@ -169,7 +170,7 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "aut
     realizable = np.asarray(out["realizable"])
     if warn and realizable.size and not realizable.any():
         warnings.warn(_unrealizable_message(physics, workload, fleet, knobs, out),
-                      UnrealizableWarning, stacklevel=2)
+                      UnrealizableWarning, stacklevel=caller_stacklevel())
     return out
 
 
@@ -184,7 +185,6 @@ def _unrealizable_message(physics, workload, fleet, knobs, out) -> str:
     its configurations break it (all of them where the call is one layout)."""
     size = np.asarray(out["realizable"]).size
     if physics == "megatron":
-        see = "solver.physics.megatron.why_unrealizable says where"
         if size > RULES_COUNTED_UP_TO:
             return (f"none of the {size:,} configurations of this solve call is realizable "
                     f"(physics={physics!r}); solver.physics.megatron.why_unrealizable(workload, "
@@ -196,6 +196,7 @@ def _unrealizable_message(physics, workload, fleet, knobs, out) -> str:
         rules = {name: megatron.steps.REALIZABLE_CONDITIONS.get(name, _SPLIT_RULE)
                  for name in broken}
         counts = {name: int(np.count_nonzero(where)) for name, where in broken.items()}
+        see = "solver.physics.megatron.why_unrealizable says where"
     else:
         rules, counts = {}, {}
         for name, text, where in _mlsysim_rules(workload, knobs, out):

@@ -22,7 +22,7 @@ from ..pareto import nondominated
 from ._aliases import OLD_DIRECTIONS, checked_direction, direction_of, renamed
 from .empty import admissible_counts, explain_empty
 from .masks import _check_complete, aligned, mask, require_output
-from .scenarios import JOB_DIMS, JobMixWarning, _over, _what
+from .scenarios import JOB_DIMS, JobMixWarning, described
 from .ties import collapse
 from .utilization import warn_across_models, warn_across_precisions
 
@@ -182,8 +182,9 @@ def warn_reduced(cube, reduced, where=None, *, stacklevel: int = 3, what: str = 
     if jobs:
         first = {d: cube[d].values[0].item() for d in jobs}
         each = "each value is the best" if what == "reduction" else "its best is the best"
-        warnings.warn(f"the {what} spans {' and '.join(jobs)} ({_what(jobs)}, not a choice "
-                      f"between layouts): {each} over {_over(jobs)}; keep "
+        kind, over = described(jobs)
+        warnings.warn(f"the {what} spans {' and '.join(jobs)} ({kind}, not a choice "
+                      f"between layouts): {each} over {over}; keep "
                       f"{'it' if len(jobs) == 1 else 'them'} (dims=) or select one "
                       f"(cube.sel({', '.join(f'{d}={v!r}' for d, v in first.items())}); on the "
                       f"command line --select {' '.join(f'{d}={v}' for d, v in first.items())})",

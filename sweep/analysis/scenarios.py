@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import warnings
 
-__all__ = ["SCENARIO_DIMS", "ASSUMPTION_DIMS", "JOB_DIMS", "scenario_dims", "layout_dims", "JobMixWarning",
-           "warn_across_jobs"]
+__all__ = ["SCENARIO_DIMS", "ASSUMPTION_DIMS", "JOB_DIMS", "scenario_dims", "layout_dims",
+           "described", "JobMixWarning", "warn_across_jobs"]
 
 #: The mlsysim physics' knobs that state what the model assumes of the hardware and the run
 #: (an achieved efficiency, a congestion, a straggler, an imbalance), not a layout choice: a
@@ -47,21 +47,15 @@ class JobMixWarning(UserWarning):
 JOB_DIMS = tuple(d for d in SCENARIO_DIMS if d not in ("physics", "precision"))
 
 
-def _what(dims) -> str:
-    """What ``dims`` describe, for the warnings: the job, or what the model assumes."""
-    assumed = [d for d in dims if d in ASSUMPTION_DIMS]
+def described(dims) -> tuple:
+    """``(what dims describe, what a best over them is the best over)``, for the warnings:
+    the job and jobs, what the model assumes and assumptions, or both."""
+    assumed = sum(d in ASSUMPTION_DIMS for d in dims)
     if not assumed:
-        return "the job"
-    return "what the model assumes" if len(assumed) == len(dims) else \
-        "the job and what the model assumes"
-
-
-def _over(dims) -> str:
-    """What a best over ``dims`` is the best over: jobs, assumptions, or both."""
-    assumed = [d for d in dims if d in ASSUMPTION_DIMS]
-    if not assumed:
-        return "jobs"
-    return "assumptions" if len(assumed) == len(dims) else "jobs and assumptions"
+        return "the job", "jobs"
+    if assumed == len(dims):
+        return "what the model assumes", "assumptions"
+    return "the job and what the model assumes", "jobs and assumptions"
 
 
 def warn_across_jobs(axes, *, stacklevel: int = 3) -> bool:
@@ -75,8 +69,9 @@ def warn_across_jobs(axes, *, stacklevel: int = 3) -> bool:
     if not spans:
         return False
     they = "it describes" if len(spans) == 1 else "they describe"
-    warnings.warn(f"the search's axes include {' and '.join(spans)} ({they} {_what(spans)}, not a "
-                  f"choice between layouts): its best is the best over {_over(spans)}; search one "
+    what, over = described(spans)
+    warnings.warn(f"the search's axes include {' and '.join(spans)} ({they} {what}, not a "
+                  f"choice between layouts): its best is the best over {over}; search one "
                   f"job (each value in the spec's [fixed], one search each), as the main job "
                   f"ranks each on its own", JobMixWarning, stacklevel=stacklevel)
     return True

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import analysis
 from ..analysis import NoAdmissibleError, explain_runner_up, scenario_dims, where_step_goes
-from ..analysis.scenarios import _what
+from ..analysis.scenarios import described
 from ..analysis.ties import EQUIVALENT, parse_equivalent
 from ..preflight import ResourceError
 from ..spec import builtin_spec, load_spec
@@ -105,7 +105,7 @@ def _report(spec, cube, k) -> bool:
     if scenarios != [{}]:
         dims = scenario_dims(cube)
         print(f"\nThe layout knobs are ranked for each scenario ({', '.join(dims)}: "
-              f"{_what(dims)}, not a choice), {len(scenarios)} blocks:")
+              f"{described(dims)[0]}, not a choice), {len(scenarios)} blocks:")
     found = False
     for scenario in scenarios:
         rows = _best_per_split(cube, k, scenario)

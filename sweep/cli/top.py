@@ -9,7 +9,7 @@ from solver.outputs import MAXIMIZE
 from .. import analysis
 from ..analysis import NoAdmissibleError, step_components
 from ..analysis._aliases import direction_of
-from ..analysis.scenarios import JOB_DIMS, _over, _what
+from ..analysis.scenarios import JOB_DIMS, described
 from ..analysis.explain import _plain
 from ..analysis.ties import EQUIVALENT, TIES, parse_equivalent
 from ._common import _GB, EXIT_OK, UsageError
@@ -135,10 +135,11 @@ def command(args) -> int:
         spans = [d for d in JOB_DIMS if d in cube.dims and cube.sizes[d] > 1]
         if spans:  # (physics and precision warn on their own, where they mislead)
             one = ", ".join(f"{d}={_fmt(cube[d].values[0])}" for d in spans)
-            print(f"this ranking spans more than one {' and '.join(spans)} ({_what(spans)}, "
-                  f"not a choice between layouts; the main job ranks each on its own): --select "
+            what, over = described(spans)
+            print(f"this ranking spans more than one {' and '.join(spans)} ({what}, not a "
+                  f"choice between layouts; the main job ranks each on its own): --select "
                   f"{one.replace(', ', ' ')} ranks one "
-                  f"{'job' if _over(spans) == 'jobs' else 'value of each'}")
+                  f"{'job' if over == 'jobs' else 'value of each'}")
         if breakdown:
             print()
             print(breakdown)
