@@ -443,6 +443,20 @@ def _dp_tp_terms(w, f, tp, ep, etp):
 
 
 @njit(**_INLINE)
+def _straddled(domain, inv_domain, span, stride, divides, n_acc):
+    """megatron_compose.straddled_peers, with selects only (the loop stays vectorized):
+    ``divides``: the stride divides the domain; ``inv_domain``: 1 / domain (f[14]); the
+    remainder from a rounded quotient, corrected to be exact."""
+    t = span - np.floor(span * inv_domain) * domain
+    t = t + domain if t < 0.0 else t
+    t = t - domain if t >= domain else t
+    d2 = float(int(domain) & -int(domain))  # loop invariant
+    whole2 = np.floor(span * (1.0 / d2)) * d2 == span  # exact: d2 a power of two
+    fewest = (t if t != 0.0 else domain) if span == n_acc else (d2 if whole2 else 1.0)
+    return _max(fewest / stride, 1.0) if divides else 1.0
+
+
+@njit(**_INLINE)
 def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                    layers_stage, window_f, window_b_alone, t_pipe, up_bw, out_bw, n_acc, q, mtp, slack,
                    a2a_hidden, tp_terms):
@@ -467,13 +481,16 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     # job fits in one), from q = domain / (tp * group) without a division of its own; or the
     # span covers whole domains (a multiple of the domain: rounded, then checked exactly,
     # f[14] = 1 / domain) whose width the peers' stride divides (ranks_up is floor(domain /
-    # stride), so a product checks it). Else one peer a domain (megatron_compose).
+    # stride), so a product checks it). Else the fewest peers a domain holds of a group that
+    # straddles domains (megatron_compose.straddled_peers).
     inside = q >= 1.0 and (np.floor(q) == q or n_acc <= domain)
     span = tp * group
     covers = np.floor(span * f[14] + 0.5) * domain == span
-    ranks_up = _min(ranks_up, group) if inside or (covers and ranks_up * tp == domain) else 1.0
-    ranks_up_expert = ranks_up_expert if inside or (covers and ranks_up_expert * (etp * ep) == domain) \
-        else 1.0
+    divides, divides_e = ranks_up * tp == domain, ranks_up_expert * (etp * ep) == domain
+    ranks_up = _min(ranks_up, group) if inside or (covers and divides) \
+        else _straddled(domain, f[14], span, tp, divides, n_acc)
+    ranks_up_expert = ranks_up_expert if inside or (covers and divides_e) \
+        else _straddled(domain, f[14], span, etp * ep, divides_e, n_acc)
     expert_group = _max(np.floor(tp * group / (etp * ep)), 1.0)
     grads_dense = heavy * grad_bytes
     grads_expert = expert_stage_params * grad_bytes

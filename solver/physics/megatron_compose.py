@@ -58,6 +58,32 @@ def _stage_params(w, sp: Split, layers_stage):
     return dense_stage_params, expert_stage_params, heavy_params
 
 
+def straddled_peers(domain, span, stride, world):
+    """The fewest peers a domain holds of a group that straddles domain edges unevenly.
+
+    A group's ranks lie ``stride`` apart over ``span`` consecutive ranks, and the groups
+    tile the job (``world`` ranks) with period ``span`` [6]; the domains tile it with
+    period ``domain``. Where the stride divides the domain, a domain holds the group's
+    ranks in its overlap with the span, over the stride. With one group (``span ==
+    world``) the fewest are in its last, partial domain: ``span mod domain`` ranks (128
+    ranks on NVL72 racks of 72: 56). With more, the group bases run through multiples of
+    ``gcd(span, domain)`` modulo the domain, so some group may hold as few in a domain at
+    an edge; this prices the largest power of two dividing the domain where it divides
+    the span too (8 on racks of 72: as in domains of 8), else one, a bound no larger than
+    that gcd (the fused kernel's loop stays vectorized: no gcd, no remainder of its own).
+    Where the stride does not divide the domain, the peers a domain holds differ from
+    rank to rank: one (an upper bound on the time). This replaced one peer a domain for
+    every straddling group, which priced 128 GPUs of two NVL72 racks up to 5x slower than
+    eight-GPU nodes (review of 2026-12-06).
+    """
+    span = np.asarray(span)
+    domain2 = int(domain) & -int(domain)  # the largest power of two dividing the domain
+    tail = np.mod(span, domain)
+    fewest = np.where(span == np.asarray(world), np.where(tail == 0, domain, tail),
+                      np.where(np.mod(span, domain2) == 0, domain2, 1))
+    return np.where(np.mod(domain, stride) == 0, np.maximum(fewest / stride, 1.0), 1.0)
+
+
 def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication,
                   pl: Pipeline) -> DataParallel:
     """Bucketed gradient reduction and parameter gathers [7], FSDP [9], Adam at HBM bandwidth."""
@@ -72,14 +98,17 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # Otherwise groups straddle a boundary unevenly (DP 8 over TP 8 in an NVL72 rack of
     # 72: the second stage's groups have 1 peer in one rack and 7 in the next) and the
     # slowest paces the step: the domain with the fewest peers carries the cross-domain
-    # traffic on its NICs alone, priced as one peer a domain (an upper bound: as few as one).
+    # traffic on its NICs alone, priced as if every domain held that few
+    # (straddled_peers).
     span = sp.tp * group
     inside = hw.within(span, sp.n_acc)
     covers = np.mod(span, hw.domain) == 0
     ranks_up = np.where(inside | (covers & (np.mod(hw.domain, sp.tp) == 0)),
-                        np.minimum(np.clip(hw.domain // sp.tp, 1, None), group), 1.0)
+                        np.minimum(np.clip(hw.domain // sp.tp, 1, None), group),
+                        straddled_peers(hw.domain, span, sp.tp, sp.n_acc))
     ranks_up_expert = np.where(inside | (covers & (np.mod(hw.domain, sp.etp * sp.ep) == 0)),
-                               np.clip(hw.domain // (sp.etp * sp.ep), 1, None), 1.0)
+                               np.clip(hw.domain // (sp.etp * sp.ep), 1, None),
+                               straddled_peers(hw.domain, span, sp.etp * sp.ep, sp.n_acc))
 
     def dp_coll(kind, nbytes, n, up=ranks_up):
         return net.two_level_time(kind, nbytes, n, np.minimum(up, n),
