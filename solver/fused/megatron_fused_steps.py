@@ -435,17 +435,19 @@ def _combined_1f1b_paired(pp, v, m, on):
 @njit(**_INLINE)
 def _dp_tp_terms(w, f, tp, ep, etp):
     """The terms of megatron_compose.data_parallel that read only knobs of the kernel's
-    step memo, each a division: ``w[22] / tp``, ``emb / tp`` and the ranks a domain holds
-    of TP and of expert groups (as :func:`_data_parallel` had them, the same bits)."""
+    step memo, each a division: ``w[22] / tp``, ``emb / tp``, the ranks a domain holds
+    of TP and of expert groups (as :func:`_data_parallel` had them, the same bits), and
+    the reciprocals of the DP and expert-DP peers' strides (megatron_compose.straddled_peers)."""
     domain = f[6]
     return (w[22] / tp, w[16] / tp, _max(np.floor(domain / tp), 1.0),
-            _max(np.floor(domain / (etp * ep)), 1.0))
+            _max(np.floor(domain / (etp * ep)), 1.0), 1.0 / tp, 1.0 / (etp * ep))
 
 
 @njit(**_INLINE)
-def _straddled(domain, inv_domain, span, stride, divides, n_acc):
-    """megatron_compose.straddled_peers, with selects only (the loop stays vectorized):
-    ``divides``: the stride divides the domain; ``inv_domain``: 1 / domain (f[14]); the
+def _straddled(domain, inv_domain, span, inv_stride, divides, n_acc):
+    """megatron_compose.straddled_peers, with selects only and no division (the loop stays
+    vectorized and its divisions as many): ``divides``: the stride divides the domain;
+    ``inv_domain``: 1 / domain (f[14]); ``inv_stride``: 1 / stride (the step memo's); the
     remainder from a rounded quotient, corrected to be exact."""
     t = span - np.floor(span * inv_domain) * domain
     t = t + domain if t < 0.0 else t
@@ -453,7 +455,7 @@ def _straddled(domain, inv_domain, span, stride, divides, n_acc):
     d2 = float(int(domain) & -int(domain))  # loop invariant
     whole2 = np.floor(span * (1.0 / d2)) * d2 == span  # exact: d2 a power of two
     fewest = (t if t != 0.0 else domain) if span == n_acc else (d2 if whole2 else 1.0)
-    return _max(fewest / stride, 1.0) if divides else 1.0
+    return _max(fewest * inv_stride, 1.0) if divides else 1.0
 
 
 @njit(**_INLINE)
@@ -472,7 +474,7 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     eta = c[9]
     # _stage_params
     layers_mtp = layers_stage + mtp
-    head_tp, emb_tp, ranks_up, ranks_up_expert = tp_terms
+    head_tp, emb_tp, ranks_up, ranks_up_expert, inv_tp, inv_e = tp_terms
     dense_stage_params = ((dense_scale - w[37]) * layers_mtp + mtp * w[40]) / tp + w[37] * layers_mtp \
         + head_tp * (1.0 if pp == 1.0 else 0.0)
     expert_stage_params = expert_scale * layers_mtp / (etp * ep * 1.0) if moe != 0.0 else 0.0
@@ -488,9 +490,9 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     covers = np.floor(span * f[14] + 0.5) * domain == span
     divides, divides_e = ranks_up * tp == domain, ranks_up_expert * (etp * ep) == domain
     ranks_up = _min(ranks_up, group) if inside or (covers and divides) \
-        else _straddled(domain, f[14], span, tp, divides, n_acc)
+        else _straddled(domain, f[14], span, inv_tp, divides, n_acc)
     ranks_up_expert = ranks_up_expert if inside or (covers and divides_e) \
-        else _straddled(domain, f[14], span, etp * ep, divides_e, n_acc)
+        else _straddled(domain, f[14], span, inv_e, divides_e, n_acc)
     expert_group = _max(np.floor(tp * group / (etp * ep)), 1.0)
     grads_dense = heavy * grad_bytes
     grads_expert = expert_stage_params * grad_bytes

@@ -98,7 +98,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "e2bd47520fbb2dfe"
+SOURCES_DIGEST = "3df24957c007738c"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -116,7 +116,7 @@ _SLOT_SHIFT = np.uint64(65 - MEMO_SLOTS.bit_length())  # 64 - log2(MEMO_SLOTS)
 _NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key has all 64 bits set
 #: Values the memo keeps per key: steps 3 and 4, the LM head, a multi-token prediction
 #: module's projection and norms and its model FLOPs a sequence (see _kernel); then
-#: (columns 16-28) the terms of the later steps that read only the key's knobs, most of
+#: (columns 16-30) the terms of the later steps that read only the key's knobs, most of
 #: them divisions, which bind the vector loop (a vector division takes 8-16 cycles, a
 #: gather of the memo's value about 5): split's rules (:func:`_key_rules`), a p2p send over
 #: TP, twice that, the all-gather on arrival, the data-parallel step's (:func:`_dp_tp_terms`)
@@ -124,7 +124,7 @@ _NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key h
 #: The dense loops read these; the MoE loops compute them (see _price_steps), and an MoE
 #: workload's memo has the first :data:`_N_MEMO_MOE` columns only: a draw of thousands of
 #: keys (bench_fused's MoE draw, about 5,200) then keeps its rows in half the cache lines.
-_N_MEMO = 29
+_N_MEMO = 31
 _N_MEMO_MOE = 16
 #: Configurations a block of the kernel's two passes (see _kernel).
 BLOCK = 1024
@@ -316,7 +316,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             send = values[row, 17] if split != 1.0 else act_bytes
             send2 = values[row, 18] if split != 1.0 else 2.0 * act_bytes
             gather_call = values[row, 19]
-            tp_terms = (values[row, 20], values[row, 21], values[row, 22], values[row, 23])
+            tp_terms = (values[row, 20], values[row, 21], values[row, 22], values[row, 23],
+                        values[row, 29], values[row, 30])
             mem_terms = (values[row, 24], values[row, 25], values[row, 26], values[row, 27],
                          values[row, 28])
         else:
@@ -507,7 +508,7 @@ def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
         return
     r[16] = 1.0 if _key_rules(w, s, tp, cp, ep, etp, sp) else 0.0
     r[17], r[18], r[19] = act_bytes / tp, 2.0 * act_bytes / tp, _p2p_gather_call(f, c, tp, act_bytes, whole)
-    r[20], r[21], r[22], r[23] = _dp_tp_terms(w, f, tp, ep, etp)
+    r[20], r[21], r[22], r[23], r[29], r[30] = _dp_tp_terms(w, f, tp, ep, etp)
     r[24], r[25], r[26], r[27], r[28] = _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec,
                                                       (masks & 1) != 0, (masks & 2) != 0)
 

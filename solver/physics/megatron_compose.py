@@ -81,7 +81,8 @@ def straddled_peers(domain, span, stride, world):
     tail = np.mod(span, domain)
     fewest = np.where(span == np.asarray(world), np.where(tail == 0, domain, tail),
                       np.where(np.mod(span, domain2) == 0, domain2, 1))
-    return np.where(np.mod(domain, stride) == 0, np.maximum(fewest / stride, 1.0), 1.0)
+    # (times the stride's reciprocal, as the fused kernel has it from its step memo)
+    return np.where(np.mod(domain, stride) == 0, np.maximum(fewest * (1.0 / stride), 1.0), 1.0)
 
 
 def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication,
