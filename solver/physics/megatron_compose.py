@@ -73,8 +73,8 @@ def straddled_peers(domain, span, stride, world):
     that gcd (the fused kernel's loop stays vectorized: no gcd, no remainder of its own).
     Where the stride does not divide the domain, the peers a domain holds differ from
     rank to rank: one (an upper bound on the time). This replaced one peer a domain for
-    every straddling group, which priced 128 GPUs of two NVL72 racks up to 5x slower than
-    eight-GPU nodes (review of 2026-12-06).
+    every straddling group, which priced 128 GPUs of two NVL72 racks slower than the same
+    GPUs in eight-GPU domains (an audit of 2026-12-06; tests/test_megatron_placement.py).
     """
     span = np.asarray(span)
     domain2 = int(domain) & -int(domain)  # the largest power of two dividing the domain
