@@ -48,6 +48,7 @@ __all__ = [
     "node",
     "fabric",
     "names",
+    "key_of",
     "load_file",
     "catalog_dir",
     "read_toml",
@@ -324,6 +325,13 @@ def names(kind: str) -> list[str]:
     """
     kind = _kind(kind)
     return sorted(set(_builtin()[kind]) | set(_extras()[kind]))
+
+
+def key_of(kind: str, entry):
+    """The table key of the catalog entry equal to ``entry`` (a spec of section ``kind``),
+    or None if the catalog has none: ``key_of("workloads", workload("Llama3_70B"))`` is
+    ``"Llama3_70B"``."""
+    return next((name for name in names(kind) if _get(_kind(kind), name) == entry), None)
 
 
 def load_file(path) -> dict:

@@ -266,8 +266,8 @@ from . import megatron_compose as after
 from . import megatron_steps as steps
 from .common import caller_stacklevel
 
-__all__ = ["solve", "prepare", "why_unrealizable", "check_shape", "ShapeWarning", "OUTPUTS", "KNOBS", "DEFAULTS", "CONSTANTS",
-           "CONSTANTS_PROVENANCE", "RECOMPUTE", "PRECISIONS", "load_constants"]
+__all__ = ["solve", "prepare", "why_unrealizable", "check_shape", "ShapeWarning", "OUTPUTS",
+           "KNOBS", "DEFAULTS", "CONSTANTS", "CONSTANTS_PROVENANCE", "RECOMPUTE", "PRECISIONS", "load_constants"]
 
 #: The model's sourced constants, kept in the steps module (documented there).
 RECOMPUTE, PRECISIONS = steps.RECOMPUTE, steps.PRECISIONS
@@ -515,9 +515,10 @@ def _account_stages(w, k):
     and the ``layers`` rule holds), 2 where it does not or a stage's layers are set too
     (which Megatron-Core refuses; the stages are left as given, so the layout is priced as
     the even split or the set stages; ``layers`` is broken), 0 where the flags do not apply
-    (no pipeline and no stage set). Without either flag on: ``k`` without them, no work. A share of one layer (a stage of the embedding or the loss alone) is taken as
-    broken: this model prices no stage of no layers. The flags leave ``k`` either way (the
-    kernel takes the stages and the rule's outcome)."""
+    (no pipeline and no stage set). Without either flag on: ``k`` without them, no work.
+    A share of one layer (a stage of the embedding or the loss alone) is taken as broken:
+    this model prices no stage of no layers. The flags leave ``k`` either way (the kernel
+    takes the stages and the rule's outcome)."""
     emb = k.pop("account_for_embedding_in_pipeline_split", False)
     loss = k.pop("account_for_loss_in_pipeline_split", False)
     if not (np.any(emb) or np.any(loss)):
@@ -637,9 +638,8 @@ def _count(n) -> str:
 def _full_shape_entry(w):
     """The catalog's ``<key>_MC`` entry for the catalog workload ``w`` (None if there is none)."""
     from .. import catalog
-    names = catalog.names("workloads")
-    key = next((n for n in names if catalog.workload(n) == w), None)
-    return f"{key}_MC" if key is not None and f"{key}_MC" in names else None
+    key = catalog.key_of("workloads", w)
+    return f"{key}_MC" if key is not None and f"{key}_MC" in catalog.names("workloads") else None
 
 
 class _Shape:

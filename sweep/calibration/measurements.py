@@ -413,13 +413,12 @@ def _check_columns(source, header):
 
 def _check_priced(measurements: Measurements) -> None:
     """Refuse runs the model cannot price as Megatron-Core would run them."""
-    named = {catalog.workload(n): n for n in catalog.names("workloads")}
     checked = set()
     for workload, fleet, indices, knobs in measurements.groups():
         # A catalog entry written for the mlsysim physics (Llama3_70B: no KV heads, FFN width
         # or vocabulary) is another model to the megatron physics: said once a workload. A
         # shape of the file's own has its parameters checked where it is read.
-        if workload in named and workload not in checked:
+        if workload not in checked and catalog.key_of("workloads", workload) is not None:
             checked.add(workload)
             megatron.check_shape(workload)
         try:
