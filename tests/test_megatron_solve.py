@@ -994,3 +994,32 @@ def test_combined_1f1b_runs_only_where_megatron_core_allows_it():
                                              "overlap_moe_expert_parallel_comm": False})
     out = M.solve(wl, FL, **{**base, "recompute": np.array(["none", "selective", "full"])})
     assert out["realizable"].tolist() == [True, True, False]
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_fsdp_gathers_experts_over_the_expert_data_parallel_group_only(engine):
+    """ZeRO-3 shards, gathers and reduces the expert weights over the expert DP group [6],
+    the dense ones over the DP group. Mixtral 8x7B at EP 8 on 8 DP ranks has an expert DP
+    group of one rank: its experts are whole on each rank, so neither its gather buffers nor
+    its DP traffic grow with them (an audit found two layers' experts, 0.70 GB, in the
+    buffers, and their gathers priced over the 8 dense peers). At EP 4 the group is two
+    ranks, and the buffers hold exactly two layers of the rank's experts more."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    wl = catalog.workload("Mixtral_8x7B_MC")
+    wide = dataclasses.replace(wl, moe_ffn_hidden_dim=2 * wl.moe_ffn_hidden_dim)
+    fl = catalog.fleet("DGX_B200_1K_MC")
+    knobs = dict(batch_size=64, seq_len=4096, dp_size=8, zero_stage=3, recompute="full",
+                 engine=engine, check_shape=False)
+    ep = np.array([8, 4])
+    out, out_wide = (M.solve(w, fl, ep_size=ep, **knobs) for w in (wl, wide))
+    assert out["realizable"].all() and out_wide["realizable"].all()
+    buf, buf_wide = out["memory_communication_buffers"], out_wide["memory_communication_buffers"]
+    assert buf_wide[0] == pytest.approx(buf[0], rel=1e-12)
+    assert out_wide["communication_latency"][0] == pytest.approx(out["communication_latency"][0],
+                                                                 rel=1e-12)
+    # two layers' gathered experts in 16 bits: 8 experts of 3 h x ffn over EP 4
+    h, ffn = wl.hidden_dim, wl.moe_ffn_hidden_dim
+    assert buf[1] - buf[0] == pytest.approx(2 * 2 * 8 * 3 * h * ffn / 4, rel=1e-9)
+    assert buf_wide[1] - buf_wide[0] == pytest.approx(2 * (buf[1] - buf[0]), rel=1e-9)
+    assert out_wide["communication_latency"][1] > out["communication_latency"][1]

@@ -507,9 +507,15 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
         fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
         # layer by layer: each layer after the first pays (n-1) ring steps and the call cost
         fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11]) if group > 1.0 else 0.0
-        t_fsdp_gather = m * (2.0 * _coll_1(params_bytes, group, fsdp_bw, fsdp_lat) + 2.0 * fsdp_call)
-        t_fsdp_rs = m * (_coll_1((heavy + expert_stage_params) * grad_bytes, group, fsdp_bw, fsdp_lat)
-                         + fsdp_call)
+        t_fsdp_gather = m * (2.0 * _coll_1(_WB * heavy, group, fsdp_bw, fsdp_lat) + 2.0 * fsdp_call)
+        t_fsdp_rs = m * (_coll_1(heavy * grad_bytes, group, fsdp_bw, fsdp_lat) + fsdp_call)
+        if moe != 0.0:  # the experts over the expert DP group
+            fsdp_call_e = (layers_stage - 1.0) * ((expert_group - 1.0) * fsdp_lat + c[11]) \
+                if expert_group > 1.0 else 0.0
+            t_fsdp_gather = t_fsdp_gather + m * (2.0 * _coll_1(
+                _WB * expert_stage_params, expert_group, fsdp_bw, fsdp_lat) + 2.0 * fsdp_call_e)
+            t_fsdp_rs = t_fsdp_rs + m * (_coll_1(expert_stage_params * grad_bytes, expert_group,
+                                                 fsdp_bw, fsdp_lat) + fsdp_call_e)
         t_fsdp = t_fsdp_gather + t_fsdp_rs
         # blocking gathers; only the reduce-scatter hides behind the backward [29]
         idle = m * slack
@@ -660,16 +666,18 @@ def _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec, hidden_mask
 
 @njit(**_INLINE)
 def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, expert_group,
-            params_bytes, send2, mtp, first, last, extra, terms):
+            params_bytes, heavy, expert_stage_params, send2, mtp, first, last, extra, terms):
     """megatron_compose.memory (with megatron_steps.pipeline_ranks). ``terms``:
     :func:`_memory_terms`; ``send2``: ``2.0 * act_bytes`` over
-    the TP split of a p2p send (:func:`_p2p_split`)."""
+    the TP split of a p2p send (:func:`_p2p_split`); ``heavy``, ``expert_stage_params``:
+    :func:`_data_parallel`'s."""
     moe, emb_params = w[6], w[16]
     act_dense, act_moe, logits_tp, per_tp, expert_l = terms
     shards = group > 1.0 or expert_group > 1.0  # (a group of one rank: no bucket, no gathers)
     bucket = grad_bytes * _min(_max(4e7, 1e6 * group), params_bytes / _WB) if zero >= 2 and shards else 0.0
+    gathered = (heavy if group > 1.0 else 0.0) + (expert_stage_params if expert_group > 1.0 else 0.0)
     buffers = (bucket + send2 * (1.0 if pp > 1.0 else 0.0)
-               + (2.0 if zero == 3 and shards else 0.0) * _WB * (params_bytes / _WB / layers_stage))
+               + (1.0 if zero == 3 else 0.0) * 2.0 * _WB * (gathered / layers_stage))
     sw, sg, so, sc = _state_bytes(group, zero, grad_bytes)
     swe, sge, soe, sce = 0.0, 0.0, 0.0, 0.0
     if moe != 0.0:

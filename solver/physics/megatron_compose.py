@@ -170,11 +170,24 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # (its ranks are tp apart [6]: the group spans tp x its size, inside a domain or not)
     fsdp_bw, fsdp_lat = hw.link(inside)
     # (one rank gathers nothing: no call at all, as for the other stages' collectives)
+    # The expert parameters are sharded, gathered and reduced over the expert data-parallel
+    # group (Megatron-Core's expert DP group [6]), not the dense one: none where it is one
+    # rank (ETP x EP spans every rank of the stage).
     fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"]) * (group > 1)
-    t_fsdp_gather = m * (2.0 * net.all_gather_time(params_bytes, group, bus_bandwidth=fsdp_bw,
-                                                   latency=fsdp_lat) + 2.0 * fsdp_call)
-    t_fsdp_rs = m * (net.reduce_scatter_time((heavy_params + expert_stage_params) * grad_bytes, group,
+    t_fsdp_gather = m * (2.0 * net.all_gather_time(mem.WEIGHT_BYTES * heavy_params, group,
+                                                   bus_bandwidth=fsdp_bw, latency=fsdp_lat)
+                         + 2.0 * fsdp_call)
+    t_fsdp_rs = m * (net.reduce_scatter_time(heavy_params * grad_bytes, group,
                                              bus_bandwidth=fsdp_bw, latency=fsdp_lat) + fsdp_call)
+    if w.moe:
+        fsdp_call_e = (layers_stage - 1.0) * ((expert_group - 1.0) * fsdp_lat
+                                              + c["collective_latency"]) * (expert_group > 1)
+        t_fsdp_gather = t_fsdp_gather + m * (2.0 * net.all_gather_time(
+            mem.WEIGHT_BYTES * expert_stage_params, expert_group, bus_bandwidth=fsdp_bw,
+            latency=fsdp_lat) + 2.0 * fsdp_call_e)
+        t_fsdp_rs = t_fsdp_rs + m * (net.reduce_scatter_time(
+            expert_stage_params * grad_bytes, expert_group, bus_bandwidth=fsdp_bw,
+            latency=fsdp_lat) + fsdp_call_e)
     t_fsdp = t_fsdp_gather + t_fsdp_rs
     # Gathers not overlapped (overlap_param_gather off) are blocking: they wait in line
     # before the layer that needs them, and only the reduce-scatter, issued as the
@@ -237,13 +250,16 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # (size [7]) only where the gradients are sharded and one is gathered to reduce it;
     # no larger than the rank's gradients (the buckets partition them [23]), which the
     # size's 1e6 per rank of the group outgrows at a large DP x CP. ZeRO-3 gathers two
-    # layers' weights ahead. A group of one rank (no DP or CP, and no expert DP) shards
+    # layers' weights ahead: the dense ones where its group shards them, the experts where
+    # the expert DP group does. A group of one rank (no DP or CP, and no expert DP) shards
     # nothing and gathers nothing: no bucket, no gather buffers.
     shards = (group > 1) | (dpr.expert_group > 1)
     bucket = np.where((zero >= 2) & shards, hw.grad_bytes * np.minimum(
         np.maximum(4e7, 1e6 * group), dpr.params_bytes / mem.WEIGHT_BYTES), 0.0)
+    gathered = np.where(group > 1, dpr.heavy_params, 0.0) + np.where(
+        dpr.expert_group > 1, dpr.expert_stage_params, 0.0)
     buffers = (bucket + 2.0 * ly.act_bytes / sp.p2p_split * (pp > 1)
-               + ((zero == 3) & shards) * 2.0 * mem.WEIGHT_BYTES * (dpr.params_bytes / mem.WEIGHT_BYTES / layers_stage))
+               + (zero == 3) * 2.0 * mem.WEIGHT_BYTES * (gathered / layers_stage))
     # Bytes a parameter: weights, gradients, optimizer state, and the optimizer's FP32 copy
     # of 16-bit gradients (in the optimizer state), which is never held beside the
     # activations and buffers (megatron_memory [5]): the larger of them counts.
