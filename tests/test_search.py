@@ -638,3 +638,80 @@ def test_utilization_objective_across_precisions_warns():
             warnings.simplefilter("always")
             search(spec, mode="exhaustive", objective=objective)
         assert not [w for w in caught if "own peak" in str(w.message)], (objective, spec["axes"])
+
+
+#: 4 x 6 x 6 x 3 = 432 layouts of Llama3_70B, the cluster sized by dp_size (64-1536 GPUs).
+RULES = {"name": "rules", "workload": "Llama3_70B", "fleet": "Training_1K",
+         "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4, 5, 8, 10],
+                  "dp_size": [1, 2, 4, 8, 16, 32], "zero_stage": [0, 1, 3]},
+         "fixed": {"batch_size": 256, "seq_len": 4096, "microbatch_count": 8},
+         "constraints": {"memory_limit": "40 GB"}}
+
+
+@pytest.mark.parametrize("rule", ["min_accelerators", "require_realizable", "physics"])
+def test_a_stored_study_is_not_continued_under_other_rules(tmp_path, rule):
+    """A study's trials are ranked by the rules they were priced under: a search with
+    another minimum cluster, realizability rule or physics model must not continue it
+    (an audit had a search with min_accelerators = 512 report the stored 64-GPU best,
+    an mlsysim search report megatron's layouts, over its memory limit). The default study
+    name differs, and a named study is refused, naming the rule."""
+    journal = str(tmp_path / "s.journal")
+    base, other = dict(RULES), dict(RULES)
+    if rule == "min_accelerators":
+        other["constraints"] = {**RULES["constraints"], "min_accelerators": 512}
+    elif rule == "require_realizable":
+        base["constraints"] = {**RULES["constraints"], "require_realizable": False}
+        base["fixed"] = {**RULES["fixed"], "batch_size": 96}
+        other["fixed"] = base["fixed"]
+    else:
+        base = {**RULES, "workload": "Llama3_70B_MC", "fleet": "HGX_H100_1K_MC",
+                "physics": "megatron", "fixed": {"batch_size": 256, "seq_len": 4096}}
+        other = {**base, "physics": "mlsysim"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = search(base, n_trials=200, seed=0, storage=journal, mode="sampled")
+        truth = search(other, mode="exhaustive")
+        again = search(other, n_trials=200, seed=0, storage=journal, mode="sampled")
+        assert again.study.study_name != first.study.study_name and again.n_new == 200
+        if truth.best_value is None:
+            assert again.best_value is None
+        else:
+            assert again.best_value <= truth.best_value
+            assert again.breakdown["n_accelerators"] >= (512 if rule == "min_accelerators" else 1)
+            p = dict(again.best_params)
+            out = solver.solve(solver.catalog.workload(p.pop("workload")),
+                               solver.catalog.fleet(p.pop("fleet")), warn=False, **p)
+            assert bool(out["realizable"]) and float(out["mfu"]) == again.best_value
+        with pytest.raises(ValueError, match=f"created for another space or objectives: {rule}: stored "):
+            search(other, n_trials=200, seed=0, storage=journal, mode="sampled",
+                   study_name=first.study.study_name)
+
+
+def test_best_params_price_the_best_layout_again_with_a_physics_axis_and_a_calibration(tmp_path):
+    """``solver.solve(wl, fl, **best_params)`` gives ``best_value``: over a physics axis
+    best_params holds only the knobs its model takes (an audit found the megatron knob
+    micro_batch_size in an mlsysim best, which solve refuses), and with a calibration the
+    profile's constants too (the audit's re-pricing without them: 0.385 for 0.350)."""
+    from sweep.calibration import Profile
+    both = {"name": "both", "workload": "Llama3_70B_MC", "fleet": "HGX_H100_1K_MC",
+            "physics": ["mlsysim", "megatron"],
+            "axes": {"tp_size": [4, 8], "pp_size": [4, 8], "micro_batch_size": [1, 2],
+                     "microbatch_count": [32, 64]},
+            "fixed": {"batch_size": 1024, "seq_len": 4096}}
+    profile = Profile(physics="megatron", constants={"hopper_gemm_scale": 0.6})
+    alone = {**both, "physics": "megatron",
+             "axes": {k: v for k, v in both["axes"].items() if k != "microbatch_count"}}
+    for spec, kw in ((both, {}), (alone, {"calibration": profile})):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = search(spec, mode="exhaustive", **kw)
+        for entry in result.top:
+            p = dict(entry["params"])
+            physics = p.get("physics", "mlsysim")
+            assert ("micro_batch_size" in p) == (physics == "megatron")
+            assert ("microbatch_count" in p) == (physics == "mlsysim")
+            assert (p.get("hopper_gemm_scale") == 0.6) == ("calibration" in kw)
+            out = solver.solve(solver.catalog.workload(p.pop("workload")),
+                               solver.catalog.fleet(p.pop("fleet")), warn=False, **p)
+            assert float(out["mfu"]) == entry["values"]["mfu"]
+        assert result.best_params == result.top[0]["params"]

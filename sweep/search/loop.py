@@ -18,6 +18,7 @@ import uuid
 import optuna
 from optuna.trial import TrialState
 
+from .. import physics as physics_
 from ..spec import SpecError
 from .local import LocalMovesSampler
 from .pricing import _Setup, price_trials
@@ -94,7 +95,21 @@ def signature(setup: _Setup, space: SearchSpace) -> str:
         # a calibrated study continues only with the same constants (no key when uncalibrated)
         **({"calibration": dict(setup.spec.calibration.solve_keywords())}
            if setup.spec.calibration is not None else {}),
+        # the stored trials' values and constraints hold under the rules they were priced
+        # by: the physics, the accelerator bounds and realizability (a key only where it
+        # is not the default, so a study stored before these were keys still continues)
+        **_rules(setup.spec),
     }, sort_keys=True, default=str)
+
+
+def _rules(spec) -> dict:
+    """The spec's rules a stored trial was priced and checked under, where not the defaults."""
+    rules = {"physics": list(spec.physics), "min_accelerators": spec.min_accelerators,
+             "unbounded_cluster": spec.unbounded_cluster,
+             "require_realizable": spec.require_realizable}
+    defaults = {"physics": [physics_.DEFAULT_PHYSICS], "min_accelerators": None,
+                "unbounded_cluster": False, "require_realizable": True}
+    return {k: v for k, v in rules.items() if v != defaults[k]}
 
 
 class _Owner:

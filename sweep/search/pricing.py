@@ -253,15 +253,22 @@ def _trial_knobs(space, layouts: Sequence[Mapping], idx) -> dict:
 
 
 def _layout_knobs(setup: _Setup, layout: Mapping[str, Any]) -> dict:
-    """Solve keywords of one layout: fixed knobs, axis values, derived knobs (plain values)."""
+    """Solve keywords of one layout: fixed knobs, axis values, derived knobs (plain values),
+    only those its physics model takes (a physics axis spans knobs of both), and the
+    constants of the spec's calibration where it prices with them: ``solver.solve(wl, fl,
+    **knobs)`` prices the layout as the search did."""
     spec = setup.spec
-    named = {} if spec.physics == (physics_.DEFAULT_PHYSICS,) else {"physics": spec.physics[0]}
+    physics = layout.get("physics", spec.physics[0])
+    named = {} if physics == physics_.DEFAULT_PHYSICS else {"physics": physics}
     knobs = {**named, **spec.fixed,
              **{k: v for k, v in layout.items() if k not in ("workload", "fleet")}}
     if setup.derive is not None:
         derived = setup.derive(dict(knobs), spec.workloads[layout["workload"]],
                                spec.fleets[layout["fleet"]])
         knobs.update({k: _plain(v) for k, v in derived.items()})
+    knobs = {k: v for k, v in knobs.items()
+             if k == "physics" or k in physics_.knobs_of(physics)}
+    knobs.update(physics_.calibrated(spec).get(physics, {}))
     return knobs
 
 

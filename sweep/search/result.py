@@ -39,8 +39,10 @@ class SearchResult:
     ----------
     best_params : dict or None
         The best admissible layout as ``solver.solve`` keywords (fixed,
-        searched and derived knobs) plus its ``workload`` and ``fleet``
-        labels; ``None`` if no evaluated layout was admissible. For several
+        searched and derived knobs its physics model takes, and a calibration
+        profile's constants where it priced with them) plus its ``workload``
+        and ``fleet`` labels, so ``solver.solve(wl, fl, **rest)`` prices it
+        again; ``None`` if no evaluated layout was admissible. For several
         objectives, the Pareto layout best in the first objective.
     best_value : float, tuple of float, or None
         Its objective value (a tuple, in ``objectives`` order, for several).
@@ -109,6 +111,8 @@ class SearchResult:
     #: The calibration profile the layouts were priced with, as the summary names it ("" for
     #: none: the shipped constants).
     calibration: str = ""
+    #: The calibration's constants among the params (the summary's layout line leaves them out).
+    constants: tuple = ()
 
     @property
     def is_multi_objective(self) -> bool:
@@ -187,7 +191,8 @@ class SearchResult:
         lines.append(f"best: {value if isinstance(value, str) else f'{value:.6g}'}"
                      + (f"  ({len(self.best_trials)} Pareto layouts)"
                         if self.is_multi_objective else ""))
-        shown = {k: v for k, v in self.best_params.items() if k not in ("workload", "fleet")}
+        shown = {k: v for k, v in self.best_params.items()
+                 if k not in ("workload", "fleet", *self.constants)}
         lines.append(f"layout: {self.best_params['workload']} on {self.best_params['fleet']}: "
                      + ", ".join(f"{k}={v}" for k, v in shown.items()))
         lines.extend(self._breakdown_lines())
@@ -359,7 +364,8 @@ def finish_result(setup, entries_best_first, pareto, *, study, n_evaluated, n_ne
                           n_admissible=n_admissible, memory_limits=dict(setup.limits), mode=mode,
                           sampler=sampler, space_size=space_size,
                           elapsed=time.perf_counter() - started, reason=reason,
-                          empty_counts=empty_counts, calibration=_calibration_text(setup))
+                          empty_counts=empty_counts, calibration=_calibration_text(setup),
+                          constants=tuple(getattr(setup.spec.calibration, "constants", None) or ()))
     if not top:  # the counts' reading where there are counts: which condition to relax
         warnings.warn(result.why_empty(), RuntimeWarning, stacklevel=caller_stacklevel())
     return result
