@@ -191,15 +191,22 @@ def test_split_all_to_all_is_the_plain_one_inside_a_domain():
 
 
 @pytest.mark.parametrize("engine", ["numpy", "fused"])
-@pytest.mark.parametrize("fleet, ep, near", [(HGX, 16, 8), (HGX, 64, 8), (NVL72, 16, 8),
-                                             (NVL72, 64, 8), (NVL72, 144, 72)])
-def test_expert_all_to_all_sends_over_the_nics_only_to_far_peers(engine, fleet, ep, near):
+@pytest.mark.parametrize("fleet, ep, near, world", [
+    (HGX, 16, 8, None), (HGX, 64, 8, None), (NVL72, 16, 8, None), (NVL72, 64, 8, None),
+    (NVL72, 144, 72, None),
+    (NVL72, 128, 56, 128),  # one group over the job: 72 in rack 0, 56 in rack 1 (had been 8)
+    (NVL72, 256, 40, 256),  # one group: 72, 72, 72 and 40
+    (NVL72, 128, 8, 256),   # two groups: the second's 16, 72 and 40, priced by the gcd, 8
+])
+def test_expert_all_to_all_sends_over_the_nics_only_to_far_peers(engine, fleet, ep, near, world):
     # TP 1: the slowest rank has gcd(domain, ep) peers in its own domain (8 of an EP 64
-    # group straddling a rack of 72 at ranks 64-127; a whole node of 8 on HGX)
-    dp = fleet.total_accelerators
+    # group straddling a rack of 72 at ranks 64-127; a whole node of 8 on HGX), a bound;
+    # one group over the whole job, those of its last rack
+    dp = world or fleet.total_accelerators
     s, m = 4096, 2
     out = M.solve(QWEN, fleet, engine=engine, batch_size=m * dp, seq_len=s, tp_size=1, pp_size=1,
-                  ep_size=ep, micro_batch_size=1, recompute="none")
+                  ep_size=ep, micro_batch_size=1, recompute="none",
+                  **({"dp_size": world} if world else {}))
     c = M.CONSTANTS
     node = fleet.node
     up = node.scale_up_bus_bandwidth * c["scale_up_efficiency"]

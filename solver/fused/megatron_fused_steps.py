@@ -264,8 +264,9 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
 
 @njit(**_INLINE)
 def _communication(w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
-                   t_core_f, t_core_b, low_bits, whole, moe_share):
-    """megatron_steps.communication (``whole``: the job fits in one NVLink domain)."""
+                   t_core_f, t_core_b, low_bits, whole, single, moe_share):
+    """megatron_steps.communication (``whole``: the job fits in one NVLink domain;
+    ``single``: one EP group spans the job)."""
     d, moe, top_k, shared = w[4], w[6], w[9], w[11]
     domain, up_bw0, out_bw0, up_lat, out_lat = f[6], f[7], f[8], f[9], f[10]
     up_bw, out_bw = up_bw0 * c[7], out_bw0 * c[8]
@@ -297,6 +298,9 @@ def _communication(w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_spl
         span = etp * ep
         near = ep if _within(span, domain, whole) else _min(_max(
             float(math.gcd(int(domain), int(span)) // int(etp)), 1.0), ep)
+        if single and not _within(span, domain, whole) and int(domain) % int(etp) == 0:
+            tail = int(span) % int(domain)  # (a memo miss: its divisions cost nothing)
+            near = _max(near, float((tail if tail != 0 else int(domain)) // int(etp)))
         a2a = _a2a_split(act_bytes * top_k / norm_split, ep, near, up_bw, up_lat, out_bw, out_lat) \
             + (call_lat if ep > 1.0 else 0.0)
         routed_bytes = act_bytes * top_k * (etp / (tp * 1.0))

@@ -98,7 +98,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "b7e9780c2f33f11d"
+SOURCES_DIGEST = "9e19d9ca28ef7af8"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -184,15 +184,24 @@ def _whole(f, has_dp, tp, pp, cp, dp):
 
 
 @njit(**_INLINE_STEP)
-def _memo_key(s, mbs, tp, cp, ep, etp, sp, rc, flash, prec, tco, whole, heavy, masks):
+def _single_ep(f, has_dp, tp, pp, cp, dp, ep, etp):
+    """Whether one EP group spans the whole job (``etp * ep == n_acc``, n_acc as
+    :func:`_whole` has it): megatron_steps.communication's rule for its near peers."""
+    return etp * ep == ((tp * pp * cp * dp) if has_dp else f[11])
+
+
+@njit(**_INLINE_STEP)
+def _memo_key(s, mbs, tp, cp, ep, etp, sp, rc, flash, prec, tco, whole, single, heavy, masks):
     """Two words that pack the knobs steps 3-4 and the LM head depend on, exactly
     (each field within its width), and whether they fit (else: no memo for this one).
-    ``whole``: the job fits in one NVLink domain (:func:`_whole`); ``heavy``: the heaviest
+    ``whole``: the job fits in one NVLink domain (:func:`_whole`); ``single``: one EP
+    group spans it (:func:`_single_ep`; ``micro_batch_size`` below 2**28 to fit); ``heavy``: the heaviest
     stage holds MoE layers only (megatron_fused_steps._heavy); ``etp`` (below 128 to fit)
     the expert TP degree; ``masks``: :func:`_memo_masks`."""
-    fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 29 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
+    fits = (0 <= s < 1 << 32 and 0 <= mbs < 1 << 28 and 0 <= tp < 1 << 16 and 0 <= cp < 1 << 16
             and 0 <= ep < 1 << 16 and 0 <= etp < 1 << 7 and 0 <= rc < 4 and 0 <= prec < 4)
-    k1 = (np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) | (np.uint64(masks) << np.uint64(61))) \
+    k1 = (np.uint64(s) | (np.uint64(mbs) << np.uint64(32)) | (np.uint64(single) << np.uint64(60))
+          | (np.uint64(masks) << np.uint64(61))) \
         if fits else _NO_SLOT
     flags = np.uint64(sp) | (np.uint64(rc) << np.uint64(1)) | (np.uint64(flash) << np.uint64(3)) \
         | (np.uint64(prec) << np.uint64(4)) | (np.uint64(tco) << np.uint64(6)) \
@@ -486,7 +495,8 @@ def _priced_block(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, 
 
 
 @njit(**_PRIM)
-def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, masks, lgs, r):
+def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, single, heavy, masks,
+              lgs, r):
     """Steps 3, 4 and the LM head of one memo miss (``lgs``: its GEMMs' logs), and the later
     steps' terms of its knobs (see :data:`_N_MEMO`), into the row ``r``."""
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
@@ -497,7 +507,7 @@ def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
     (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
      ep_layer_f, ep_layer_b) = _communication(
         w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b,
-        _low_bits(prec), whole, moe_share)
+        _low_bits(prec), whole, single, moe_share)
     t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
     r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
         s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total
@@ -539,9 +549,10 @@ def _ideals(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp, ext, col):
 
 
 @njit(**_PRIM)
-def _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, masks, r):
+def _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, single, heavy, masks,
+               r):
     """:func:`_memo_row` of a miss of mode 0, its logs from libm (:func:`_logs`)."""
-    _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy, masks,
+    _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, single, heavy, masks,
               _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp), r)
 
 
@@ -617,10 +628,13 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             sp = spk_a[i] and tp > 1.0  # as _split has it
             rc, prec = choice_code(rc_a, i, rc_keys), choice_code(prec_a, i, prec_keys)
             whole = _whole(f, has_dp, tp, float(pp_a[i]), float(cp_a[i]), float(dp_a[i]))
+            single = _single_ep(f, has_dp, tp, float(pp_a[i]), float(cp_a[i]), float(dp_a[i]),
+                                float(ep_a[i]), float(etp_a[i]))
             _mtp, first, last = _pipeline_counts(p2p_a[i])
             heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc,
-                                     flash_a[i], prec, tco_a[i], whole, heavy, _memo_masks(w, mem_a[i]))
+                                     flash_a[i], prec, tco_a[i], whole, single, heavy,
+                                     _memo_masks(w, mem_a[i]))
             # mode 0's probe, written out again: as a helper function the scalar pass ran
             # about 2x slower (an earlier session's A/B, unsaved); inlined by numba
             # (inline="always"), the whole call 1.03x slower (1 thread, 1M layouts, 8
@@ -672,6 +686,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                     tco, flash = tco_a[i], flash_a[i]
                     sp = spk_a[i] and tp > 1.0  # as _split has it
                     whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
+                    single = _single_ep(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]), ep, etp)
                     _mtp, first, last = _pipeline_counts(p2p_a[i])
                     heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
                     masks = _memo_masks(w, mem_a[i])
@@ -680,7 +695,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                            ext[10, col], ext[11, col], ext[12, col], ext[13, col], ext[14, col])
                     row = plan[1, col]
                     row = MEMO_KEYS + (i - b0) if row < 0 else row
-                    _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
+                    _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, single,
                               heavy, masks, lgs, values[row])
                 rows[i - b0] = row
             out_of_bounds |= _priced_block(
@@ -704,12 +719,13 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
             spk, tco, flash = spk_a[i], tco_a[i], flash_a[i]
             sp = spk and tp > 1.0  # as _split has it
             whole = _whole(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]))
+            single = _single_ep(f, has_dp, tp, float(pp_a[i]), cp, float(dp_a[i]), ep, etp)
             _mtp, first, last = _pipeline_counts(p2p_a[i])
             staged |= (first > 0.0) | (last > 0.0)
             heavy = _heavy(w, float(pp_a[i]), float(v_a[i]), first, last)
             masks = _memo_masks(w, mem_a[i])
             fits, k1, k2 = _memo_key(s_a[i], mbs_a[i], tp_a[i], cp_a[i], ep_a[i], etp_a[i], sp, rc, flash, prec,
-                                     tco, whole, heavy, masks)
+                                     tco, whole, single, heavy, masks)
             row = -1
             slot = ((k1 ^ (k2 * _MIX)) * _MIX) >> _SLOT_SHIFT
             if fits:
@@ -729,7 +745,7 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
                 else:
                     row = MEMO_KEYS + (i - b0)
                     slots[1, 3] |= np.uint64(fits)  # a key turned away: the memo overflowed
-                _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, heavy,
+                _memo_miss(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole, single, heavy,
                            masks, values[row])
             rows[i - b0] = row
         out_of_bounds |= _priced_block(

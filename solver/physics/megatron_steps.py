@@ -725,12 +725,18 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     # domains and over NVLink to the rest, at once; the slowest rank, the one with the
     # fewest peers beside it (gcd(domain, span) ranks of a span straddling a domain's edge:
     # 8 of 64 in a rack of 72; a domain's worth of a span of whole domains), paces it.
+    # One group over the whole job (no PP, no expert DP) has its fewest in its last,
+    # partial domain, where the stride divides the domain (megatron_compose.straddled_peers'
+    # rule): 56 of EP 128 on two racks of 72, where the gcd bound priced 8.
     if w.moe:
         # (the expert grid's order is etp-ep-edp-pp [6]: EP peers etp apart, spanning etp ep,
         # the expert TP group etp consecutive ranks)
         span = etp * ep
-        near = np.where(hw.within(span, sp.n_acc), ep,
-                        np.clip(np.gcd(hw.domain, span) // etp, 1, ep))
+        near = np.clip(np.gcd(hw.domain, span) // etp, 1, ep)
+        tail = np.mod(span, hw.domain)
+        near = np.where((span == sp.n_acc) & (np.mod(hw.domain, etp) == 0),
+                        np.maximum(near, np.where(tail == 0, hw.domain, tail) // etp), near)
+        near = np.where(hw.within(span, sp.n_acc), ep, near)
         a2a = net.split_all_to_all_time(
             ly.act_bytes * w.top_k / ly.norm_split, ep, near, scale_up_bandwidth=hw.up_bw,
             scale_up_latency=hw.up_lat, scale_out_bandwidth=hw.out_bw,
