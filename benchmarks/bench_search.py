@@ -14,6 +14,7 @@
 
 Run from the repository root::
 
+    PYTHONPATH=. python benchmarks/bench_search.py --example # search_llama70b, ~6 min
     PYTHONPATH=. python benchmarks/bench_search.py --quick   # a few minutes
     PYTHONPATH=. python benchmarks/bench_search.py           # about an hour on 2 loaded cores
 
@@ -194,6 +195,21 @@ def pareto(spec, seeds):
             "exact_front": len(front), "exact_seconds": exact.elapsed, "sampled": rows}
 
 
+def example(seeds):
+    """The built-in spec ``search_llama70b`` (the README's search): its optimum by the
+    exhaustive walk, then per seed the default search (auto) and the sampled search."""
+    spec = dict(load_spec("search_llama70b").raw)
+    row = known_optimum(spec, seeds, 1)
+    row["sampled"] = []
+    for seed in seeds:
+        started = time.perf_counter()
+        result = search(spec, seed=seed, mode="sampled")
+        row["sampled"].append({"seed": seed, "share": result.best_value / row["optimum"],
+                               "seconds": time.perf_counter() - started,
+                               "reason": result.reason})
+    return row
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -205,8 +221,25 @@ def main(argv=None):
     parser.add_argument("--long-factor", type=int, default=None,
                         help="huge spaces: the long run's budget in default budgets "
                              "(default: 10, or 3 with --quick)")
+    parser.add_argument("--example", action="store_true",
+                        help="only the built-in spec search_llama70b: exhaustive, then the "
+                             "default and the sampled search per seed")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
+    if args.example:
+        out = args.out or ROOT / "benchmarks" / "results" / "bench_search_example.json"
+        row = example(range(args.seeds or 5))
+        out.write_text(json.dumps({
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": " ".join([Path(sys.executable).name] + sys.argv),
+            "machine": machine(), "example": row}, indent=1, default=str))
+        print(f"{row['space']}: {row['layouts']:.3g} layouts, exhaustive "
+              f"{row['exhaustive_seconds']:.1f} s; default: worst share {row['worst_share']:.4f}, "
+              f"max {row['max_seconds']:.1f} s ({row['runs'][0]['reason']}); sampled: worst share "
+              f"{min(r['share'] for r in row['sampled']):.4f}, max "
+              f"{max(r['seconds'] for r in row['sampled']):.1f} s")
+        print(f"saved {out}")
+        return
     if args.quick:
         seeds, known, huge, long_factor = range(2), KNOWN[:2] + KNOWN[2:3], HUGE[:1], 3
     else:

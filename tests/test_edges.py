@@ -217,11 +217,12 @@ def test_a_cube_too_big_for_the_address_space_is_refused_with_the_numbers():
                            str(ROOT / "configs/sweeps/search_llama70b.toml"), "--no-save"],
                           preexec_fn=cap, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd="/tmp")
-    # Before: "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 19.7 GiB", exit 1.
+    # Before: "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 19.7 GiB", exit 1
+    # (for the spec's former 2.64e9 layouts).
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
-    for text in ("an in-memory sweep of 'search_llama70b' needs about 487.3 GiB",
-                 "2,642,411,520 points x 198 B of cube",
+    for text in ("an in-memory sweep of 'search_llama70b' needs about 81.3 GiB",
+                 "440,401,920 points x 198 B of cube",
                  "the address-space limit (RLIMIT_AS) of 12.0 GiB leaves",
                  "search_llama70b.toml -o cube.nc"):
         assert text in done.stderr, done.stderr

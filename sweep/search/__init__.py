@@ -18,7 +18,7 @@ exact answer, else the search samples (:mod:`sweep.search.auto`).
     >>> from sweep.search import search
     >>> result = search("configs/sweeps/search_llama70b.toml", seed=0)
     >>> result.reason                                 # doctest: +SKIP
-    'sampled: 2.64e+09 layouts would take 7.3 min to price (time budget 60 s); ...'
+    'exhaustive: 4.4e+08 layouts, 45 s (estimated 48 s, within the time budget 60 s)'
     >>> print(result.summary())                        # doctest: +SKIP
 
 Design choices
@@ -94,9 +94,11 @@ When to search, when to sweep
     takes ~10 ms per proposal (its cost grows with the history). So auto mode
     sweeps whatever prices within the time budget (10^8-10^9 layouts), and the
     sampled search spends optuna's proposals only on starting points: on the
-    2.6e9-layout ``configs/sweeps/search_llama70b.toml`` it reaches the same
-    best on every seed in ~4 s, against ~4 min for the exhaustive walk
-    (``benchmarks/bench_search.py``).
+    4.4e8-layout ``configs/sweeps/search_llama70b.toml`` ``mode="sampled"``
+    reaches the exhaustive optimum on each of 5 seeds in 0.46-0.62 s, against
+    45-49 s for the walk auto chooses there (2 cores, 2026-12-06:
+    ``benchmarks/results/bench_search_example.json``, written by
+    ``python benchmarks/bench_search.py --example``).
 
 Seeds
     ``seed`` seeds the sampler and the local moves: the same seed, spec and batch size give the
