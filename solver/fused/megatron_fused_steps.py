@@ -200,7 +200,7 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
     top_k, moe_ffn, shared = w[9], w[10], w[11]
     hbm, flash_eff = f[4], f[5]
     log_shift, attn_eff, elem_bytes = c[2], c[4], c[5]
-    tile_cost = _tile_cost(c[3], plateau16)
+    tile_cost = _tile_cost(c[3], c[0])
     s_local, tokens, heads_t, kv_t, ffn_t = _local(w, s, tp, cp, mbs)
     (f_qkv, f_proj, core_flops, calls_core, _f1, _f2, _m1, _m2, local_experts, _s1, _s2, f_router,
      _fh, f_qup, f_kvdown, f_kvup, f_eh) = _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp)
@@ -342,7 +342,7 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
     f_head = 2.0 * tokens * h * (vocab / tp)  # as _gemm_flops computes it
     vocab_t = vocab / tp
     return 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift,
-                       _tile_cost(c[3], plateau16)) \
+                       _tile_cost(c[3], c[0])) \
         + _mbt(_CE_BYTES * tokens * vocab_t, hbm)
 
 

@@ -124,9 +124,10 @@ def _gemm(flops, calls, peak, plat, k, log_ideal, log_shift, tile_cost):
 
 
 @njit(**_PRIM)
-def _tile_cost(k_overhead, plateau16):
-    """megatron_steps.hardware's ``tile_cost``: the fixed cost per GEMM tile."""
-    return k_overhead / (_REF_PEAK * plateau16)
+def _tile_cost(k_overhead, scale):
+    """megatron_steps.hardware's ``tile_cost``: the fixed cost per GEMM tile (``scale``: the
+    fitted GEMM scale of the accelerator's architecture, the kernel's c[0])."""
+    return k_overhead / (_REF_PEAK * scale)
 
 
 @njit(**_PRIM)

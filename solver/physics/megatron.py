@@ -299,7 +299,7 @@ CONSTANT_BOUNDS = {
     "hopper_gemm_scale": (1e-3, 1.5, "extra multiplier on the GEMM plateau from Hopper on (the catalog's architecture: H100, H200; carried to B200, B300, GB200, GB300)"),
     "gemm_plateau": (0.0, 1.0, "large-GEMM plateau share of peak for every GPU and precision, in place of the catalog's measured ones; 0: the catalog's (not fitted; profiles fitted before 2026-12-04 take 0.95)"),
     "gemm_size_shift": (1e-3, 1e3, "scale of the GEMM size curve's durations"),
-    "gemm_k_overhead": (0.0, 8192.0, "fixed cost per GEMM output tile, in columns of the reduction dimension at 312 TFLOP/s"),
+    "gemm_k_overhead": (0.0, 8192.0, "fixed cost per GEMM output tile, in columns of the reduction dimension at 312 TFLOP/s times the architecture's GEMM scale"),
     "attention_efficiency": (1e-3, 2.0, "multiplier on the accelerator's sourced fused-attention efficiency"),
     "elementwise_bytes": (0.0, 1e4, "HBM bytes per token per hidden unit per layer, forward (counted: ELEMENTWISE_BYTES)"),
     "layer_overhead": (0.0, 1.0, "host time to launch one layer's forward kernels; a forward takes at least this, a backward twice it (three times with full recompute) [s]"),

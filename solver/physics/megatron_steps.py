@@ -402,9 +402,13 @@ def hardware(fleet, c, prec, grad_bf16=False) -> Hardware:
         grad_bytes=np.where((prec == PRECISIONS.index("fp16")) | np.asarray(grad_bf16), 2.0, 4.0),
         hbm=acc.memory_bandwidth, shift=c["gemm_size_shift"],
         # The fixed cost per tile is a time, gemm_k_overhead columns of K at the A100's
-        # 312 TFLOP/s (the size curve's knots' rate) times the 16-bit plateau: the same
-        # for every precision of the accelerator (gemm.gemm_tile_time).
-        tile_cost=c["gemm_k_overhead"] / (GEMM_REFERENCE_PEAK * plateau16),
+        # 312 TFLOP/s (the size curve's knots' rate) times the architecture's fitted GEMM
+        # scale: the same for every precision and every GPU of the architecture
+        # (gemm.gemm_tile_time). Not over the GPU's measured plateau share, which made a
+        # GPU of the higher peak but the lower share pay longer tiles (GB200 slower than
+        # B200 at FP4, an audit of 2026-12-06); the fit is as good either way
+        # (benchmarks/results/fidelity.md, README).
+        tile_cost=c["gemm_k_overhead"] / (GEMM_REFERENCE_PEAK * scale),
         flash_eff=acc.gemm_efficiency.get("flash_attention", DEFAULT_FLASH_ATTENTION_EFFICIENCY),
         domain=node.scale_up_domain or node.accelerators_per_node,
         up_bw=(node.scale_up_bus_bandwidth or node.intra_node_bandwidth) * c["scale_up_efficiency"],
