@@ -149,12 +149,13 @@ OUTPUTS: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
     _o("node_hfu", "1", "replica hardware FLOPs utilization", _MAX, physics=_ML),
     _o("node_energy", "J", "replica energy per step", _MIN, physics=_ML),
     _o("memory_footprint", BYTE, "training memory per accelerator", _MIN),
-    _o("memory_weights", BYTE, "weights per accelerator", _MIN),
-    _o("memory_gradients", BYTE, "gradients per accelerator", _MIN),
-    _o("memory_optimizer_state", BYTE, "optimizer state per accelerator", _MIN),
-    _o("memory_activations", BYTE, "stored activations per accelerator", _MIN),
+    _o("memory_weights", BYTE, "weights per accelerator (megatron: of the pipeline rank memory_footprint prices)", _MIN),
+    _o("memory_gradients", BYTE, "gradients per accelerator (megatron: of the pipeline rank memory_footprint prices)", _MIN),
+    _o("memory_optimizer_state", BYTE, "optimizer state per accelerator (megatron: of the pipeline rank memory_footprint prices)", _MIN),
+    _o("memory_activations", BYTE, "stored activations per accelerator (megatron: of the pipeline rank memory_footprint prices)", _MIN),
     _o("memory_communication_buffers", BYTE,
-       "gradient bucket and pipeline buffers per accelerator", _MIN),
+       "gradient bucket and pipeline buffers per accelerator"
+       " (megatron: of the pipeline rank memory_footprint prices)", _MIN),
     _o("feasible", "1", "training state fits the accelerator's memory", dtype="bool"),
 )})
 
