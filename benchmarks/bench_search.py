@@ -19,7 +19,8 @@ Run from the repository root::
     PYTHONPATH=. python benchmarks/bench_search.py           # about an hour on 2 loaded cores
 
 Results: printed, and saved as JSON (date, machine, command line, per-space
-rows) under ``benchmarks/results/bench_search[_quick]_<date>.json``. Not a
+rows) under ``benchmarks/results/bench_search[_quick]_<date>.json`` (``--example``:
+``bench_search_example.json``; ``--out`` names another). Not a
 test: it asserts nothing.
 """
 

@@ -200,14 +200,14 @@ def test_step_memo_paths_are_numpy_bitwise(wl_name, chunked, monkeypatch):
     # some rows too wide for the key's fields (tp_size, micro_batch_size, seq_len)
     wide = rng.integers(0, 30, n)
     knobs["tp_size"] = np.where(wide == 0, 1 << 16, knobs["tp_size"])
-    knobs["micro_batch_size"] = np.where(wide == 1, 1 << 31, knobs["micro_batch_size"])
+    knobs["micro_batch_size"] = np.where(wide == 1, (1 << 28) + 1, knobs["micro_batch_size"])
     knobs["seq_len"] = np.where(wide == 2, 1 << 32, knobs["seq_len"])
     fast = M.solve(wl, fl, engine="fused", **knobs)
     ref = M.solve(wl, fl, engine="numpy", **knobs)
     _assert_same(fast, ref)
     # the draw reaches each path: repeated keys, more distinct ones than kept, unpackable ones
     tp, s, mbs = knobs["tp_size"], knobs["seq_len"], knobs["micro_batch_size"]
-    packs = (tp < 1 << 16) & (s < 1 << 32) & (mbs < 1 << 31)
+    packs = (tp < 1 << 16) & (s < 1 << 32) & (mbs < 1 << 28)
     keys = np.stack([s, mbs, tp, knobs["cp_size"], knobs["ep_size"],
                      knobs["sequence_parallel"] & (tp > 1), knobs["tp_comm_overlap"],
                      knobs["flash_attention"]], axis=1)[packs]

@@ -390,3 +390,26 @@ def test_plots_refuse_the_other_models_output_and_warn_across_models(both_cube):
                              select={"physics": "megatron"})
     with pytest.warns(sweep.analysis.ModelMixWarning):
         sweep.plot.reduce_to(both_cube, "mfu", ("tp_size",))
+
+
+def test_cli_search_of_a_physics_axis_prints_each_models_knobs_blank_for_the_other(capsys):
+    """The top table of a search over both models: an mlsysim row has no micro_batch_size,
+    a megatron row no microbatch_count (best_params keep their own model's knobs only); the
+    table leaves such a cell blank (a review found the command raising KeyError on the
+    shipped compare_physics spec)."""
+    code, out, err = _call(capsys, ["search", "compare_physics", "--exact", "-k", "30",
+                                    "--no-progress"])
+    assert code == 0, err
+    table = out[out.index("top "):].splitlines()
+    header = next(line for line in table if line.lstrip().startswith("#"))
+    rows = [line for line in table if re.match(r"\s*\d+\s", line)]
+    assert len(rows) == 30
+
+    def cell(line, name):  # the right-aligned column under ``name``
+        end = header.index(name) + len(name)
+        return line[end - len(name) - 2:end].strip()
+    mls = [r for r in rows if cell(r, "physics") == "mlsysim"]
+    mg = [r for r in rows if cell(r, "physics") == "megatron"]
+    assert mls and mg and len(mls) + len(mg) == 30
+    assert all(cell(r, "micro_batch_size") == "" and cell(r, "microbatch_count") == "8" for r in mls)
+    assert all(cell(r, "micro_batch_size") == "1" and cell(r, "microbatch_count") == "" for r in mg)

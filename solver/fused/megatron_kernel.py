@@ -577,7 +577,8 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
     and the LM head's time, with the logs of the GEMM size curve they need, are a pure
     function of ten knobs (``seq_len``, ``micro_batch_size``, ``tp/cp/ep_size``,
     sequence parallelism, recompute, flash attention, precision, ``tp_comm_overlap``), of
-    whether the job fits in one NVLink domain (:func:`_whole`), and of the call's
+    whether the job fits in one NVLink domain (:func:`_whole`) and whether one EP group
+    spans it (:func:`_single_ep`), and of the call's
     workload, fleet and constants. They were about a third of a
     configuration's work (an interleaved A/B, 1 thread, 1M layouts: 253 -> 173 ms with the
     memo), and a flat draw over a design space repeats those ten far more often than

@@ -79,14 +79,18 @@ def _layout_table(rows: Sequence[Mapping], dims: Sequence[str], values: Sequence
     ``rows`` map dims and value names to values; ``values`` are the value columns.
     """
     units = dict(units or {})
-    varying = [d for d in dims if len({_fmt(r[d]) for r in rows}) > 1]
+
+    def cell(r, d):  # blank where a row has no such dim (a knob of another physics model)
+        return _fmt(r[d]) if d in r else ""
+    dims = [d for d in dims if any(d in r for r in rows)]
+    varying = [d for d in dims if len({cell(r, d) for r in rows}) > 1]
     constant = [d for d in dims if d not in varying]
     lines = []
     if constant and rows:
         lead = "same in every row" if len(rows) > 1 else "layout"
-        lines.append(f"{lead}: " + ", ".join(f"{d}={_fmt(rows[0][d])}" for d in constant))
+        lines.append(f"{lead}: " + ", ".join(f"{d}={cell(rows[0], d)}" for d in constant))
     headers = [first] + varying + [_value_column(v, units.get(v))[0] for v in values]
-    cells = [[str(i)] + [_fmt(r[d]) for d in varying]
+    cells = [[str(i)] + [cell(r, d) for d in varying]
              + [_format_value(v, r.get(v), units.get(v)) for v in values]
              for i, r in enumerate(rows, 1)]
     lines.append(format_table(headers, cells))

@@ -35,13 +35,13 @@ def _distinct_rows(rows, dims, values, objective, k, fetched) -> list:
 
 def _search_rows(result) -> tuple:
     """``(rows, names)`` of a :class:`SearchResult`'s top layouts, for :func:`_layout_table`."""
-    rows = []
+    rows, dims = [], []
     for entry in result.top:
-        params = {k: v for k, v in entry["params"].items() if v is not None}
+        # (a calibration's constants are the profile's, not the layout's: the summary names it)
+        params = {k: v for k, v in entry["params"].items()
+                  if v is not None and k not in result.constants_of(entry["params"])}
         rows.append({**params, **entry["values"]})
-    dims = []
-    for entry in result.top:
-        dims += [k for k, v in entry["params"].items() if v is not None and k not in dims]
+        dims += [k for k in params if k not in dims]
     return rows, dims
 
 

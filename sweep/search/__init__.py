@@ -505,7 +505,13 @@ def _signature_difference(stored: str, sig: str) -> str:
                      for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
             parts += inner[:4] + ([f"... {len(inner) - 4} more"] if len(inner) > 4 else [])
         else:
-            parts.append(f"{key}: stored {old!r}, now {new!r}")
+            # a key only where it is not the default (loop._rules): absent is the default,
+            # or, stored, a study of a version that did not record it
+            def shown(value):  # (a dict against nothing: its size, not its hundreds of characters)
+                return f"{len(value)} values" if isinstance(value, dict) else repr(value)
+            was = shown(old) if key in a else "not recorded (the default, or a version before the key)"
+            now = shown(new) if key in b else "the default"
+            parts.append(f"{key}: stored {was}, now {now}")
     return "; ".join(parts) or f"expected {stored}, but got {sig}"
 
 

@@ -19,6 +19,7 @@ import optuna
 from optuna.trial import TrialState
 
 from .. import physics as physics_
+from solver.physics import megatron
 from ..spec import SpecError
 from .local import LocalMovesSampler
 from .pricing import _Setup, price_trials
@@ -103,13 +104,19 @@ def signature(setup: _Setup, space: SearchSpace) -> str:
 
 
 def _rules(spec) -> dict:
-    """The spec's rules a stored trial was priced and checked under, where not the defaults."""
+    """The spec's rules a stored trial was priced and checked under, where not the defaults;
+    and the megatron physics' constants where it prices (the shipped ones move with each
+    refit, a calibration's with its profile; the mlsysim physics has none)."""
     rules = {"physics": list(spec.physics), "min_accelerators": spec.min_accelerators,
              "unbounded_cluster": spec.unbounded_cluster,
              "require_realizable": spec.require_realizable}
     defaults = {"physics": [physics_.DEFAULT_PHYSICS], "min_accelerators": None,
                 "unbounded_cluster": False, "require_realizable": True}
-    return {k: v for k, v in rules.items() if v != defaults[k]}
+    rules = {k: v for k, v in rules.items() if v != defaults[k]}
+    if "megatron" in spec.physics:
+        rules["megatron_constants"] = {**megatron.CONSTANTS,
+                                       **physics_.calibrated(spec).get("megatron", {})}
+    return rules
 
 
 class _Owner:

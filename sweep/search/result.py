@@ -6,7 +6,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import optuna
@@ -111,8 +111,16 @@ class SearchResult:
     #: The calibration profile the layouts were priced with, as the summary names it ("" for
     #: none: the shipped constants).
     calibration: str = ""
-    #: The calibration's constants among the params (the summary's layout line leaves them out).
+    #: The calibration's constants among the params of its physics' layouts (the summary's
+    #: layout line leaves them out: :meth:`constants_of`), and that physics.
     constants: tuple = ()
+    constants_physics: str = ""
+
+    def constants_of(self, params: Mapping) -> tuple:
+        """The calibration's constants among ``params`` (a layout of ``top`` or
+        ``best_params``): none unless the layout is of the calibration's physics (an
+        mlsysim knob may share a constant's name, ``overlap_efficiency``)."""
+        return self.constants if params.get("physics", "mlsysim") == self.constants_physics else ()
 
     @property
     def is_multi_objective(self) -> bool:
@@ -192,7 +200,7 @@ class SearchResult:
                      + (f"  ({len(self.best_trials)} Pareto layouts)"
                         if self.is_multi_objective else ""))
         shown = {k: v for k, v in self.best_params.items()
-                 if k not in ("workload", "fleet", *self.constants)}
+                 if k not in ("workload", "fleet", *self.constants_of(self.best_params))}
         lines.append(f"layout: {self.best_params['workload']} on {self.best_params['fleet']}: "
                      + ", ".join(f"{k}={v}" for k, v in shown.items()))
         lines.extend(self._breakdown_lines())
@@ -365,7 +373,8 @@ def finish_result(setup, entries_best_first, pareto, *, study, n_evaluated, n_ne
                           sampler=sampler, space_size=space_size,
                           elapsed=time.perf_counter() - started, reason=reason,
                           empty_counts=empty_counts, calibration=_calibration_text(setup),
-                          constants=tuple(getattr(setup.spec.calibration, "constants", None) or ()))
+                          constants=tuple(getattr(setup.spec.calibration, "constants", None) or ()),
+                          constants_physics=getattr(setup.spec.calibration, "physics", ""))
     if not top:  # the counts' reading where there are counts: which condition to relax
         warnings.warn(result.why_empty(), RuntimeWarning, stacklevel=caller_stacklevel())
     return result
