@@ -144,13 +144,13 @@ class NotASpec:
     name = "Llama3_8B"
 
 
-@pytest.mark.parametrize("workload", ["Llama3_8B", None, NotASpec(), FL])
+@pytest.mark.parametrize("workload", [None, NotASpec(), FL])
 def test_non_spec_workload_is_type_error(workload):
     with pytest.raises(TypeError, match="workload"):
         solver.solve(workload, FL)
 
 
-@pytest.mark.parametrize("fleet", ["Lab_64_H100", None, NotASpec(), WL, FL.node])
+@pytest.mark.parametrize("fleet", [None, NotASpec(), WL, FL.node])
 def test_non_spec_fleet_is_type_error(fleet):
     with pytest.raises(TypeError, match="fleet"):
         solver.solve(WL, fleet)
@@ -160,8 +160,23 @@ def test_type_error_points_to_the_converters():
     # (mlsysim objects themselves are not imported here: importing mlsysim takes ~10 s)
     with pytest.raises(TypeError, match=r"solver\.from_mlsysim.*but got NotASpec"):
         solver.solve(NotASpec(), FL)
-    with pytest.raises(TypeError, match=r"solver\.catalog\.fleet.*but got str"):
-        solver.solve(WL, "Training_1K")
+    with pytest.raises(TypeError, match=r"solver\.catalog\.fleet.*but got Node"):
+        solver.solve(WL, FL.node)
+
+
+def test_catalog_names_are_looked_up_and_a_wrong_one_names_the_closest():
+    """``solve("Llama3_8B", "Training_1K")`` is ``solve(catalog.workload(...), catalog.fleet(...))``
+    (it had been a TypeError pointing to the lookup a newcomer then had to write)."""
+    knobs = dict(batch_size=256, tp_size=np.array([1, 2, 8]), microbatch_count=8)
+    by_name = solver.solve("Llama3_8B", "Training_1K", **knobs)
+    by_spec = solver.solve(solver.catalog.workload("Llama3_8B"), solver.catalog.fleet("Training_1K"),
+                           **knobs)
+    for name in by_spec:
+        np.testing.assert_array_equal(by_name[name], by_spec[name])
+    with pytest.raises(solver.catalog.CatalogError, match="did you mean 'Llama3_8B'"):
+        solver.solve("Llama3_8b", "Training_1K")
+    with pytest.raises(solver.catalog.CatalogError, match="fleet"):
+        solver.solve("Llama3_8B", "Training_1k_nope")
 
 
 @pytest.mark.parametrize("kwargs", [dict(tensor_parallel=2), dict(tp=2), dict(dp=8),

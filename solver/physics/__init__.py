@@ -93,10 +93,11 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "aut
 
     Parameters
     ----------
-    workload : solver.specs.Workload
-        From :func:`solver.catalog.workload` or :func:`solver.from_mlsysim`.
-    fleet : solver.specs.Fleet
-        From :func:`solver.catalog.fleet` or :func:`solver.from_mlsysim`.
+    workload : solver.specs.Workload or str
+        From :func:`solver.catalog.workload` or :func:`solver.from_mlsysim`, or a catalog
+        key (``"Llama3_70B_MC"``), looked up the same way.
+    fleet : solver.specs.Fleet or str
+        From :func:`solver.catalog.fleet` or :func:`solver.from_mlsysim`, or a catalog key.
     physics : str, optional
         The model (a key of :data:`PHYSICS`); ``"mlsysim"`` by default.
     **knobs
@@ -146,8 +147,13 @@ def solve(workload, fleet, *, physics: str = DEFAULT_PHYSICS, engine: str = "aut
         (naming the knob and the value), or array knobs that do not broadcast.
     TypeError
         For a workload or fleet that is not a solver spec, or an unknown keyword.
+    solver.catalog.CatalogError
+        For a workload or fleet name the catalog does not hold (naming the closest).
     """
     chosen = model(physics)
+    from .. import catalog  # (solver.catalog imports the physics' constants: not at the top)
+    workload = catalog.workload(workload) if isinstance(workload, str) else workload
+    fleet = catalog.fleet(fleet) if isinstance(fleet, str) else fleet
     # numpy.ma keeps its mask beside the data, and numpy's arithmetic on the data alone
     # would price the masked entries as if they were values: refused, not ignored.
     masked = next((name for name, value in knobs.items()
