@@ -514,7 +514,8 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
         t_fsdp_gather = m * (2.0 * _coll_1(_WB * heavy, group, fsdp_bw, fsdp_lat) + 2.0 * fsdp_call)
         t_fsdp_rs = m * (_coll_1(heavy * grad_bytes, group, fsdp_bw, fsdp_lat) + fsdp_call)
         if moe != 0.0:  # the experts over the expert DP group
-            fsdp_call_e = (layers_stage - 1.0) * ((expert_group - 1.0) * fsdp_lat + c[11]) \
+            moe_share = 1.0 if heavy_stage else w[12]  # (Layer.moe_share, as _memo_row has it)
+            fsdp_call_e = (layers_stage * moe_share - 1.0) * ((expert_group - 1.0) * fsdp_lat + c[11]) \
                 if expert_group > 1.0 else 0.0
             t_fsdp_gather = t_fsdp_gather + m * (2.0 * _coll_1(
                 _WB * expert_stage_params, expert_group, fsdp_bw, fsdp_lat) + 2.0 * fsdp_call_e)

@@ -180,8 +180,9 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     t_fsdp_rs = m * (net.reduce_scatter_time(heavy_params * grad_bytes, group,
                                              bus_bandwidth=fsdp_bw, latency=fsdp_lat) + fsdp_call)
     if w.moe:
-        fsdp_call_e = (layers_stage - 1.0) * ((expert_group - 1.0) * fsdp_lat
-                                              + c["collective_latency"]) * (expert_group > 1)
+        # (one call a MoE layer of the stage: its share of them, ly.moe_share)
+        fsdp_call_e = (layers_stage * ly.moe_share - 1.0) * ((expert_group - 1.0) * fsdp_lat
+                                                             + c["collective_latency"]) * (expert_group > 1)
         t_fsdp_gather = t_fsdp_gather + m * (2.0 * net.all_gather_time(
             mem.WEIGHT_BYTES * expert_stage_params, expert_group, bus_bandwidth=fsdp_bw,
             latency=fsdp_lat) + 2.0 * fsdp_call_e)
