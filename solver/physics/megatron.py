@@ -421,12 +421,12 @@ OUTPUTS = {
     "bubble_fraction": ("1", "idle share of the pipelined step"),
     "optimizer_latency": ("s", "optimizer step"),
     "launch_latency": ("s", "host kernel-launch time the paced stage's GPU work does not hide (layer_overhead: where a layer's launches outlast its GPU work)"),
-    "memory_footprint": ("byte", "training memory per accelerator (of the pipeline rank that holds the most): the memory terms, the optimizer step's FP32 copy of 16-bit gradients counted only where it outweighs the activations and buffers it never coexists with"),
-    "memory_weights": ("byte", "weights per accelerator of the pipeline rank memory_footprint prices (the one that holds the most: a part may rise where the footprint falls, the peak moving to another rank)"),
-    "memory_gradients": ("byte", "gradients per accelerator of the pipeline rank memory_footprint prices (the one that holds the most: a part may rise where the footprint falls, the peak moving to another rank)"),
-    "memory_optimizer_state": ("byte", "optimizer state per accelerator (with 16-bit gradients, the step's FP32 copy of them) of the pipeline rank memory_footprint prices (the one that holds the most: a part may rise where the footprint falls, the peak moving to another rank)"),
-    "memory_activations": ("byte", "stored activations per accelerator of the pipeline rank memory_footprint prices (the one that holds the most: a part may rise where the footprint falls, the peak moving to another rank)"),
-    "memory_communication_buffers": ("byte", "gradient buckets, p2p and gather buffers per accelerator of the pipeline rank memory_footprint prices (the one that holds the most: a part may rise where the footprint falls, the peak moving to another rank)"),
+    "memory_footprint": ("byte", "training memory per accelerator (of the pipeline rank that holds the most; the memory parts are that rank's, so a part may rise where the footprint falls, the peak moving to another rank): the memory terms, the optimizer step's FP32 copy of 16-bit gradients counted only where it outweighs the activations and buffers it never coexists with"),
+    "memory_weights": ("byte", "weights per accelerator, of the pipeline rank memory_footprint prices"),
+    "memory_gradients": ("byte", "gradients per accelerator, of the pipeline rank memory_footprint prices"),
+    "memory_optimizer_state": ("byte", "optimizer state per accelerator (with 16-bit gradients, the step's FP32 copy of them), of the pipeline rank memory_footprint prices"),
+    "memory_activations": ("byte", "stored activations per accelerator, of the pipeline rank memory_footprint prices"),
+    "memory_communication_buffers": ("byte", "gradient buckets, p2p and gather buffers per accelerator, of the pipeline rank memory_footprint prices"),
     "feasible": ("1", "training state fits the accelerator's memory"),
 }
 

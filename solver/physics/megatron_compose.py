@@ -170,9 +170,6 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # (its ranks are tp apart [6]: the group spans tp x its size, inside a domain or not)
     fsdp_bw, fsdp_lat = hw.link(inside)
     # (one rank gathers nothing: no call at all, as for the other stages' collectives)
-    # The expert parameters are sharded, gathered and reduced over the expert data-parallel
-    # group (Megatron-Core's expert DP group [6]), not the dense one: none where it is one
-    # rank (ETP x EP spans every rank of the stage).
     fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"]) * (group > 1)
     t_fsdp_gather = m * (2.0 * net.all_gather_time(mem.WEIGHT_BYTES * heavy_params, group,
                                                    bus_bandwidth=fsdp_bw, latency=fsdp_lat)
@@ -180,7 +177,10 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     t_fsdp_rs = m * (net.reduce_scatter_time(heavy_params * grad_bytes, group,
                                              bus_bandwidth=fsdp_bw, latency=fsdp_lat) + fsdp_call)
     if w.moe:
-        # (one call a MoE layer of the stage: its share of them, ly.moe_share)
+        # The expert parameters are sharded, gathered and reduced over the expert
+        # data-parallel group (Megatron-Core's expert DP group [6]), not the dense one: none
+        # where it is one rank (ETP x EP spans every rank of the stage); one call a MoE layer
+        # of the stage (its share of them, ly.moe_share).
         fsdp_call_e = (layers_stage * ly.moe_share - 1.0) * ((expert_group - 1.0) * fsdp_lat
                                                              + c["collective_latency"]) * (expert_group > 1)
         t_fsdp_gather = t_fsdp_gather + m * (2.0 * net.all_gather_time(

@@ -495,6 +495,9 @@ def _signature_difference(stored: str, sig: str) -> str:
         a, b = json.loads(stored), json.loads(sig)
     except ValueError:
         return f"expected {stored}, but got {sig}"
+    def shown(value):  # (a dict against nothing: its size, not its hundreds of characters)
+        return f"{len(value)} values" if isinstance(value, dict) else repr(value)
+
     parts = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) == b.get(key):
@@ -507,8 +510,6 @@ def _signature_difference(stored: str, sig: str) -> str:
         else:
             # a key only where it is not the default (loop._rules): absent is the default,
             # or, stored, a study of a version that did not record it
-            def shown(value):  # (a dict against nothing: its size, not its hundreds of characters)
-                return f"{len(value)} values" if isinstance(value, dict) else repr(value)
             was = shown(old) if key in a else "not recorded (the default, or a version before the key)"
             now = shown(new) if key in b else "the default"
             parts.append(f"{key}: stored {was}, now {now}")

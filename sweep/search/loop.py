@@ -18,8 +18,9 @@ import uuid
 import optuna
 from optuna.trial import TrialState
 
-from .. import physics as physics_
 from solver.physics import megatron
+
+from .. import physics as physics_
 from ..spec import SpecError
 from .local import LocalMovesSampler
 from .pricing import _Setup, price_trials

@@ -13,6 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from solver import outputs as outputs_
+from solver.physics import DEFAULT_PHYSICS
 from solver.physics.common import caller_stacklevel
 
 from ..pareto import nondominated
@@ -120,7 +121,7 @@ class SearchResult:
         """The calibration's constants among ``params`` (a layout of ``top`` or
         ``best_params``): none unless the layout is of the calibration's physics (an
         mlsysim knob may share a constant's name, ``overlap_efficiency``)."""
-        return self.constants if params.get("physics", "mlsysim") == self.constants_physics else ()
+        return self.constants if params.get("physics", DEFAULT_PHYSICS) == self.constants_physics else ()
 
     @property
     def is_multi_objective(self) -> bool:
