@@ -580,3 +580,30 @@ def test_a_posterior_is_never_wider_than_its_prior():
     small = residuals * 0.01
     want = noise ** 2 * np.linalg.inv(jac.T @ jac)
     np.testing.assert_allclose(fit_.posterior_covariance(jac, small, 2, noise), want, rtol=1e-9)
+
+
+def test_slips_an_audit_found_are_named(tmp_path):
+    """A file without seq_len is read at 2,048 tokens a sequence: the warning names the
+    column and the default (an audit's runs of 2,048-8,192 tokens fitted scale_up_efficiency
+    to 0.046 without a word). Per-GPU tokens/s given in thousands is refused naming tokens, not
+    milliseconds. A source name past U+FFFF (an emoji) is written into a profile that reads
+    back (JSON's surrogate-pair escapes, which TOML refuses, had made it unreadable)."""
+    rows = _synthetic(_rows(dps=(1, 4), tps=(1, 2), pps=(1,)), M.CONSTANTS, noise=0.0)
+    without = [{k: v for k, v in r.items() if k != "seq_len"} for r in rows]
+    with pytest.warns(CalibrationWarning, match=r"no column seq_len: every run takes the default "
+                                                r"\(seq_len \(2048\)\)"):
+        read_measurements(without)
+    tokens = [{**{k: v for k, v in r.items() if k != "step_time_s"},
+               "tokens_per_s_per_gpu": 128 * 4096 / (r["step_time_s"] * r["tp_size"] * r["dp_size"])
+               / 1000} for r in rows]
+    with pytest.raises(ValueError, match=r"column tokens_per_s_per_gpu: expected tokens per second "
+                                         r"per GPU, .*thousands of tokens\?"):
+        sweep.calibrate(tokens, loo=False)
+    path = tmp_path / "runs_\U0001F680.csv"
+    path.write_text(",".join(rows[0]) + "\n" + "\n".join(
+        ",".join(str(r[k]) for k in rows[0]) for r in rows) + "\n", encoding="utf-8")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        cal = sweep.calibrate(str(path), loo=False)
+    out = cal.profile.save(tmp_path / "fit.toml")
+    assert load_profile(out).data_source.endswith("runs_\U0001F680.csv")

@@ -334,11 +334,16 @@ def _check_not_milliseconds(data, start) -> None:
     bad = np.flatnonzero(ratio > SLOWER_THAN_MODEL)
     if bad.size:
         run = data.runs[int(bad[0])]
+        seconds = run.measured_as == "step_time_s"
+        what = ("a step time in seconds, but got" if seconds else
+                "tokens per second per GPU, but got a step time of")
+        hint = ("milliseconds? (seconds per optimizer step" if seconds else
+                "thousands of tokens? (tokens per second per GPU, not the job's")
         raise MeasurementError(
-            f"{data.source} line {run.line}, column {run.measured_as}: expected a step time in "
-            f"seconds, but got {run.step_time:.4g} s, {ratio[bad[0]]:.0f}x what the model "
-            f"predicts at its start constants ({run.step_time / ratio[bad[0]]:.4g} s): "
-            f"milliseconds? (seconds per optimizer step; batch_size is global, in sequences)")
+            f"{data.source} line {run.line}, column {run.measured_as}: expected {what} "
+            f"{run.step_time:.4g} s, {ratio[bad[0]]:.0f}x what the model predicts at its start "
+            f"constants ({run.step_time / ratio[bad[0]]:.4g} s): {hint}; batch_size is "
+            f"global, in sequences)")
 
 
 def _far_sensitivity(residuals, start, name, width) -> tuple:

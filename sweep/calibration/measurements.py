@@ -454,8 +454,10 @@ def _check_priced(measurements: Measurements) -> None:
                 f"{measurements.source} line {run.line}, column {run.measured_as}: expected a "
                 f"step the accelerators can run (the model's FLOPs at most their dense peak), "
                 f"but got {run.step_time:.4g} s, which is {implied[bad[0]]:.2f}x that peak "
-                f"(MFU {implied[bad[0]]:.2f}): check the unit (seconds per optimizer step) "
-                f"and batch_size (global, in sequences)")
+                f"(MFU {implied[bad[0]]:.2f}): check the unit ("
+                + ("seconds per optimizer step" if run.measured_as == "step_time_s"
+                   else "tokens per second per GPU, not the job's") +
+                ") and batch_size (global, in sequences)")
 
 
 def _layout(knobs) -> str:
@@ -472,6 +474,24 @@ class CalibrationWarning(UserWarning):
 #: Knob columns a run's layout cannot leave to a default without a slip being likely.
 _SPLIT_COLUMNS = ("tp_size", "pp_size", "cp_size", "ep_size", "v_stages", "micro_batch_size",
                   "batch_size", "seq_len", "zero_stage", "recompute", "precision")
+
+
+#: Columns whose default a run is unlikely to have without saying so: left out of the file,
+#: each is named (a missing seq_len had been read as 2,048 on runs of 8,192 and the constants
+#: fitted to it, an audit's case; the others' defaults are the plain layout's: one
+#: microbatch sequence, BF16, no recompute, the distributed optimizer).
+_STATED_COLUMNS = ("seq_len",)
+
+
+def _warn_absent(source, header) -> None:
+    """:class:`CalibrationWarning` naming the columns of :data:`_STATED_COLUMNS` the file
+    leaves out, and the default each run takes for it."""
+    absent = [c for c in _STATED_COLUMNS if c not in header]
+    if absent:
+        shown = ", ".join(f"{c} ({megatron.KNOBS[c].default})" for c in absent)
+        warnings.warn(f"{source}: no column {', '.join(absent)}: every run takes the default "
+                      f"({shown}); add the column where the runs set another", CalibrationWarning,
+                      stacklevel=caller_stacklevel())
 
 
 def _warn_blanks(source, header, numbered) -> None:
@@ -591,6 +611,7 @@ def _from_text(text, source, sha256) -> Measurements:
         runs.append(_run(source, line, {k: c.strip() for k, c in zip(header, cells)}))
     if not runs:
         raise MeasurementError(f"{source}: expected at least one run after the header, but got none")
+    _warn_absent(source, header)
     _warn_blanks(source, header, numbered[1:])
     first = {}
     for run in runs:

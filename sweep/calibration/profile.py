@@ -126,7 +126,9 @@ def _toml(value) -> str:
         return "nan" if math.isnan(value) else ("inf" if value == math.inf else repr(value))
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return json.dumps(str(value))  # a TOML basic string
+    # a TOML basic string: JSON's escapes are TOML's, but not its \\uD83D\\uDE80 pairs for a
+    # character past U+FFFF, which TOML refuses: those are written as themselves (UTF-8)
+    return json.dumps(str(value), ensure_ascii=False)
 
 
 def now() -> str:
