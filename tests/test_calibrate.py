@@ -607,3 +607,38 @@ def test_slips_an_audit_found_are_named(tmp_path):
         cal = sweep.calibrate(str(path), loo=False)
     out = cal.profile.save(tmp_path / "fit.toml")
     assert load_profile(out).data_source.endswith("runs_\U0001F680.csv")
+
+
+def test_runs_that_cannot_tell_two_constants_apart_say_so():
+    """Four runs of a 12-layer model, one microbatch a replica, measured with a 3 s per-step
+    overhead: a per-layer launch floor of 84 ms explains them as well (an audit's case: the
+    default fit chose the floor, 0.03 % off in sample, and priced larger models 13-18x too
+    slow, with no warning). The fit from the other start found the 3 s; now the warning
+    names both constants."""
+    from solver.physics import megatron
+    rows = [dict(run_id=f"t{i}", layers=12, hidden_dim=768, heads=12, vocab_size=50304,
+                 node="DGX_H100_MC", batch_size=b, seq_len=1024, dp_size=d, tp_size=1, pp_size=1,
+                 micro_batch_size=8, step_time_s=1.0)
+            for i, (b, d) in enumerate([(8, 1), (16, 2), (32, 4), (64, 8)])]
+    true = dict(megatron.CONSTANTS, step_overhead=3.0)
+    rows = [dict(r, step_time_s=float(t)) for r, t in zip(rows, predict(read_measurements(rows), true))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        cal = sweep.calibrate(rows, loo=False)
+    told = [w for w in cal.warnings if "do not tell" in w]
+    assert told and "step_overhead" in told[0] and "layer_overhead" in told[0], cal.warnings
+
+
+def test_a_run_slowed_by_what_the_others_do_not_share_is_named():
+    """One run of the synthetic set measured 1.6x slower (2 % noise on the rest): the fit
+    spreads its error, no run passes the 10 % outlier rule, and the constants drift (an
+    audit's case). The residuals, far above the noise the fit assumes, are named, that run
+    first."""
+    rows = _synthetic(_rows(dps=(1, 4, 16), tps=(1, 2, 8), pps=(1, 2)), TRUE, noise=0.02, seed=3)
+    rows[4] = dict(rows[4], step_time_s=rows[4]["step_time_s"] * 1.6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        cal = sweep.calibrate(rows, loo=False)
+    scatter = [w for w in cal.warnings if "the scatter it assumes" in w]
+    assert scatter, cal.warnings
+    assert scatter[0].split("the farthest: ")[1].startswith(repr(rows[4]["run_id"]))

@@ -116,6 +116,19 @@ FAR_STEP = 6.0
 IN_SAMPLE_WORSE_MARGIN = 0.1
 OUTLIER_APE = 10.0
 OUTLIER_FACTOR = 3.0
+#: The fit's residuals (RMS in log step time) past this many times the ``noise`` it assumes
+#: are named, with the runs left farthest off: a run slowed 1.3-2.5x by something the runs
+#: do not say spreads its error over the others (an audit: no run then passed OUTLIER_APE,
+#: and the constants drifted, a per-step overhead of 3.8 ms fitted at 0.33-1.16 s).
+NOISE_EXCESS = 2.0
+#: A fit from another start (``fit_log``'s ``other_starts``) that leaves the runs no more
+#: than this share of the assumed noise farther off (RMS in log step time; the prior's
+#: rows aside, which favour the start) while some constant differs by more than
+#: RIVAL_RATIO is named: the runs do not tell those constants apart (an audit's runs took a
+#: 3 s per-step overhead as an 84 ms per-layer launch floor, 0.03 % off in sample and
+#: 1,300-1,800 % off on larger models; the fit from the other start had found the 3 s).
+RIVAL_NOISE_SHARE = 0.25
+RIVAL_RATIO = 2.0
 #: Above this many runs leave-one-out (one fit per run) is skipped unless asked for
 #: (``loo=True``): its cost grows with the square of the runs (10,000 runs ran for more
 #: than 14 minutes with nothing printed).
@@ -384,10 +397,21 @@ def _same_layout_notes(data) -> list:
     return notes
 
 
-def _fit_notes(data, predicted, uncalibrated, measured, fitted) -> list:
-    """Warnings on the fit as a whole: worse in sample than the start; a run far off;
-    one layout measured far apart."""
+def _fit_notes(data, predicted, uncalibrated, measured, fitted, noise) -> list:
+    """Warnings on the fit as a whole: worse in sample than the start; a run far off; the
+    runs left off by more than the noise assumed; one layout measured far apart."""
     notes = _same_layout_notes(data)
+    log_off = np.log(np.asarray(predicted, dtype=np.float64) / np.asarray(measured, dtype=np.float64))
+    rms = float(np.sqrt(np.mean(log_off ** 2))) if len(log_off) else 0.0
+    if len(log_off) >= 4 and rms > NOISE_EXCESS * noise:
+        far = np.argsort(-np.abs(log_off))[:3]
+        named = ", ".join(f"{data.runs[i].run_id!r} (line {data.runs[i].line}, "
+                          f"{100 * (np.exp(log_off[i]) - 1):+.1f} %)" for i in far)
+        notes.append(f"the fit leaves the runs {100 * rms:.1f} % off (RMS in log step time), "
+                     f"{rms / noise:.1f}x the scatter it assumes (noise={noise:g}): a run's "
+                     f"step time or layout is likely wrong, or the runs share something the "
+                     f"model does not price, and the constants are pulled to make up for it; "
+                     f"the farthest: {named}")
     after, before = _ape(predicted, measured), _ape(uncalibrated, measured)
     if fitted and float(np.mean(after)) > float(np.mean(before)) + IN_SAMPLE_WORSE_MARGIN:
         notes.append(f"the fit predicts these runs worse than the start constants, in sample "
@@ -402,6 +426,33 @@ def _fit_notes(data, predicted, uncalibrated, measured, fitted) -> list:
             notes.append(f"run {run.run_id!r} (line {run.line}) is {after[worst]:.1f} % off after "
                          f"the fit, the others at most {float(np.max(rest)):.1f} %: check its "
                          f"step time (seconds) and layout")
+    return notes
+
+
+def _rival_notes(solution, names, runs, noise) -> list:
+    """A fit from another start as good on the ``runs`` (its first residuals) as the chosen
+    one, with some constant far apart: the runs do not tell those constants apart
+    (:data:`RIVAL_NOISE_SHARE`)."""
+    def rms(fit):
+        return float(np.sqrt(np.mean(np.asarray(fit.residuals[:runs]) ** 2)))
+    best = rms(solution)
+    notes = []
+    for fit, _cost in solution.rivals:
+        off = rms(fit)
+        if off > best + RIVAL_NOISE_SHARE * noise:
+            continue
+        apart = [n for n in names if max(fit.constants[n] / solution.constants[n],
+                                         solution.constants[n] / fit.constants[n]) > RIVAL_RATIO]
+        if not apart:
+            continue
+        chosen = ", ".join(f"{n} = {solution.constants[n]:.4g}" for n in apart)
+        other = ", ".join(f"{n} = {fit.constants[n]:.4g}" for n in apart)
+        notes.append(f"these runs are explained about as well ({100 * off:.2f} % RMS against "
+                     f"{100 * best:.2f} %) by {other} as by the chosen {chosen}: they do not tell "
+                     f"{', '.join(apart)} apart, and layouts unlike them (more layers, "
+                     f"microbatches or accelerators) may be priced far apart by the two; "
+                     f"measure such layouts, or hold one of the constants (free=...)")
+        break
     return notes
 
 
@@ -586,7 +637,9 @@ def _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, n
     predicted = predict(data, constants)
     meas = data.step_times
     uncalibrated = predict(data, base)
-    notes += _fit_notes(data, predicted, uncalibrated, meas, bool(seen))
+    notes += _fit_notes(data, predicted, uncalibrated, meas, bool(seen), noise)
+    if solution is not None:
+        notes += _rival_notes(solution, seen, len(data), noise)
     if loo is None:
         loo = len(data) <= LOO_MAX_RUNS
         if not loo:

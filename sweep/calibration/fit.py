@@ -60,6 +60,9 @@ class LogFit:
     active: np.ndarray
     nfev: int
     message: str
+    #: The solutions from the other starts (:func:`fit_log`'s ``other_starts``), each with its
+    #: cost: a near-equal cost far away says the runs do not tell some constants apart.
+    rivals: tuple = ()
 
 
 def log_bounds(names: Sequence[str], bounds: Mapping) -> tuple:
@@ -116,13 +119,12 @@ def fit_log(residuals: Callable[[dict], np.ndarray], start: Mapping[str, float],
     -------
     LogFit
     """
-    best = None
-    for overrides in ({},) + tuple(other_starts):
-        fit = _fit_log(residuals, {**start, **overrides}, names, bounds, held, diff_step,
-                       max_nfev, prior_center, prior_weight)
-        if best is None or _cost(fit) < _cost(best):
-            best = fit
-    return best
+    fits = [_fit_log(residuals, {**start, **overrides}, names, bounds, held, diff_step,
+                     max_nfev, prior_center, prior_weight)
+            for overrides in ({},) + tuple(other_starts)]
+    best = min(range(len(fits)), key=lambda i: (_cost(fits[i]), i))  # the first of equal cost
+    rivals = tuple((fit, _cost(fit)) for i, fit in enumerate(fits) if i != best)
+    return dataclasses.replace(fits[best], rivals=rivals)
 
 
 def _cost(fit: LogFit) -> float:
