@@ -612,7 +612,7 @@ def test_slips_an_audit_found_are_named(tmp_path):
 def test_runs_that_cannot_tell_two_constants_apart_say_so():
     """Four runs of a 12-layer model, one microbatch a replica, measured with a 3 s per-step
     overhead: a per-layer launch floor of 84 ms explains them as well (an audit's case: the
-    default fit chose the floor, 0.03 % off in sample, and priced larger models 13-18x too
+    default fit chose the floor, 0.03 % off in sample, and priced larger models 14-19x too
     slow, with no warning). The fit from the other start found the 3 s; now the warning
     names both constants."""
     from solver.physics import megatron

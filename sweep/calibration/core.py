@@ -126,7 +126,7 @@ NOISE_EXCESS = 2.0
 #: rows aside, which favour the start) while some constant differs by more than
 #: RIVAL_RATIO is named: the runs do not tell those constants apart (an audit's runs took a
 #: 3 s per-step overhead as an 84 ms per-layer launch floor, 0.03 % off in sample and
-#: 1,300-1,800 % off on larger models; the fit from the other start had found the 3 s).
+#: 14-19x too slow on larger models; the fit from the other start had found the 3 s).
 RIVAL_NOISE_SHARE = 0.25
 RIVAL_RATIO = 2.0
 #: Above this many runs leave-one-out (one fit per run) is skipped unless asked for
