@@ -437,7 +437,7 @@ def _rival_notes(solution, names, runs, noise) -> list:
         return float(np.sqrt(np.mean(np.asarray(fit.residuals[:runs]) ** 2)))
     best = rms(solution)
     notes = []
-    for fit, _cost in solution.rivals:
+    for fit in solution.rivals:
         off = rms(fit)
         if off > best + RIVAL_NOISE_SHARE * noise:
             continue

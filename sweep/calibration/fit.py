@@ -60,8 +60,8 @@ class LogFit:
     active: np.ndarray
     nfev: int
     message: str
-    #: The solutions from the other starts (:func:`fit_log`'s ``other_starts``), each with its
-    #: cost: a near-equal cost far away says the runs do not tell some constants apart.
+    #: The solutions from the other starts (:func:`fit_log`'s ``other_starts``): one as close
+    #: to the runs but far away says they do not tell some constants apart.
     rivals: tuple = ()
 
 
@@ -123,7 +123,7 @@ def fit_log(residuals: Callable[[dict], np.ndarray], start: Mapping[str, float],
                      max_nfev, prior_center, prior_weight)
             for overrides in ({},) + tuple(other_starts)]
     best = min(range(len(fits)), key=lambda i: (_cost(fits[i]), i))  # the first of equal cost
-    rivals = tuple((fit, _cost(fit)) for i, fit in enumerate(fits) if i != best)
+    rivals = tuple(fit for i, fit in enumerate(fits) if i != best)
     return dataclasses.replace(fits[best], rivals=rivals)
 
 
