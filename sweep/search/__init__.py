@@ -96,7 +96,7 @@ When to search, when to sweep
     sampled search spends optuna's proposals only on starting points: on the
     4.4e8-layout ``configs/sweeps/search_llama70b.toml`` ``mode="sampled"``
     reaches the exhaustive optimum on each of 5 seeds in 0.46-0.62 s, against
-    45-49 s for the walk auto chooses there (2 cores, 2026-12-06:
+    44.6-48.5 s for the walk auto chooses there (2 cores, 2026-12-06:
     ``benchmarks/results/bench_search_example.json``, written by
     ``python benchmarks/bench_search.py --example``).
 
