@@ -232,6 +232,23 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     return np.where(np.asarray(recompute_code) == 2, full, per_layer)
 
 
+def recompute_working_bytes(stored, micro_batch, seq_len, hidden, *, recompute_code, **shape):
+    """Bytes a recomputed layer holds beyond its checkpoint while its backward runs [B]:
+    the backward first runs the layer's forward again (the whole layer under full
+    recompute, the attention core under selective) and keeps what that forward stores
+    for one microbatch, beside the stored checkpoints. That is what the layer stores
+    without recompute, less ``stored`` (:func:`layer_activation_bytes` of the same
+    arguments at ``recompute_code``); 0.0 without recompute. ``shape``: the keywords of
+    :func:`layer_activation_bytes` but ``recompute_code``.
+
+    Korthikanti et al. count the stored bytes only [1]; Megatron-Core's checkpointed
+    forward (``tensor_parallel.checkpoint``) allocates the recomputed activations in the
+    backward, one layer at a time.
+    """
+    whole = layer_activation_bytes(micro_batch, seq_len, hidden, recompute_code=0, **shape)
+    return np.where(np.asarray(recompute_code) == 0, 0.0, whole - stored)
+
+
 def keeps_mask(p):
     """1.0 where a dropout of probability ``p`` keeps a mask for its backward, else 0.0:
     ``p > 0`` [9] (at ``p = 1``, which trains nothing, ``torch.compile``'s fused dropout

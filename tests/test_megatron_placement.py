@@ -136,7 +136,7 @@ def test_moe_dispatcher_gathers_routed_tokens_over_tp(engine):
     dispatch = 2 * one + 2 * call  # AG + RS (same cost), forward; the same backward
     layers = QWEN.layers
     assert float(out["ep_communication_latency"]) == pytest.approx(m * layers * 2 * dispatch, rel=1e-12)
-    pair = net.allreduce_time(act, tp, bus_bandwidth=bw, latency=lat) + call
+    pair = net.allreduce_time(act, tp, bus_bandwidth=bw, latency=lat) + 2 * call  # RS + AG: two calls
     assert float(out["tp_communication_latency"]) == pytest.approx(m * layers * 2 * pair, rel=1e-12)
 
 

@@ -22,14 +22,16 @@ from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _
 # ------------------------------------------------------------------ 1. split
 
 @njit(**_INLINE)
-def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, prec, flash,
-           ogr, opg, zero, supported, first, last, op2p, rc, mtp, a2a, key_ok, accounted):
-    """megatron_steps.split (``supported``: the fleet's 4-tuple of 1.0 where it has the
-    precision; ``first``, ``last``: the set stages' layers, 0.0 where not set; ``op2p``:
+def _split(w, f, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, prec, flash,
+           ogr, opg, zero, first, last, op2p, rc, mtp, a2a, key_ok, accounted):
+    """megatron_steps.split (``f``: the fleet's row, its size, NVLink domain and the 4-tuple
+    of 1.0 where it has the precision; ``first``, ``last``: the set stages' layers, 0.0
+    where not set; ``op2p``:
     ``overlap_p2p_comm``; ``a2a``: ``overlap_moe_expert_parallel_comm``; ``key_ok``: its
     rules that read only the step memo's knobs, :func:`_key_rules`; ``accounted``: 0-2,
     ``megatron._account_stages``'s ``pipeline_split``)."""
     layers, moe = w[0], w[6]
+    n_total, domain, supported = f[11], f[6], f[13]
     sp = spk and tp > 1.0
     model_parallel = tp * 1.0 * pp * cp
     if has_dp:
@@ -68,6 +70,7 @@ def _split(w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, 
                   and (ep == 1.0 or prec != _FP16)
                   and (tp == 1.0 or sp or moe == 0.0)
                   and not (tco and not sp)
+                  and not (tco and sp and not _within(tp, domain, n_acc <= domain))
                   and not (opg and not ogr and zero >= 1)
                   and not (zero >= 2 and pp > 1.0)
                   and (not a2a or (ep > 1.0 and rc != 2 and (pp == 1.0 or v > 1.0) and mtp <= 1.0))
@@ -160,7 +163,7 @@ def _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp):
     calls_moe = experts / (ep * 1.0)
     f_moe1, f_moe2 = _mlp_flops(tokens * top_k * (etp / (tp * 1.0)), moe_ffn / etp, h, gated)
     f_sh1, f_sh2 = _mlp_flops(tokens, shared * moe_ffn / tp, h, gated)
-    f_router = 2.0 * tokens * h * experts
+    f_router = 2.0 * (tokens / (tp if sp else 1.0)) * h * experts  # the SP slice [31]
     f_head = 2.0 * tokens * h * (vocab / tp)
     f_eh = 4.0 * tokens * h * h / tp  # a multi-token prediction module's projection
     return (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
@@ -239,32 +242,35 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
         t_moe = _mlp_time(routed, moe_ffn / etp, local_experts, h, gated, hbm, peak_gemm, plateau,
                           log_shift, tile_cost, lg[G_MOE1], lg[G_MOE2])
         if shared != 0.0:
-            t_moe = t_moe + _mlp_time(tokens, shared * moe_ffn / tp, 1.0, h, gated, hbm, peak_gemm,
-                                      plateau, log_shift, tile_cost, lg[G_SH1], lg[G_SH2])
+            t_shared = _mlp_time(tokens, shared * moe_ffn / tp, 1.0, h, gated, hbm, peak_gemm,
+                                 plateau, log_shift, tile_cost, lg[G_SH1], lg[G_SH2])
         else:
-            t_moe = t_moe + 0.0
-        t_moe = t_moe + _gemm(f_router, 1.0, peak_gemm, plateau, h, lg[G_ROUTER], log_shift, tile_cost)
+            t_shared = 0.0
+        t_moe = t_moe + t_shared
+        t_moe = t_moe + _gemm(f_router, 1.0, peak16, plateau16, h, lg[G_ROUTER], log_shift, tile_cost)
         permutes = ((3.0 * top_k + 2.0) * (tokens / norm_split)
                     + (4.0 * routed if local_experts > 1.0 else 0.0))
         t_moe = t_moe + _mbt(2.0 * permutes * h, hbm)
         t_moe_f = attn_gemms_f + t_moe + elementwise
     else:
-        t_moe_f = 0.0
+        t_moe_f = t_shared = 0.0
     layer_f = (1 - moe_share) * t_dense_f + moe_share * t_moe_f
+    t_tp_gemms_f = t_qkv + t_proj + (1 - moe_share) * t_mlp_dense + moe_share * t_shared
     layer_b = 2.0 * layer_f + t_core_b
     layer_b = layer_b + ((layer_f + t_core_f) if rc == 2 else (t_core_f if rc == 1 else 0.0))
     layer_f = layer_f + t_core_f
     act_bytes = 2.0 * tokens * h
     t_mtp = 3.0 * (_gemm(f_eh, 1.0, peak_gemm, plateau, 2.0 * h, lg[G_EH], log_shift, tile_cost)
                    + _mbt(_MTP_BYTES * tokens * h / norm_split, hbm))
-    return s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b, t_mtp
+    return (s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b, t_mtp,
+            t_tp_gemms_f)
 
 
 # ---------------------------------------------------------- 4. communication
 
 @njit(**_INLINE)
 def _communication(w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
-                   t_core_f, t_core_b, low_bits, whole, single, moe_share):
+                   t_core_f, t_core_b, low_bits, whole, single, moe_share, t_tp_gemms_f):
     """megatron_steps.communication (``whole``: the job fits in one NVLink domain;
     ``single``: one EP group spans the job)."""
     d, moe, top_k, shared = w[4], w[6], w[9], w[11]
@@ -275,24 +281,30 @@ def _communication(w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_spl
     tp_bw, tp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
     t_ar = (_coll_1(act_bytes, tp, tp_bw, tp_lat) + _coll_1(act_bytes / 2.0, tp, tp_bw, tp_lat)
             if (low_bits and sp) else _coll_ar(act_bytes, tp, tp_bw, tp_lat)) \
-        + (call_lat if tp > 1.0 else 0.0)
+        + ((call_lat * (2.0 if sp else 1.0)) if tp > 1.0 else 0.0)
     full = rc == 2
     mlp_pairs = ((1.0 - moe_share) + moe_share * (1.0 if shared != 0.0 else 0.0)) if moe != 0.0 else 1.0
     tp_calls = (w[31] + mlp_pairs) * (2.0 + (1.0 if full else 0.0))
     tp_total = tp_calls * t_ar
     if w[25] != 0.0 and sp:  # multi-head latent attention's four collectives a direction
-        t_lat = _coll_ar(0.0, tp, tp_bw, tp_lat) + (call_lat if tp > 1.0 else 0.0)
+        t_lat = _coll_ar(0.0, tp, tp_bw, tp_lat) + (2.0 * call_lat if tp > 1.0 else 0.0)
         tp_total = tp_total + ((2.0 - w[31]) * (2.0 + (1.0 if full else 0.0))) * t_lat
+    again_f = 2.0 if full else 1.0
+    tp_f = tp_total / (1.0 + again_f)
+    tp_b = tp_total - tp_f
     tp_hidden = overlap_eff if (tco and sp and w[25] == 0.0) else 0.0
-    tp_layer = tp_total * (1.0 - tp_hidden)
+    tp_layer_f = tp_f - tp_hidden * _min(tp_f, t_tp_gemms_f)
+    tp_layer = tp_layer_f + (tp_b - tp_hidden * _min(tp_b, (1.0 + again_f) * t_tp_gemms_f))
     kv_bytes = 2.0 * 2.0 * tokens * kv_t * w[30]
     inside = _within(tp * cp, domain, whole)
     cp_bw, cp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
     cp_step = kv_bytes / cp_bw + cp_lat + call_lat
     cp_f = (cp - 1.0) * cp_step
-    cp_total = 3.0 * cp_f * ((1.0 + 1.0 / 3.0) if full else 1.0)
-    cp_layer_f = _exposed(cp_f, t_core_f, 1.0)
-    cp_layer_b = _exposed(2.0 * cp_f, t_core_b, 1.0) + (_exposed(cp_f, t_core_f, 1.0) if full else 0.0)
+    again = rc >= 1  # a recomputed core (selective or full) runs its ring again
+    cp_total = (4.0 if again else 3.0) * cp_f
+    ring_f = (cp - 1.0) * _exposed(cp_step, t_core_f / cp, 1.0)
+    cp_layer_f = ring_f
+    cp_layer_b = (cp - 1.0) * _exposed(2.0 * cp_step, t_core_b / cp, 1.0) + (ring_f if again else 0.0)
     cp_layer = cp_layer_f + cp_layer_b
     if moe != 0.0:
         span = etp * ep
@@ -316,7 +328,7 @@ def _communication(w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_spl
     else:
         ep_layer = ep_layer_f = ep_layer_b = 0.0
     return (up_bw, out_bw, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
-            ep_layer_f, ep_layer_b)
+            ep_layer_f, ep_layer_b, tp_layer_f)
 
 
 # --------------------------------------------------------------- 5. pipeline
@@ -347,7 +359,7 @@ def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
 
 
 @njit(**_INLINE)
-def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer,
+def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_phases,
               cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, sends,
               p2p_steady, p2p_gather, n_acc, mtp, t_mtp_module, stages, paired):
     """megatron_steps.pipeline (``t_head`` from :func:`_head`; ``sends``: a p2p send's bytes,
@@ -355,7 +367,8 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     send on arrival with its call, :func:`_p2p_gather_call`;
     ``p2p_steady``: :func:`_p2p_steady_sends`;
     ``p2p_gather``: 1.0 where the split slices are all-gathered over TP on arrival (no
-    SP), else 0.0; ``stages``: the first and the last stage's layers; ``paired``: the
+    SP), else 0.0; ``tp_phases``: TP's exposed time forward and backward;
+    ``stages``: the first and the last stage's layers; ``paired``: the
     share the combined 1F1B schedule pairs, :func:`_combined_1f1b_paired`). (One tuple for
     the stages: a call of more than 30 arguments compiles to one with ``*args``, which
     numba does not inline.)"""
@@ -365,8 +378,9 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     layer_overhead, call_lat = c[6], c[11]
     uneven, n_first, n_mid, n_last = _stage_layers(w, pp, first, last)
     layers_stage = _max(_max(n_first, n_mid), n_last) if uneven else np.ceil(layers / (pp * 1.0))
-    own_f = layer_f + tp_layer / 2 + cp_layer_f
-    own_b = layer_b + tp_layer / 2 + cp_layer_b
+    tp_layer_f, tp_layer_b = tp_phases
+    own_f = layer_f + tp_layer_f + cp_layer_f
+    own_b = layer_b + tp_layer_b + cp_layer_b
     gpu_f, gpu_b = own_f + ep_layer_f, own_b + ep_layer_b
     floor_b = layer_overhead * (2.0 + (1.0 if rc == 2 else 0.0))
     window_f = _max(gpu_f, layer_overhead)
@@ -479,7 +493,8 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     # _stage_params
     layers_mtp = layers_stage + mtp
     head_tp, emb_tp, ranks_up, ranks_up_expert, inv_tp, inv_e = tp_terms
-    dense_stage_params = ((dense_scale - w[37]) * layers_mtp + mtp * w[40]) / tp + w[37] * layers_mtp \
+    dup = w[43] if heavy_stage else w[41]
+    dense_stage_params = ((dense_scale - dup) * layers_mtp + mtp * w[40]) / tp + dup * layers_mtp \
         + head_tp * (1.0 if pp == 1.0 else 0.0)
     expert_stage_params = expert_scale * layers_mtp / (etp * ep * 1.0) if moe != 0.0 else 0.0
     heavy = dense_stage_params + emb_tp * ((1.0 if pp > 1.0 else 0.0) * (1.0 + (1.0 if mtp > 0.0 else 0.0)))
@@ -624,9 +639,11 @@ def _rank(moe, pp, v, rank, n, dense_n, first, last, dense_l, moe_l, expert_l, h
           act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp_all, mtp_l, best,
           extra):
     """One rank of megatron_compose.memory's loop: (params, experts, activations, footprint),
-    or ``best``'s where its footprint is not larger. Without experts (``moe`` 0.0, a constant
+    or ``best``'s where its footprint is not larger (``extra``: 1.0 where combined 1F1B
+    pairs, and the recompute working sets, dense and MoE). Without experts (``moe`` 0.0, a constant
     in :func:`~.megatron_kernel._price_block_dense_even`) the terms that are 0.0 are left out, the
     same bits: numpy adds exact zeros."""
+    paired, work_dense, work_moe = extra
     mtp = mtp_all * last
     copies = one_stage if pp == 1.0 else first + last * head
     chunks = pp * v + pp - 1 - 2.0 * rank if v > 1.0 else pp - rank
@@ -635,13 +652,16 @@ def _rank(moe, pp, v, rank, n, dense_n, first, last, dense_l, moe_l, expert_l, h
         params = dense_n * dense_l + moe_n * moe_l + mtp * mtp_l + emb * copies
         experts = (moe_n + mtp) * expert_l
         one = _max(act_moe if moe_n > 0.0 else 0.0, act_dense if dense_n > 0.0 else 0.0)
-        act = (dense_n * act_dense + moe_n * act_moe) * (inv_v * _min(chunks, mv)) + extra * one + last * tail
+        work = _max(work_moe if moe_n > 0.0 else 0.0, work_dense if dense_n > 0.0 else 0.0)
+        act = (dense_n * act_dense + moe_n * act_moe) * (inv_v * _min(chunks, mv)) + paired * one \
+            + _max(work, last * tail)
         foot = params * state + experts * state_e + _max(act + buffers - (params * sc + experts * sce), 0.0)
     else:
         params = dense_n * dense_l + mtp * mtp_l + emb * copies
         experts = 0.0
         one = _max(0.0, act_dense if dense_n > 0.0 else 0.0)
-        act = dense_n * act_dense * (inv_v * _min(chunks, mv)) + extra * one + last * tail
+        work = _max(0.0, work_dense if dense_n > 0.0 else 0.0)
+        act = dense_n * act_dense * (inv_v * _min(chunks, mv)) + paired * one + _max(work, last * tail)
         foot = params * state + _max(act + buffers - params * sc, 0.0)
     return (params, experts, act, foot) if foot > best[3] else best
 
@@ -664,9 +684,20 @@ def _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec, hidden_mask
         act_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, rc, flash,
                                     low_bits, w[24], latent, w[33], etp / (tp * 1.0), hidden_masks,
                                     score_masks)
+    # a recomputed layer's working set (megatron_memory.recompute_working_bytes)
+    work_dense, work_moe = 0.0, 0.0
+    if rc != 0:
+        work_dense = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_dense, 0.0, tp, sp, 0,
+                                       flash, low_bits, w[23], latent, w[33], 1.0, hidden_masks,
+                                       score_masks) - act_dense
+        work_moe = work_dense
+        if moe != 0.0:
+            work_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, 0,
+                                         flash, low_bits, w[24], latent, w[33], etp / (tp * 1.0),
+                                         hidden_masks, score_masks) - act_moe
     logits_tp = 4.0 * mbs * s_local * vocab / tp  # (memory's logits, before its "* (1 + mtp)")
     expert_l = w[36] / (etp * ep * 1.0) if moe != 0.0 else 0.0
-    return act_dense, act_moe, logits_tp, 1.0 / tp, expert_l
+    return act_dense, act_moe, logits_tp, 1.0 / tp, expert_l, work_dense, work_moe
 
 
 @njit(**_INLINE)
@@ -677,9 +708,10 @@ def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, exper
     the TP split of a p2p send (:func:`_p2p_split`); ``heavy``, ``expert_stage_params``:
     :func:`_data_parallel`'s."""
     moe, emb_params = w[6], w[16]
-    act_dense, act_moe, logits_tp, per_tp, expert_l = terms
+    act_dense, act_moe, logits_tp, per_tp, expert_l, work_dense, work_moe = terms
+    ranks_extra = (extra, work_dense, work_moe)
     shards = group > 1.0 or expert_group > 1.0  # (a group of one rank: no bucket, no gathers)
-    bucket = grad_bytes * _min(_max(4e7, 1e6 * group), params_bytes / _WB) if zero >= 2 and shards else 0.0
+    bucket = grad_bytes * (params_bytes / _WB) / layers_stage if zero >= 2 and shards else 0.0
     gathered = (heavy if group > 1.0 else 0.0) + (expert_stage_params if expert_group > 1.0 else 0.0)
     buffers = (bucket + send2 * (1.0 if pp > 1.0 else 0.0)
                + (1.0 if zero == 3 else 0.0) * 2.0 * _WB * (gathered / layers_stage))
@@ -690,8 +722,8 @@ def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, exper
     state, state_e = sw + sg + so, swe + sge + soe
     # (the rank-independent terms computed once here: LLVM does not hoist them out of the
     # ranks itself, and the loop over configurations ran 1.08x slower for it, unsaved)
-    dense_l = (w[38] - w[37]) * per_tp + w[37]
-    moe_l = (w[35] - w[37]) * per_tp + w[37]
+    dense_l = (w[38] - w[42]) * per_tp + w[42]
+    moe_l = (w[35] - w[43]) * per_tp + w[43]
     mtp_l = (moe_l if moe != 0.0 else dense_l) + w[40] * per_tp
     emb = emb_params * per_tp
     one_stage = w[22] / emb_params if emb_params != 0.0 else 1.0
@@ -712,7 +744,7 @@ def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, exper
     r, n, dn, fr, la = _rank_layers(w, 0.0 * pp, nf, nm, nl, held, last_rank, v, mixed)
     best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
                  act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
-                 (0.0, 0.0, 0.0, -np.inf), extra)
+                 (0.0, 0.0, 0.0, -np.inf), ranks_extra)
     # rank 1 (rank 0 of one stage, the last of two). Behind a first stage that is not set,
     # without leading dense layers, it holds what rank 0 holds but the embedding, with
     # fewer microbatches in flight: never a larger footprint, so the same bits without it.
@@ -722,23 +754,23 @@ def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, exper
         r, n, dn, fr, la = _rank_layers(w, _min(1.0, last_rank), nf, nm, nl, held, last_rank, v, mixed)
         best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
                      act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
-                     best, extra)
+                     best, ranks_extra)
     if mixed:  # the rank whose first chunk holds the first MoE layer, and the next
         r_moe = 0.0 if w[21] * v < nf else 1.0 + np.floor((w[21] * v - nf) / _max(nm, 1.0))
         r, n, dn, fr, la = _rank_layers(w, _min(r_moe, last_rank), nf, nm, nl, held, last_rank, v, mixed)
         best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
                      act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
-                     best, extra)
+                     best, ranks_extra)
         r, n, dn, fr, la = _rank_layers(w, _min(r_moe + 1.0, last_rank), nf, nm, nl, held, last_rank, v,
                                         mixed)
         best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
                      act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
-                     best, extra)
+                     best, ranks_extra)
     # the last rank
     r, n, dn, fr, la = _rank_layers(w, last_rank, nf, nm, nl, held, last_rank, v, mixed)
     best = _rank(moe, pp, v, r, n, dn, fr, la, dense_l, moe_l, expert_l, head, one_stage, emb,
                  act_dense, act_moe, tail, inv_v, mv, buffers, state, state_e, sc, sce, mtp, mtp_l,
-                 best, extra)
+                 best, ranks_extra)
     params, experts, activations, footprint = best
     if moe != 0.0:
         return (params * sw + experts * swe, params * sg + experts * sge, params * so + experts * soe,

@@ -98,7 +98,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "b49de262a3643a91"
+SOURCES_DIGEST = "4e0de5f61680c79a"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -116,7 +116,7 @@ _SLOT_SHIFT = np.uint64(65 - MEMO_SLOTS.bit_length())  # 64 - log2(MEMO_SLOTS)
 _NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key has all 64 bits set
 #: Values the memo keeps per key: steps 3 and 4, the LM head, a multi-token prediction
 #: module's projection and norms and its model FLOPs a sequence (see _kernel); then
-#: (columns 16-30) the terms of the later steps that read only the key's knobs, most of
+#: (columns 16-31) the terms of the later steps that read only the key's knobs, most of
 #: them divisions, which bind the vector loop (a vector division takes 8-16 cycles, a
 #: gather of the memo's value about 5): split's rules (:func:`_key_rules`), a p2p send over
 #: TP, twice that, the all-gather on arrival, the data-parallel step's (:func:`_dp_tp_terms`)
@@ -124,7 +124,7 @@ _NO_SLOT = np.uint64(0xFFFFFFFFFFFFFFFF)  # marks an empty slot; no packed key h
 #: The dense loops read these; the MoE loops compute them (see _price_steps), and an MoE
 #: workload's memo has the first :data:`_N_MEMO_MOE` columns only: a draw of thousands of
 #: keys (bench_fused's MoE draw, about 5,200) then keeps its rows in half the cache lines.
-_N_MEMO = 31
+_N_MEMO = 32
 _N_MEMO_MOE = 16
 #: Configurations a block of the kernel's two passes (see _kernel).
 BLOCK = 1024
@@ -235,7 +235,7 @@ def _logs(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp):
             math.log(_ideal(f_moe2, calls_moe, peak_gemm)) if has_moe else 0.0,
             math.log(_ideal(f_sh1, 1.0, peak_gemm)) if has_shared else 0.0,
             math.log(_ideal(f_sh2, 1.0, peak_gemm)) if has_shared else 0.0,
-            math.log(_ideal(f_router, 1.0, peak_gemm)) if has_moe else 0.0,
+            math.log(_ideal(f_router, 1.0, peak16)) if has_moe else 0.0,
             math.log(_ideal(f_head, 1.0, peak16)),
             math.log(_ideal(f_qup, 1.0, peak_gemm)) if has_qup else 0.0,
             math.log(_ideal(f_kvdown, 1.0, peak_gemm)) if has_mla else 0.0,
@@ -305,14 +305,15 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         key_ok = (values[row, 16] != 0.0) if dense else _key_rules(w, s, tp, cp, ep, etp,
                                                                     spk and tp > 1.0)
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
-            w, n_total, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
-            prec, flash, ogr, opg, zero, f[13], first, last, (p2p & 2) != 0, rc, mtp, a2a, key_ok,
+            w, f, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
+            prec, flash, ogr, opg, zero, first, last, (p2p & 2) != 0, rc, mtp, a2a, key_ok,
             (mem >> 4) & 3)
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
         grad_bytes = 2.0 if (mem & 1) != 0 else grad_bytes  # grad_reduce_in_bf16 [25]
         r = values[row]
-        s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total = \
+        s_local, act_bytes, layer_f, layer_b, tp_cp_total, tp_layer, tp_layer_f = \
             r[0], r[1], r[2], r[3], r[4], r[5], r[6]
+        tp_layer_b = tp_layer - tp_layer_f
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head = \
             r[7], r[8], r[9], r[10], r[11], r[12], r[13]
         t_mtp_module, mtp_flops_sequence = r[14], r[15]
@@ -328,7 +329,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
             tp_terms = (values[row, 20], values[row, 21], values[row, 22], values[row, 23],
                         values[row, 29], values[row, 30])
             mem_terms = (values[row, 24], values[row, 25], values[row, 26], values[row, 27],
-                         values[row, 28])
+                         values[row, 28], values[row, 31], values[row, 31])
         else:
             send, send2 = act_bytes / split, 2.0 * act_bytes / split
             gather_call = _p2p_gather_call(f, c, tp, act_bytes, n_acc <= f[6])
@@ -339,7 +340,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         paired = _combined_1f1b_paired(pp, v, m, a2a)  # overlap_moe_expert_parallel_comm [35]
         (layers_stage, paced_layers, last_paced, bubble, t_pipe, t_pp, window_f, window_b, q, slack,
          a2a_hidden, a2a_launch) = _pipeline(
-            w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp_layer, cp_layer_f,
+            w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, (tp_layer_f, tp_layer_b),
+            cp_layer_f,
             cp_layer_b, ep_layer_f, ep_layer_b, up_bw, out_bw, t_head, (send, gather_call), steady,
             1.0 * ((not sp) and split > 1.0), n_acc, mtp, t_mtp_module, (first, last), paired)
         # 6. data parallel
@@ -377,7 +379,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         fo[11][i] = ms * ep_layer - ms * _min(a2a_hidden - a2a_launch, ep_layer) + x
         fo[12][i] = t_pp + x
         fo[13][i] = t_dp + x
-        fo[14][i] = ms * (tp_total + cp_total + ep_layer) + t_pp + t_dp_total + x
+        fo[14][i] = ms * (tp_cp_total + ep_layer) + t_pp + t_dp_total + x
         fo[15][i] = bubble + x
         fo[16][i] = bubble / t_pipe + x
         fo[17][i] = t_opt + x
@@ -387,8 +389,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         fo[21][i] = optim + x
         fo[22][i] = activations + x
         fo[23][i] = buffers + x
-        fo[24][i] = ms * ((window_f - (layer_f + tp_layer / 2 + cp_layer_f + ep_layer_f))
-                          + (window_b - (layer_b + tp_layer / 2 + cp_layer_b + ep_layer_b))) \
+        fo[24][i] = ms * ((window_f - (layer_f + tp_layer_f + cp_layer_f + ep_layer_f))
+                          + (window_b - (layer_b + tp_layer_b + cp_layer_b + ep_layer_b))) \
             - ms * a2a_launch + x
         bo[0][i] = valid
         bo[1][i] = realizable
@@ -501,16 +503,17 @@ def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
     steps' terms of its knobs (see :data:`_N_MEMO`), into the row ``r``."""
     peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
     moe_share = 1.0 if heavy else w[12]
-    s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b, t_mtp = \
-        _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, peak16, plateau,
-                     plateau16, lgs, moe_share)
+    (s_local, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b, layer_f, layer_b, t_mtp,
+     t_tp_gemms_f) = _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, peak16,
+                                  plateau, plateau16, lgs, moe_share)
     (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
-     ep_layer_f, ep_layer_b) = _communication(
+     ep_layer_f, ep_layer_b, tp_layer_f) = _communication(
         w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b,
-        _low_bits(prec), whole, single, moe_share)
+        _low_bits(prec), whole, single, moe_share, t_tp_gemms_f)
     t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
+    # (TP's and CP's traffic kept as their sum, which only communication_latency reads)
     r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
-        s_local, act_bytes, layer_f, layer_b, tp_total, tp_layer, cp_total
+        s_local, act_bytes, layer_f, layer_b, tp_total + cp_total, tp_layer, tp_layer_f
     r[7], r[8], r[9], r[10], r[11], r[12], r[13] = \
         cp_layer, ep_layer, cp_layer_f, cp_layer_b, ep_layer_f, ep_layer_b, t_head
     r[14], r[15] = t_mtp, _mtp_flops_per_sequence(w, s)
@@ -519,7 +522,7 @@ def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
     r[16] = 1.0 if _key_rules(w, s, tp, cp, ep, etp, sp) else 0.0
     r[17], r[18], r[19] = act_bytes / tp, 2.0 * act_bytes / tp, _p2p_gather_call(f, c, tp, act_bytes, whole)
     r[20], r[21], r[22], r[23], r[29], r[30] = _dp_tp_terms(w, f, tp, ep, etp)
-    r[24], r[25], r[26], r[27], r[28] = _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec,
+    r[24], r[25], r[26], r[27], r[28], r[31], _work_moe = _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec,
                                                       (masks & 1) != 0, (masks & 2) != 0)
 
 
@@ -540,7 +543,7 @@ def _ideals(w, f, c, s, tp, cp, ep, etp, mbs, flash, prec, sp, ext, col):
     ext[G_MOE2, col] = _ideal(f_moe2, calls_moe, peak_gemm)
     ext[G_SH1, col] = _ideal(f_sh1, 1.0, peak_gemm)
     ext[G_SH2, col] = _ideal(f_sh2, 1.0, peak_gemm)
-    ext[G_ROUTER, col] = _ideal(f_router, 1.0, peak_gemm)
+    ext[G_ROUTER, col] = _ideal(f_router, 1.0, peak16)
     ext[G_HEAD, col] = _ideal(f_head, 1.0, peak16)
     ext[G_QUP, col] = _ideal(f_qup, 1.0, peak_gemm)
     ext[G_KVDOWN, col] = _ideal(f_kvdown, 1.0, peak_gemm)
@@ -836,7 +839,11 @@ def workload_scalars(w):
         # multi-head latent attention's latents kept under FP8 (megatron._Shape.latent_act_fp8)
         float(w.latent_act_fp8),
         # a multi-token prediction module's weights besides its layer (megatron._Shape)
-        float(w.mtp_module_params)))
+        float(w.mtp_module_params),
+        # weights whole on every TP rank a layer (megatron._Shape.dense_dup, moe_dup), and
+        # their mix as megatron_compose._stage_params takes it
+        float(w.dense_dup * w.dense_layers / w.layers + w.moe_dup * w.moe_layers / w.layers),
+        float(w.dense_dup), float(w.moe_dup)))
 
 
 def fleet_scalars(fleet, total_accelerators=None, constants=None):

@@ -246,6 +246,21 @@ References
     time"). Llama 3.1 405B's 126 layers + 2 run on 8 stages of
     8 interleaved chunks; Megatron-Bridge's Qwen3-235B-A22B recipe uses both ("for proper
     layer distribution in pipeline parallelism", 94 + 2 layers on 16 stages).
+[37] Transformer Engine's communication-GEMM overlap (``--tp-comm-overlap``: its
+    userbuffers, ``transformer_engine.pytorch.module.base.initialize_ub``): the TP
+    all-gather and reduce-scatter are split into chunks that run beside the chunks of
+    the GEMM that consumes or produces them (a column-parallel layer's all-gather beside
+    its GEMM, a row-parallel layer's reduce-scatter beside its; in the backward the same
+    beside the data- and weight-gradient GEMMs), so they hide behind those GEMMs only,
+    at most their time. Only within one node's NVLink domain: "comm+GEMM overlap is
+    only possible with single-node tensor-parallelism" (NVIDIA/TransformerEngine issue
+    #1071, a maintainer; userbuffers rely on CUDA IPC/multicast), extended to
+    multi-node NVLink domains (GB200 NVL72) by TransformerEngine PR #1470 (TE 2.2).
+    Context parallelism's P2P ring (``AttnFuncWithCPAndKVP2P`` in TE's
+    ``attention/dot_product_attention/context_parallel.py``): step i's send runs beside
+    step i's attention on the chunk in hand, one cp-th of the core (load-balanced
+    chunks), and the last step has no send beside it; the backward sends K/V and their
+    gradients together; a core recomputed (selective or full) runs its ring again.
 """
 
 from __future__ import annotations
@@ -400,8 +415,8 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
 
 #: Output name -> (CF units, long name).
 OUTPUTS = {
-    "valid": ("1", "split is possible: TP*PP*CP divides the fleet and EP divides DP*CP"),
-    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers into pp_size * v_stages equal chunks or as the first and last stages' layers set [13], interleaving with the microbatches in groups of pp_size [17] (on more than two stages without overlap_p2p_comm [27]), no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], no ZeRO-2/3 with a pipeline [30], a precision the accelerator has [21]"),
+    "valid": ("1", "split is possible: TP*PP*CP divides the fleet and the expert grid ETP*EP divides TP*CP*DP"),
+    "realizable": ("1", "Megatron-Core can run it: whole microbatches, heads, KV heads [16] and experts split evenly, layers into pp_size * v_stages equal chunks or as the first and last stages' layers set [13], interleaving with the microbatches in groups of pp_size [17] (on more than two stages without overlap_p2p_comm [27]), no idle ranks, none of the flag combinations Megatron refuses [15] [18]-[20], tp_comm_overlap only with TP inside an NVLink domain [37], no ZeRO-2/3 with a pipeline [30], a precision the accelerator has [21]"),
     "dp_size": ("1", "data-parallel degree"),
     "microbatch_count": ("1", "microbatches per step per data-parallel rank"),
     "step_latency_total": ("s", "training step time"),
@@ -413,7 +428,7 @@ OUTPUTS = {
     "compute_latency": ("s", "busy time of the heaviest stage (GEMMs, attention, memory-bound kernels)"),
     "tp_communication_latency": ("s", "exposed tensor-parallel collectives"),
     "cp_communication_latency": ("s", "exposed context-parallel K/V exchange"),
-    "ep_communication_latency": ("s", "expert-parallel all-to-all left exposed (all of it but what overlap_moe_expert_parallel_comm hides behind the paired microbatch's work)"),
+    "ep_communication_latency": ("s", "expert dispatch left exposed: the expert-parallel all-to-all and, with expert tensor parallelism (etp_size > 1, by default tp_size), the dispatcher's all-gather and reduce-scatter over the expert TP group, so nonzero at ep_size 1 where etp_size > 1 (all of it but what overlap_moe_expert_parallel_comm hides behind the paired microbatch's work)"),
     "pp_communication_latency": ("s", "exposed pipeline p2p sends"),
     "dp_communication_latency": ("s", "exposed data-parallel gradient reduction and parameter gather"),
     "communication_latency": ("s", "all communication before overlap"),
@@ -719,6 +734,11 @@ class _Shape:
         self.dense_layer_params = attn + mats * h * self.ffn + 2 * h
         self.expert_params = mats * h * self.moe_ffn
         self.moe_layer_nonexpert = attn + 2 * h + h * self.experts + self.shared * self.expert_params
+        # A layer's weights whole on every TP rank: its two norms' (Transformer Engine's
+        # LayerNormLinear keeps the norm's weight replicated) and MLA's duplicated ones [33];
+        # an MoE layer's router too (one experts x h tensor, replicated [31]).
+        self.dense_dup = self.attn_dup + 2.0 * h
+        self.moe_dup = self.dense_dup + h * self.experts
         self.embedding_params = self.vocab * h
         # A multi-token prediction module's weights besides its transformer layer [34]: the
         # projection (2h -> h) and three norms (of the embedding, the hidden state, the output).
@@ -1000,7 +1020,7 @@ def why_unrealizable(workload: Workload, fleet: Fleet, *, check_shape=True, **kn
     shape = np.broadcast_shapes(*(np.shape(v) for v in k.values()))
     broken = {"valid": ~np.asarray(split.valid)}
     broken.update({name: ~np.asarray(holds) for name, holds in
-                   steps.realizable_conditions(w, fleet, k, split.m_exact).items()})
+                   steps.realizable_conditions(w, fleet, k, split.m_exact, split.n_acc).items()})
     return {name: np.broadcast_to(where, shape).copy() for name, where in broken.items()
             if np.any(where)}
 

@@ -39,19 +39,22 @@ def _stage_params(w, sp: Split, layers_stage):
     # per layer: the model's mix, or MoE layers only on a stage of them (heavy_moe_stage)
     dense_scale = (w.dense_layer_params * w.dense_layers / w.layers
                    + w.moe_layer_nonexpert * w.moe_layers / w.layers)
+    dup_scale = w.dense_dup * w.dense_layers / w.layers + w.moe_dup * w.moe_layers / w.layers
     expert_scale = w.expert_params * w.experts * w.moe_layers / w.layers
     heavy = heavy_moe_stage(w, pp, sp.v, sp.first, sp.last)
     if heavy is not False:
         dense_scale = np.where(heavy, float(w.moe_layer_nonexpert), dense_scale)
+        dup_scale = np.where(heavy, float(w.moe_dup), dup_scale)
         expert_scale = np.where(heavy, float(w.expert_params * w.experts), expert_scale)
-    # (a multi-head latent attention's duplicated weights whole on every TP rank [33])
+    # (the norms', the router's and a multi-head latent attention's duplicated weights
+    # whole on every TP rank: megatron._Shape.dense_dup, moe_dup)
     # Multi-token prediction modules [34], on the last stage, priced on this one: a layer
     # each (of this stage's kind), its projection and norms, and with a pipeline the
     # embedding's copy the last stage builds for them.
     mtp = sp.mtp
     layers_mtp = layers_stage + mtp
-    dense_stage_params = ((dense_scale - w.attn_dup) * layers_mtp + mtp * w.mtp_module_params) / tp \
-        + w.attn_dup * layers_mtp + w.single_stage_embedding / tp * (pp == 1)
+    dense_stage_params = ((dense_scale - dup_scale) * layers_mtp + mtp * w.mtp_module_params) / tp \
+        + dup_scale * layers_mtp + w.single_stage_embedding / tp * (pp == 1)
     expert_stage_params = expert_scale * layers_mtp / (sp.etp * sp.ep * 1.0) if w.moe else 0.0
     # + LM head on last (and the MTP modules' embedding copy)
     heavy_params = dense_stage_params + w.embedding_params / tp * ((pp > 1) * (1.0 + (mtp > 0)))
@@ -247,16 +250,39 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
             moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
             low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
             context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0), **drop)
-    # Megatron DDP's buckets are views into the gradient buffer [23]: a bucket of its own
-    # (size [7]) only where the gradients are sharded and one is gathered to reduce it;
-    # no larger than the rank's gradients (the buckets partition them [23]), which the
-    # size's 1e6 per rank of the group outgrows at a large DP x CP. ZeRO-3 gathers two
+    # A recomputed layer's working set [5]: its backward first runs its forward again (the
+    # whole layer under full recompute, the attention core under selective) and holds
+    # what that forward stores, one layer of one microbatch, beside the checkpoints:
+    # what the layer would store without recompute, less what it stores with it (0.0
+    # without recompute). On the last rank it never coexists with the logits and the
+    # MTP layers' activations, freed by the output layer's backward before the last
+    # layer's; the larger counts.
+    work_dense = mem.recompute_working_bytes(
+        act_dense, mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn,
+        gated=w.gated, tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc,
+        flash_attention=flash, low_bits=hw.low_bits, attention_bytes=w.attn_act,
+        latent_bytes=latent, context_ratio=w.context_ratio, **drop)
+    work_moe = work_dense
+    if w.moe:
+        work_moe = mem.recompute_working_bytes(
+            act_moe, mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn,
+            gated=w.gated, tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc,
+            flash_attention=flash, moe_top_k=w.top_k,
+            moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
+            low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
+            context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0), **drop)
+    # Megatron DDP's buckets are views into the gradient buffer [23]: a buffer of its own
+    # only where the gradients are sharded (ZeRO-2/3, FSDP), which reduce-scatters each
+    # unit's (a layer's) gradients as the backward produces them: one layer's share of the
+    # rank's gradients, unsharded, whatever the data-parallel size (the DDP bucket size's
+    # 1e6 a rank of the group, which this had taken, made the footprint grow with DP,
+    # an audit of 2026-12-06). ZeRO-3 gathers two
     # layers' weights ahead: the dense ones where its group shards them, the experts where
     # the expert DP group does. A group of one rank (no DP or CP, and no expert DP) shards
     # nothing and gathers nothing: no bucket, no gather buffers.
     shards = (group > 1) | (dpr.expert_group > 1)
-    bucket = np.where((zero >= 2) & shards, hw.grad_bytes * np.minimum(
-        np.maximum(4e7, 1e6 * group), dpr.params_bytes / mem.WEIGHT_BYTES), 0.0)
+    bucket = np.where((zero >= 2) & shards,
+                      hw.grad_bytes * (dpr.params_bytes / mem.WEIGHT_BYTES) / layers_stage, 0.0)
     gathered = np.where(group > 1, dpr.heavy_params, 0.0) + np.where(
         dpr.expert_group > 1, dpr.expert_stage_params, 0.0)
     buffers = (bucket + 2.0 * ly.act_bytes / sp.p2p_split * (pp > 1)
@@ -270,12 +296,13 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         swe, sge, soe, sce = mem.state_bytes(dpr.expert_group, zero, hw.grad_bytes)
     state, state_e = sw + sg + so, swe + sge + soe
     # A rank's weights a layer: dense, MoE's but its experts, its experts (over ETP x EP);
-    # MLA's duplicated weights whole on every TP rank [33]. A multi-token prediction module
+    # the norms', the router's and MLA's duplicated weights whole on every TP rank
+    # (megatron._Shape.dense_dup, moe_dup). A multi-token prediction module
     # [34]: a layer of the last one's kind, its projection and norms. An embedding matrix.
     # (times 1 / tp: the fused kernel's loop makes one division, not five)
     per_tp = 1.0 / tp
-    dense_l = (w.dense_layer_params - w.attn_dup) * per_tp + w.attn_dup
-    moe_l = (w.moe_layer_nonexpert - w.attn_dup) * per_tp + w.attn_dup
+    dense_l = (w.dense_layer_params - w.dense_dup) * per_tp + w.dense_dup
+    moe_l = (w.moe_layer_nonexpert - w.moe_dup) * per_tp + w.moe_dup
     expert_l = w.expert_params * w.experts / (sp.etp * sp.ep * 1.0) if w.moe else 0.0
     mtp_l = (moe_l if w.moe else dense_l) + w.mtp_module_params * per_tp
     emb = w.embedding_params * per_tp
@@ -297,7 +324,8 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         one = np.maximum(np.where(moe_n > 0, act_moe, 0.0), np.where(dense_n > 0, act_dense, 0.0))
         stored = (dense_n * act_dense + moe_n * act_moe) * mem.in_flight_layers(1.0, pp, sp.v, sp.m, rank) \
             + (sp.a2a_paired > 0.0) * one
-        act = stored + last * (act_moe * sp.mtp + logits)
+        work = np.maximum(np.where(moe_n > 0, work_moe, 0.0), np.where(dense_n > 0, work_dense, 0.0))
+        act = stored + np.maximum(work, last * (act_moe * sp.mtp + logits))
         # (written as a max, not "+ act + buffers - min(copy, act + buffers)": the same
         # in reals, and in floats the larger act never gives the smaller footprint, so the
         # fused kernel may leave out a rank that cannot hold more; where the copy
@@ -416,9 +444,9 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         "optimizer_latency": dpr.t_opt,
         # the host's launches a phase's GPU work does not hide (megatron_steps.pipeline's
         # windows over the same sums): with the terms above, the pipelined step's rest
-        "launch_latency": ms * ((pl.window_f - (ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f
+        "launch_latency": ms * ((pl.window_f - (ly.layer_f + cm.tp_layer_f + cm.cp_layer_f
                                                 + cm.ep_layer_f))
-                                + (pl.window_b - (ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b
+                                + (pl.window_b - (ly.layer_b + cm.tp_layer_b + cm.cp_layer_b
                                                   + cm.ep_layer_b)))
         - ms * pl.a2a_launch,
         "memory_footprint": mm.footprint,

@@ -187,6 +187,8 @@ REALIZABLE_CONDITIONS = {
     "expert_width": "etp_size divides an expert's width [6]",
     "moe_tp_needs_sp": "an MoE model with tp_size > 1 needs sequence_parallel [20]",
     "tp_comm_overlap_needs_sp": "tp_comm_overlap needs sequence_parallel (and tp_size > 1) [15]",
+    "tp_comm_overlap_domain": "tp_comm_overlap needs every TP group inside one NVLink domain "
+                              "(Transformer Engine's userbuffers) [37]",
     "param_gather_needs_grad_reduce": "overlap_param_gather needs overlap_grad_reduce under the "
                                       "distributed optimizer",
     "no_sharding_with_pipeline": "ZeRO-2/3 (FSDP) runs without a pipeline [30]",
@@ -197,9 +199,10 @@ REALIZABLE_CONDITIONS = {
 }
 
 
-def realizable_conditions(w, fleet, k, m_exact) -> dict:
+def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
     """Each condition of ``realizable`` (:data:`REALIZABLE_CONDITIONS`): name -> where it
-    holds, for the knobs ``k`` and the microbatches ``m_exact`` of :func:`split`."""
+    holds, for the knobs ``k`` and the microbatches ``m_exact`` and ranks ``n_acc`` of
+    :func:`split`."""
     tp, pp, cp, ep = k["tp_size"], k["pp_size"], k["cp_size"], k["ep_size"]
     etp = k.get("etp_size", tp)
     v, s, prec = k["v_stages"], k["seq_len"], k["precision"]
@@ -242,6 +245,9 @@ def realizable_conditions(w, fleet, k, m_exact) -> dict:
         "expert_width": (not w.moe) | (w.moe_ffn % etp == 0),
         "moe_tp_needs_sp": (tp == 1) | sp | (not w.moe),  # [20]
         "tp_comm_overlap_needs_sp": ~(k["tp_comm_overlap"] & ~sp),  # [15]: tp 1 turns SP off
+        # userbuffers reach the ranks of one NVLink domain only [37]
+        "tp_comm_overlap_domain": ~(k["tp_comm_overlap"] & sp) | groups_within(
+            fleet.node.scale_up_domain or fleet.node.accelerators_per_node, tp, n_acc),
         "param_gather_needs_grad_reduce": ~(k["overlap_param_gather"] & ~k["overlap_grad_reduce"]
                                             & (k["zero_stage"] >= 1)),
         # sharded gradients or parameters (ZeRO-2/3, FSDP) with a pipeline [30]
@@ -282,7 +288,7 @@ def split(w, fleet, k) -> Split:
     prec = k["precision"]
     first, last = k["num_layers_in_first_pipeline_stage"], k["num_layers_in_last_pipeline_stage"]
     realizable = valid
-    for holds in realizable_conditions(w, fleet, k, m_exact).values():
+    for holds in realizable_conditions(w, fleet, k, m_exact, n_acc).values():
         realizable = realizable & holds
     return Split(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
                  rc=k["recompute"], zero=k["zero_stage"], prec=prec, dp=dp, group=group,
@@ -368,8 +374,8 @@ class Hardware:
         """Where every group spanning ``span`` consecutive ranks lies inside one NVLink domain.
 
         Megatron-Core lays ranks out in order, with no knowledge of the domains [6]: a
-        group of TP ranks spans ``tp``, a CP group ``tp cp``, an EP group ``tp ep`` (the
-        expert grid's own order, its TP the dense TP), a pipeline the whole job
+        group of TP ranks spans ``tp``, a CP group ``tp cp``, an EP group ``etp ep`` (the
+        expert grid's own order, its TP ``etp_size``), a pipeline the whole job
         (``world``); the groups tile the job with that period and the domains tile it
         with period ``domain``. All groups are inside where the span divides the domain,
         or where the whole job fits in one; otherwise some group straddles a boundary (a
@@ -377,9 +383,13 @@ class Hardware:
         56 in the next) and the slowest group paces the step, so the group is priced on
         the scale-out fabric. Power-of-two groups always divide a domain of 8.
         """
-        span = np.asarray(span, dtype=np.float64)
-        return (span <= self.domain) & ((np.mod(self.domain, span) == 0)
-                                        | (np.asarray(world) <= self.domain))
+        return groups_within(self.domain, span, world)
+
+
+def groups_within(domain, span, world):
+    """:meth:`Hardware.within` for an NVLink domain of ``domain`` accelerators."""
+    span = np.asarray(span, dtype=np.float64)
+    return (span <= domain) & ((np.mod(domain, span) == 0) | (np.asarray(world) <= domain))
 
 
 def hardware(fleet, c, prec, grad_bf16=False) -> Hardware:
@@ -437,6 +447,9 @@ class Layer:
     layer_b: object
     #: a multi-token prediction module's projection and norms, forward and backward [34]
     t_mtp: object
+    #: the forward GEMMs of the TP-communicating layers (QKV, output projection, the dense
+    #: or shared-expert MLP), which tp_comm_overlap hides TP traffic behind [37]
+    t_tp_gemms_f: object = 0.0
 
 
 def _accounted(state, rule):
@@ -634,15 +647,20 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
         # expert TP group) are sorted by expert after dispatch and back before combine (2 x 2).
         permutes = ((3.0 * w.top_k + 2.0) * (tokens / norm_split)
                     + np.where(local_experts > 1.0, 4.0 * routed, 0.0))
+        t_shared = _mlp_time(w, hw, tokens, w.shared * w.moe_ffn / tp) if w.shared else 0.0
         t_moe = (_mlp_time(w, hw, routed, w.moe_ffn / etp, calls=local_experts)
-                 + (_mlp_time(w, hw, tokens, w.shared * w.moe_ffn / tp) if w.shared else 0.0)
-                 + g(fl.router_flops(tokens, h, w.experts), k=h)
+                 + t_shared
+                 # the router: on the rank's SP slice of the tokens, in 16 bits (a plain
+                 # matmul, not a TE layer: FP8 does not reach it) [31]
+                 + g(fl.router_flops(tokens / norm_split, h, w.experts), k=h, peak=hw.peak16,
+                     plat=hw.plateau16)
                  + gemm.memory_bound_time(2.0 * permutes * h, hbm))
         t_moe_f = attn_gemms_f + t_moe + elementwise
     else:
-        t_moe_f = 0.0
+        t_moe_f = t_shared = 0.0
     moe_share = heaviest_moe_share(w, sp.pp, sp.v, sp.first, sp.last)
     layer_f = (1 - moe_share) * t_dense_f + moe_share * t_moe_f  # GEMMs + memory-bound + overhead
+    t_tp_gemms_f = t_qkv + t_proj + (1 - moe_share) * t_mlp_dense + moe_share * t_shared
     # Backward: 2x the forward GEMMs and memory-bound kernels [3]; recompute adds
     # the forward (full) or the attention core (selective) again.
     layer_b = 2.0 * layer_f + t_core_b
@@ -656,7 +674,8 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
                    + gemm.memory_bound_time(MTP_ELEMENTWISE_BYTES * tokens * h / norm_split, hbm))
     return Layer(h=h, d=d, s_local=s_local, tokens=tokens, kv_t=kv_t, norm_split=norm_split,
                  act_bytes=2.0 * tokens * h, moe_share=moe_share, t_core_f=t_core_f,
-                 t_core_b=t_core_b, layer_f=layer_f, layer_b=layer_b, t_mtp=t_mtp)
+                 t_core_b=t_core_b, layer_f=layer_f, layer_b=layer_b, t_mtp=t_mtp,
+                 t_tp_gemms_f=t_tp_gemms_f)
 
 
 # ---------------------------------------------------------- 4. communication
@@ -666,6 +685,9 @@ class Communication:
     """Per-layer TP, CP and EP communication: in all, and exposed [s]."""
     tp_total: object
     tp_layer: object
+    #: TP's exposed time in the forward and in the backward (a full recompute's in it)
+    tp_layer_f: object
+    tp_layer_b: object
     cp_total: object
     cp_layer: object
     ep_layer: object
@@ -691,7 +713,8 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     # of the 16-bit bytes and an all-gather of half of them.
     t_rs_ag8 = (net.reduce_scatter_time(ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat)
                 + net.all_gather_time(ly.act_bytes / 2.0, tp, bus_bandwidth=tp_bw, latency=tp_lat))
-    t_ar = np.where(np.asarray(hw.low_bits) & sp.sp, t_rs_ag8, t_ar) + call_lat * (tp > 1)
+    # (Under SP a pair's all-reduce is a reduce-scatter and an all-gather: two launches.)
+    t_ar = np.where(np.asarray(hw.low_bits) & sp.sp, t_rs_ag8, t_ar) + call_lat * (tp > 1) * (1.0 + sp.sp)
     mlp_pairs = (1.0 - ly.moe_share) + ly.moe_share * (1.0 if w.shared else 0.0) if w.moe else 1.0
     # (A multi-head latent attention's pair moves its latents where the others move h on
     # one of its two collectives: ``attn_pair`` of a pair's bytes [33].)
@@ -704,20 +727,34 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
         # reduce-scatter. ``attn_pair`` above scales a pair's bytes, and with them its
         # latency; the rest of two pairs' latency (ring steps and launches) is added here.
         t_lat = (net.allreduce_time(0.0, tp, bus_bandwidth=tp_bw, latency=tp_lat)
-                 + call_lat * (tp > 1))
+                 + 2.0 * call_lat * (tp > 1))
         tp_total = tp_total + sp.sp * ((2.0 - w.attn_pair) * (2.0 + (rc == 2))) * t_lat
-    # (none for multi-head latent attention, whose projections turn the overlap off [33])
+    # The forward's share of the traffic, one of 2 (3 with a full recompute, whose
+    # forward runs in the backward phase). tp_comm_overlap hides overlap_efficiency of
+    # each phase's traffic, but only behind the GEMMs its chunks run beside [37]: the
+    # TP-communicating layers' forward GEMMs, in the backward their gradients' (2x) and a
+    # full recompute's forward. (None for multi-head latent attention, whose projections
+    # turn the overlap off [33].)
+    again_f = 1.0 + (rc == 2)
+    tp_f = tp_total / (1.0 + again_f)
+    tp_b = tp_total - tp_f
     tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp & (not w.mla), c["overlap_efficiency"], 0.0)
-    tp_layer = tp_total * (1.0 - tp_hidden)
+    tp_layer_f = tp_f - tp_hidden * np.minimum(tp_f, ly.t_tp_gemms_f)
+    tp_layer = tp_layer_f + (tp_b - tp_hidden * np.minimum(tp_b, (1.0 + again_f) * ly.t_tp_gemms_f))
+    tp_layer_b = tp_layer - tp_layer_f
     # CP: cp-1 ring steps of the local K and V, forward; K, V and their gradients backward
-    # (3x in all), hidden behind the attention core [4].
+    # (3x in all), each step's send beside that step's share of the attention core, one
+    # cp-th (load-balanced chunks), the last step's core with no send beside it [4] [37];
+    # a recomputed core (selective or full) runs its ring again.
     kv_bytes = 2.0 * 2.0 * ly.tokens * ly.kv_t * w.core_dim
     cp_bw, cp_lat = hw.link(hw.within(tp * cp, sp.n_acc))
     cp_step = net.p2p_time(kv_bytes, bandwidth=cp_bw, latency=cp_lat) + call_lat
     cp_f = (cp - 1) * cp_step
-    cp_total = 3.0 * cp_f * (1.0 + (rc == 2) / 3.0)
-    cp_layer_f = _exposed(cp_f, ly.t_core_f, 1.0)
-    cp_layer_b = _exposed(2.0 * cp_f, ly.t_core_b, 1.0) + (rc == 2) * _exposed(cp_f, ly.t_core_f, 1.0)
+    again = rc >= 1
+    cp_total = (3.0 + again) * cp_f
+    ring_f = (cp - 1) * _exposed(cp_step, ly.t_core_f / cp, 1.0)
+    cp_layer_f = ring_f
+    cp_layer_b = (cp - 1) * _exposed(2.0 * cp_step, ly.t_core_b / cp, 1.0) + again * ring_f
     cp_layer = cp_layer_f + cp_layer_b
     # EP: dispatch + combine forward and backward per MoE layer, top-k copies of each token
     # (the rank's sequence slice under SP), over the EP group (ranks tp apart in the expert
@@ -756,7 +793,8 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
         ep_layer_b = ly.moe_share * (1.0 + (rc == 2)) * moe_f
     else:
         ep_layer = ep_layer_f = ep_layer_b = np.zeros(())
-    return Communication(tp_total=tp_total, tp_layer=tp_layer, cp_total=cp_total,
+    return Communication(tp_total=tp_total, tp_layer=tp_layer, tp_layer_f=tp_layer_f,
+                         tp_layer_b=tp_layer_b, cp_total=cp_total,
                          cp_layer=cp_layer, ep_layer=ep_layer, cp_layer_f=cp_layer_f,
                          cp_layer_b=cp_layer_b, ep_layer_f=ep_layer_f, ep_layer_b=ep_layer_b)
 
@@ -795,8 +833,8 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     layers_stage = np.where(uneven, np.maximum(np.maximum(n_first, n_mid), n_last),
                             np.ceil(w.layers / (pp * 1.0)))
     # The host launches kernels asynchronously [12]: each phase of a layer takes the
-    # longer of its GPU time (compute and the communication left exposed; TP's time
-    # halved between forward and backward) and the host's time to issue its kernels, one
+    # longer of its GPU time (compute and the communication left exposed) and the host's
+    # time to issue its kernels, one
     # unit of `layer_overhead` forward, two backward, one more for a forward recomputed
     # in full. Small microbatches of small models are launch-bound, and then a bigger
     # microbatch costs nothing extra. The two phases are also the windows that hide the
@@ -805,8 +843,8 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # (tests/test_megatron_solve.py holds the step monotone in the recompute mode, the
     # overlaps and every fitted constant on random layouts).
     # (own_*: a phase's work but its EP all-to-alls; gpu_*: all of its GPU time)
-    own_f = ly.layer_f + cm.tp_layer / 2 + cm.cp_layer_f
-    own_b = ly.layer_b + cm.tp_layer / 2 + cm.cp_layer_b
+    own_f = ly.layer_f + cm.tp_layer_f + cm.cp_layer_f
+    own_b = ly.layer_b + cm.tp_layer_b + cm.cp_layer_b
     gpu_f, gpu_b = own_f + cm.ep_layer_f, own_b + cm.ep_layer_b
     floor_b = c["layer_overhead"] * (2.0 + (sp.rc == 2))
     window_f = np.maximum(gpu_f, c["layer_overhead"])
