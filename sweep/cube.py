@@ -83,6 +83,7 @@ __all__ = [
     "CubeLayout",
     "Variable",
     "MASKS",
+    "FROM_SPEC",
     "layout",
     "allocate",
     "to_dataset",
@@ -118,6 +119,9 @@ MASKS = {
     "realizable": OUTPUTS["realizable"].long_name,
     "admissible": "valid, within the memory limit and the accelerator bounds, realizable",
 }
+#: Variables taken from the spec alone (:func:`accelerator_counts`), never priced block by
+#: block: set once on the cube, or staged once by a streamed sweep, whatever dims they span.
+FROM_SPEC = ("n_accelerators",)
 _SPLIT_DIMS = ("tp_size", "pp_size", "ep_size", "cp_size", "dp_size")
 #: The knobs validity depends on: the split's, and the expert TP degree (megatron's expert
 #: grid must tile the ranks), which sizes nothing.
@@ -152,6 +156,13 @@ class CubeLayout:
     def bytes_per_point(self) -> int:
         """Bytes the full-size variables take per point of the cube."""
         return sum(v.dtype.itemsize for v in self.variables.values() if v.dims == self.dims)
+
+    def priced(self) -> tuple:
+        """Names of the variables each block of the sweep prices: the full-size ones
+        but those of :data:`FROM_SPEC`, which the spec gives whatever dims they span
+        (``n_accelerators`` spans every dim where each axis is a split knob)."""
+        return tuple(name for name, var in self.variables.items()
+                     if var.dims == self.dims and name not in FROM_SPEC)
 
 
 def bool_outputs(spec: Optional[Spec] = None) -> frozenset:
@@ -385,9 +396,9 @@ def check_some_valid(spec: Spec) -> None:
 
 
 def allocate(cube_layout: CubeLayout) -> dict:
-    """Uninitialized numpy arrays for every full-size variable of a layout."""
-    return {name: np.empty(cube_layout.shape, dtype=var.dtype)
-            for name, var in cube_layout.variables.items() if var.dims == cube_layout.dims}
+    """Uninitialized numpy arrays for every variable the blocks price (:meth:`CubeLayout.priced`)."""
+    return {name: np.empty(cube_layout.shape, dtype=cube_layout.variables[name].dtype)
+            for name in cube_layout.priced()}
 
 
 def to_dataset(cube_layout: CubeLayout, arrays: Mapping) -> xr.Dataset:

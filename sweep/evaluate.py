@@ -74,8 +74,7 @@ class _Plan:
 
 
 def _make_plan(spec: Spec, cube_layout: cube_.CubeLayout) -> _Plan:
-    full = {name: var.dtype for name, var in cube_layout.variables.items()
-            if var.dims == cube_layout.dims}
+    full = {name: cube_layout.variables[name].dtype for name in cube_layout.priced()}
     return _Plan(outputs=tuple(n for n in spec.outputs if n in full and n not in cube_.MASKS),
                  dtypes=full,
                  memory_limits={k: spec.memory_limit_for(f) for k, f in spec.fleets.items()},
@@ -366,7 +365,7 @@ def _destination(spec: Spec, cube_layout, *, path, serial: bool, backend, block_
             small={"n_accelerators": cube_.accelerator_counts(spec)})
         return writer, None, None
     if not serial and (backend or "loky") in _SHARED_BACKENDS:
-        full = {n: v.dtype for n, v in cube_layout.variables.items() if v.dims == cube_layout.dims}
+        full = {n: cube_layout.variables[n].dtype for n in cube_layout.priced()}
         shared = _SharedArrays(full, cube_layout.shape)
         return None, shared.arrays, shared
     return None, cube_.allocate(cube_layout), None

@@ -367,6 +367,7 @@ def _parse(raw, source, base, physics_note="") -> Spec:
     if calibration is not None and calibration.physics not in models:
         reader.fail("physics", f"the calibration's physics {calibration.physics!r} among the "
                     f"spec's models", raw.get("physics"))
+    _check_transformers(reader, raw["workload"], workloads, models)
     axes = _axes(reader, raw, workloads, fleets, models)
     constraints = _constraints(reader, raw.get("constraints", {}))
     dtype = raw.get("dtype", "float64")
@@ -389,6 +390,24 @@ def _parse(raw, source, base, physics_note="") -> Spec:
 
         warn_other_hardware(calibration, spec)
     return spec
+
+
+def _check_transformers(reader, given, workloads, models) -> None:
+    """Refuse a workload the megatron physics cannot price where the spec prices with it:
+    it prices transformers only (kind ``"transformer"`` or ``"moe"``), and a CNN or an SSM
+    would otherwise fail the sweep with the solver's traceback."""
+    if "megatron" not in models:
+        return
+    many = isinstance(given, (list, tuple))
+    for i, (label, workload) in enumerate(workloads.items()):
+        if not workload.is_transformer:
+            where = f"workload[{i}]" if many else "workload"
+            which = ("physics = \"megatron\"" if len(models) == 1
+                     else f"physics = {list(models)}".replace("'", '"'))
+            raise SpecError(
+                f"{reader.where(where)}: expected a transformer (kind 'transformer' or 'moe') "
+                f"under {which}, but got {label!r}, of kind {workload.kind!r}: the megatron "
+                f"physics prices transformers only; price it with physics = \"mlsysim\"")
 
 
 def _check_reachable_minimum(reader, spec) -> None:

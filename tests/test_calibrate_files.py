@@ -450,3 +450,14 @@ def test_a_knob_column_left_empty_on_some_runs_is_named(tmp_path):
             "run_id,workload,fleet,batch_size,seq_len,tp_size,num_gpus,dp_size,step_time_s",
             "a,Llama3_8B_MC,EOS_H100_MC,128,4096,1,16,,2.1",
             "b,Llama3_8B_MC,EOS_H100_MC,128,4096,2,,8,2.3"], "either.csv"))
+
+
+def test_a_workload_that_is_no_transformer_is_refused_with_its_line(tmp_path):
+    """The megatron physics refuses a CNN or an SSM; a runs file naming one is refused at its
+    line and column, not with the solver's traceback."""
+    path = _write(tmp_path, [HEADER, GOOD[0], GOOD[1].replace("Llama3_8B_MC", "ResNet50")])
+    with pytest.raises(MeasurementError, match=r"runs.csv line 3, column workload: expected a "
+                       r"transformer \(kind 'transformer' or 'moe': the megatron physics, which "
+                       r"calibrate fits, prices transformers only\), but got 'ResNet50', of "
+                       r"kind 'cnn'"):
+        read_measurements(path)

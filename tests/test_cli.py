@@ -145,6 +145,63 @@ def test_step_components_sum_to_the_step():
     assert parts["pipeline bubble"] > 0 and parts["EP communication"] == 0
 
 
+@pytest.mark.parametrize("workload, knobs", [
+    ("Llama3_70B_MC", dict(batch_size=512, seq_len=4096, tp_size=8, pp_size=4, dp_size=8,
+                           v_stages=5, sequence_parallel=True, cp_size=2, zero_stage=1)),
+    ("Llama3_8B_MC", dict(batch_size=256, seq_len=4096, tp_size=8, cp_size=2, dp_size=2,
+                          sequence_parallel=True)),  # launch-bound: launch time > 0
+    ("Mixtral_8x7B_MC", dict(batch_size=256, seq_len=4096, tp_size=2, pp_size=4, ep_size=4,
+                             dp_size=8, v_stages=2, sequence_parallel=True,
+                             overlap_moe_expert_parallel_comm=True)),
+])
+def test_step_components_of_the_megatron_physics(workload, knobs):
+    """step_components raised KeyError 'node_latency' on the megatron physics' outputs: it
+    takes its own terms, launch time and the fixed step overhead, which sum to the step."""
+    from solver.physics import megatron as M
+
+    out = solver.solve(workload, "HGX_H100_1K_MC", physics="megatron", **knobs)
+    assert bool(out["valid"]) and bool(out["realizable"])
+    parts = sweep.step_components(out)
+    assert parts == sweep.step_components(out, physics="megatron")
+    assert list(parts) == [name for name, _ in sweep.analysis.explain.MEGATRON_TERMS] + [
+        "launch", "step overhead"]
+    assert sum(parts.values()) == pytest.approx(float(out["step_latency_total"]), rel=1e-12)
+    for name, key in sweep.analysis.explain.MEGATRON_TERMS + (("launch", "launch_latency"),):
+        assert parts[name] == float(out[key])
+    assert parts["step overhead"] == pytest.approx(M.CONSTANTS["step_overhead"], rel=1e-9)
+    assert parts["compute"] > 0 and parts["TP communication"] > 0
+    assert (parts["launch"] > 0) == (workload == "Llama3_8B_MC")
+    assert (parts["EP communication"] > 0) == (workload == "Mixtral_8x7B_MC")
+    # a calibrated overhead is the step's rest as well
+    slow = solver.solve(workload, "HGX_H100_1K_MC", physics="megatron", step_overhead=0.25,
+                        **knobs)
+    assert sweep.step_components(slow)["step overhead"] == pytest.approx(0.25, rel=1e-9)
+
+
+def test_step_components_say_what_they_cannot_split():
+    spec = {"workload": "Llama3_8B_MC", "fleet": "HGX_H100_1K_MC",
+            "physics": ["mlsysim", "megatron"], "axes": {"tp_size": [2, 8]},
+            "fixed": {"batch_size": 256, "dp_size": 4}}
+    cube = sweep.run(spec)
+    for model in ("mlsysim", "megatron"):  # a physics axis' row holds both models' outputs
+        row = {name: cube[name].sel(physics=model, tp_size=8).item() for name in cube.data_vars}
+        parts = sweep.step_components(row)
+        assert sum(parts.values()) == pytest.approx(row["step_latency_total"], rel=1e-6)
+        assert ("replica compute" in parts) == (model == "mlsysim")
+    out = solver.solve("Llama3_8B_MC", "HGX_H100_1K_MC", physics="megatron", batch_size=256)
+    with pytest.raises(ValueError, match=r"no straggler factor, so expected straggler_factor=1, "
+                                         r"but got 1.1"):
+        sweep.step_components(out, straggler_factor=1.1)
+    with pytest.raises(ValueError, match=r"expected the mlsysim physics' outputs .*, but "
+                                         r"node_latency is missing"):
+        sweep.step_components(out, physics="mlsysim")
+    with pytest.raises(ValueError, match="physics must be one of"):
+        sweep.step_components(out, physics="megatorn")
+    with pytest.raises(ValueError, match=r"expected one layout's solver.solve outputs .* but "
+                                         r"got neither"):
+        sweep.step_components({"mfu": 0.5})
+
+
 def test_explain_runner_up_names_the_changes_and_terms():
     spec = sweep.load_spec(TINY_DICT)
     winner = {"tp_size": 8, "pp_size": 4, "microbatch_count": 16, "zero_stage": 1}

@@ -200,3 +200,23 @@ def test_a_minimum_above_the_maximum_is_refused(files, capsys):
                                     "--min-accelerators", "64"])
     assert code == 2 and out == ""
     assert "--min-accelerators: expected at most --max-accelerators (32), but got 64" in err
+
+
+@pytest.mark.parametrize("command", [["run", "-o", "x.nc"], ["search"]])
+def test_a_workload_that_is_no_transformer_under_megatron_is_one_line(tmp_path, capsys, command):
+    """A spec of ViT_Large (kind generic) under a physics axis with megatron had run into
+    the solver's ValueError: a 20-line traceback, exit 1. It is a spec error: one line naming
+    the entry, status 2, before any work."""
+    spec = tmp_path / "wl.toml"
+    spec.write_text('workload = ["Llama3_70B_MC", "ViT_Large"]\nfleet = "HGX_H100_1K_MC"\n'
+                    'physics = ["mlsysim", "megatron"]\n[axes]\ntp_size = [1, 8]\n'
+                    '[fixed]\nbatch_size = 1024\nseq_len = 4096\n')
+    argv = [command[0], spec, *[tmp_path / a if a.endswith(".nc") else a for a in command[1:]]]
+    code, out, err = _call(capsys, argv)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].endswith(
+        "wl.toml: workload[1]: expected a transformer (kind 'transformer' or 'moe') under "
+        "physics = [\"mlsysim\", \"megatron\"], but got 'ViT_Large', of kind 'generic': the "
+        "megatron physics prices transformers only; price it with physics = \"mlsysim\"")
+    assert "Traceback" not in err and not (tmp_path / "x.nc").exists()

@@ -1078,3 +1078,32 @@ def test_fsdp_expert_gathers_pay_one_call_per_moe_layer(engine):
             for lat in (0.0, 1e-5))
     m = 64 / 16
     assert b - a == pytest.approx(m * 3 * ((61 - 1) + (58 - 1)) * 1e-5, rel=1e-9)
+
+
+@pytest.mark.parametrize("key", ["ResNet50", "Mamba_2_8B", "YOLOv8_Nano", "ViT_Large",
+                                 "StableDiffusion_v1_5", "OpenVLA_7B"])
+def test_a_workload_that_is_no_transformer_is_refused(key):
+    """A CNN or an SSM was priced as a transformer of its layer count (ResNet50 realizable,
+    an MFU and all), silently; it is refused naming the workload and its kind, in solve,
+    prepare, why_unrealizable and check_shape, before any pricing."""
+    import solver
+
+    wl = catalog.workload(key)
+    assert not wl.is_transformer
+    needle = (rf"workload {wl.name!r} is of kind {wl.kind!r}, but the megatron physics "
+              r"prices transformers only \(kind 'transformer' or 'moe'\): price it with "
+              r"physics='mlsysim'")
+    knobs = dict(batch_size=256, tp_size=1, dp_size=8)
+    for call in (lambda: solver.solve(wl, FL, physics="megatron", **knobs),
+                 lambda: solver.solve(key, FL, physics="megatron", engine="numpy", **knobs),
+                 lambda: M.solve(wl, FL, **knobs),
+                 lambda: M.prepare(wl, FL, **knobs),
+                 lambda: M.why_unrealizable(wl, FL, **knobs),
+                 lambda: M.check_shape(wl)):
+        with pytest.raises(ValueError, match=needle):
+            call()
+    # the mlsysim physics prices it as before
+    assert bool(solver.solve(wl, FL, warn=False, **knobs)["valid"])
+    # transformers and MoE pass the check, with and without a stated shape
+    for ok in ("Llama3_70B_MC", "Mixtral_8x7B", "BERT_Base"):
+        assert bool(M.solve(catalog.workload(ok), FL, **knobs, check_shape=False)["valid"])

@@ -512,7 +512,8 @@ def test_journal_forms_open_the_same_file(tmp_path):
 def test_nothing_feasible_is_reported_not_raised():
     # The warning is the counts' reading (what each condition removed, what to relax).
     with pytest.warns(RuntimeWarning, match=r"no admissible trial among 16 points: valid split "
-                      r"removed \d+, within the memory limit removed [1-9]"):
+                      r"removed \d+, fits memory removed \d+, within the memory limit removed "
+                      r"[1-9]"):
         result = search(SMALL, n_trials=16, seed=0, memory_limit="1 GB", mode="sampled")
     assert result.best_params is None and result.top == [] and result.n_admissible == 0
     # The summary counts what each condition removed from the 16 trials: here the 1 GB limit.
@@ -565,6 +566,49 @@ def test_an_empty_exhaustive_search_says_which_condition_removed_the_layouts():
     assert counts["why"]["realizable"].startswith("12 of the 12 layouts it alone removes do not "
                                                   "split batch_size (1,000) into whole microbatches")
     assert "no admissible trial among 12 points: " in sampled.summary()
+
+
+def test_an_empty_search_counts_fits_memory_apart_from_the_memory_limit():
+    """A search with nothing admissible had folded "fits memory" (feasible) into "within the
+    memory limit" and advised relaxing a limit that gives back no layout that does not fit the
+    accelerator. It counts them apart, as the cube's analysis (sweep top) does."""
+    import sweep
+
+    spec = {"workload": "Llama3_70B_MC", "fleet": "HGX_H100_1K_MC", "physics": "megatron",
+            "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4]},
+            "fixed": {"batch_size": 1024, "seq_len": 4096},
+            "constraints": {"memory_limit": "20 GB"}}
+    cube = sweep.run(spec)
+    cube_counts = sweep.analysis.admissible_counts(cube)
+    fits = int(cube["feasible"].sum())
+    assert 0 < fits < cube.admissible.size and not cube["admissible"].any()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = search(spec, mode="exhaustive", progress=False)
+        sampled = search(spec, mode="sampled", n_trials=24, seed=0, progress=False)
+    counts = result.empty_counts
+    assert counts["removed"] == cube_counts["removed"] and counts["relaxed"] == cube_counts["relaxed"]
+    assert counts["removed"]["fits memory"] == cube.admissible.size - fits
+    assert counts["removed"]["within the memory limit"] == counts["relaxed"]["within the memory limit"] == fits
+    assert (f"fits memory removed {cube.admissible.size - fits}, within the memory limit removed "
+            f"{fits}, realizable removed 0; relax within the memory limit: {fits} layouts pass "
+            f"every other condition") in result.summary()
+    # a sampled search counts its trials so, each trial's layout read from the cube
+    trials = sampled.study.get_trials(deepcopy=False)
+    unfit = sum(not bool(cube["feasible"].sel(tp_size=t.params["tp_size"],
+                                              pp_size=t.params["pp_size"])) for t in trials)
+    assert sampled.empty_counts["total"] == len(trials) == 24
+    assert sampled.empty_counts["removed"]["fits memory"] == unfit
+    assert sampled.empty_counts["removed"]["within the memory limit"] == 24 - unfit
+    # where no layout fits, relaxing the memory limit cannot help, and it is not advised
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        none_fit = search({**spec, "axes": {"tp_size": [1, 2], "pp_size": [1, 2]}},
+                          mode="exhaustive", progress=False)
+    text = none_fit.summary()
+    assert none_fit.empty_counts["removed"]["fits memory"] == 4
+    assert "relax within the memory limit" not in text
+    assert "no limit relaxed alone gives a point: widen the axes" in text
 
 
 def test_multi_objective_summary_and_exact_top():

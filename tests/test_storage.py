@@ -96,6 +96,57 @@ def test_streamed_equals_in_memory(spec, n_jobs, tmp_path):
     streamed.close()
 
 
+# Every axis a split knob (and physics): n_accelerators spans every dim of the cube.
+_JOB = {"batch_size": 256, "seq_len": 8192}
+_MLSYSIM_FITS = {"microbatch_count": 16, "activation_recomputation": True}
+
+
+@pytest.mark.parametrize("physics, axes, fixed", [
+    ("mlsysim", {"tp_size": [1, 2], "pp_size": [1, 2, 4], "dp_size": [8, 16]}, _MLSYSIM_FITS),
+    ("megatron", {"tp_size": [1, 2], "cp_size": [1, 2, 4], "dp_size": [8, 16]}, {}),
+    (["mlsysim", "megatron"], {"tp_size": [1, 2], "cp_size": [1, 2, 4], "dp_size": [8, 16]},
+     _MLSYSIM_FITS),
+], ids=["mlsysim", "megatron", "physics_axis"])
+def test_streamed_n_accelerators_spanning_every_dim(physics, axes, fixed, tmp_path):
+    """A streamed cube whose n_accelerators spans every dim (each axis a split knob) held
+    uninitialised memory there: the file took it for a variable the blocks write, and none
+    did. It is the spec's, written from the staged value, as in memory."""
+    spec = {"workload": "Llama3_8B_MC", "fleet": "HGX_H100_1K_MC", "physics": physics,
+            "axes": axes, "fixed": {**_JOB, **fixed}}
+    path = tmp_path / "split.nc"
+    streamed = sweep.run(spec, path=path, block_points=5)  # first: no freed cube to reuse
+    in_memory = sweep.run(spec)
+    assert streamed["n_accelerators"].dims == tuple(streamed.dims) == in_memory["mfu"].dims
+    xr.testing.assert_identical(in_memory, streamed.load())
+    # each layout's own count: tp * pp * dp (mlsysim), tp * pp * cp * dp (megatron)
+    models = [physics] if isinstance(physics, str) else physics
+    for model in models:
+        part = in_memory.sel(physics=model) if "physics" in in_memory.dims else in_memory
+        file_part = streamed.sel(physics=model) if "physics" in streamed.dims else streamed
+        counted = file_part["n_accelerators"]
+        expected = xr.ones_like(counted)
+        for name in ("tp_size", "pp_size", "dp_size") + (("cp_size",) if model == "megatron"
+                                                         else ()):
+            if name in counted.coords:
+                expected = expected * counted[name]
+        np.testing.assert_array_equal(counted.values, expected.transpose(*counted.dims).values)
+        # top_k's accelerator bound reads n_accelerators from the file
+        opened = sweep.open_cube(path)
+        ranked_file = sweep.top_k(opened.sel(physics=model) if "physics" in opened.dims
+                                  else opened, k=3, constraints={"max_accelerators": 32})
+        ranked = sweep.top_k(part, k=3, constraints={"max_accelerators": 32})
+        assert ranked_file.sizes["rank"] == ranked.sizes["rank"] > 0
+        assert (ranked_file["n_accelerators"] <= 32).all()
+        for name in ("tp_size", "dp_size", "n_accelerators", "mfu"):
+            np.testing.assert_array_equal(ranked_file[name].values, ranked[name].values)
+        np.testing.assert_array_equal(
+            ranked_file["n_accelerators"].values,
+            np.prod([ranked_file[n].values for n in ("tp_size", "pp_size", "cp_size", "dp_size")
+                     if n in ranked_file and (n != "cp_size" or model == "megatron")], axis=0))
+        opened.close()
+    streamed.close()
+
+
 def test_streamed_file_uses_xarrays_conventions(tmp_path):
     path = tmp_path / "streamed.nc"
     sweep.run(SPEC, path=path).close()

@@ -348,3 +348,37 @@ def test_the_readme_spec_runs_as_written(tmp_path):
     assert 64 <= n <= 512 and result.best_value > 0.3
     with pytest.raises(Exception, match="continuous"):
         sweep.run(path)
+
+
+def test_a_workload_that_is_no_transformer_is_refused_under_megatron(tmp_path):
+    """The megatron physics prices transformers only: a spec pricing a CNN, an SSM or a model
+    of no stated kind with it is refused at load, naming the entry and its kind (it had
+    failed the sweep with the solver's traceback, or priced a CNN as a transformer)."""
+    base = {"fleet": "HGX_H100_1K_MC", "axes": {"tp_size": [1, 8]},
+            "fixed": {"batch_size": 1024, "seq_len": 4096}}
+    one = {**base, "workload": "ResNet50", "physics": "megatron"}
+    with pytest.raises(SpecError, match=r"^<dict>: workload: expected a transformer \(kind "
+                                        r"'transformer' or 'moe'\) under physics = \"megatron\", "
+                                        r"but got 'ResNet50', of kind 'cnn': the megatron physics "
+                                        r"prices transformers only; price it with physics = "
+                                        r"\"mlsysim\"$"):
+        load_spec(one)
+    mixed = {**base, "workload": ["Llama3_70B_MC", "Mamba_2_8B"],
+             "physics": ["mlsysim", "megatron"]}
+    with pytest.raises(SpecError, match=r"workload\[1\]: expected a transformer .* under physics "
+                                        r"= \[\"mlsysim\", \"megatron\"\], but got 'Mamba_2_8B', "
+                                        r"of kind 'ssm'"):
+        load_spec(mixed)
+    # --physics megatron over an mlsysim spec of a CNN: the same refusal
+    path = tmp_path / "cnn.toml"
+    path.write_text('workload = "ResNet50"\nfleet = "HGX_H100_1K_MC"\n[axes]\ntp_size = [1, 8]\n'
+                    '[fixed]\nbatch_size = 1024\n')
+    assert load_spec(path).workloads["ResNet50"].kind == "cnn"  # mlsysim prices it
+    with pytest.raises(SpecError, match=r"cnn\.toml: workload: expected a transformer .* but "
+                                        r"got 'ResNet50', of kind 'cnn'"):
+        load_spec(path, physics="megatron")
+    # under mlsysim alone, and for transformers and MoE under megatron, nothing changes
+    assert load_spec({**mixed, "physics": "mlsysim"}).physics == ("mlsysim",)
+    spec = load_spec({**base, "workload": ["Llama3_70B_MC", "Mixtral_8x7B_MC"],
+                      "physics": "megatron"})
+    assert [w.kind for w in spec.workloads.values()] == ["transformer", "moe"]

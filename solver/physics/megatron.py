@@ -606,7 +606,9 @@ def check_shape(workload: Workload) -> None:
     """Warn (:class:`ShapeWarning`) if the shape the megatron physics would price
     ``workload`` by is not the model it declares; :func:`solve`, :func:`prepare` and
     :func:`why_unrealizable` do (``check_shape=False`` skips it: a sweep checks each of its
-    workloads once, before its blocks)."""
+    workloads once, before its blocks); ValueError for a workload that is no transformer
+    (:func:`_check_kind`)."""
+    _check_kind(workload)
     _check_shape(workload, _Shape(workload))
 
 
@@ -910,7 +912,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     Raises
     ------
     ValueError
-        For a knob value no configuration can have, naming the knob and value.
+        For a knob value no configuration can have, naming the knob and value; for a
+        workload that is no transformer (kind other than ``"transformer"`` or ``"moe"``).
     """
     _check_inputs(workload, fleet, engine)
     values = dict(batch_size=batch_size, seq_len=seq_len, tp_size=tp_size, pp_size=pp_size,
@@ -1040,12 +1043,24 @@ def _knob_values(knobs, caller, hint=""):
     return values
 
 
+def _check_kind(workload: Workload) -> None:
+    """ValueError unless ``workload`` is a transformer (kind ``"transformer"`` or ``"moe"``):
+    the megatron physics prices Megatron-Core's transformer layers only, and would price a
+    CNN, an SSM or a model of no stated kind as one."""
+    if not workload.is_transformer:
+        raise ValueError(
+            f"workload {workload.name!r} is of kind {workload.kind!r}, but the megatron physics "
+            f"prices transformers only (kind 'transformer' or 'moe'): price it with "
+            f"physics='mlsysim'")
+
+
 def _check_inputs(workload, fleet, engine):
     """TypeError / ValueError for what solve and prepare cannot take besides the knobs."""
     if not isinstance(workload, Workload):
         raise TypeError(f"workload must be a solver.specs.Workload, but got {type(workload).__name__}")
     if not isinstance(fleet, Fleet):
         raise TypeError(f"fleet must be a solver.specs.Fleet, but got {type(fleet).__name__}")
+    _check_kind(workload)
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, but got {engine!r}")
 

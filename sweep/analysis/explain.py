@@ -17,7 +17,7 @@ from solver.outputs import exposed_dp_time, n_accelerators
 from .. import grid
 from .. import physics as physics_
 
-__all__ = ["step_components", "explain_runner_up", "where_step_goes"]
+__all__ = ["step_components", "explain_runner_up", "where_step_goes", "MEGATRON_TERMS"]
 
 #: Gaps in MFU and step time below this [%] are float noise: the two layouts tie.
 TIE_PERCENT = 1e-9
@@ -49,25 +49,91 @@ def _seconds(value: float) -> str:
     return f"{sign}{value * 1e6:.3g} us"
 
 
-def step_components(out: Mapping, straggler_factor: float = 1.0) -> dict:
+#: The megatron model's step terms explain_runner_up compares: (name, output) [s].
+MEGATRON_TERMS = (("compute", "compute_latency"),
+                  ("exposed DP communication", "dp_communication_latency"),
+                  ("TP communication", "tp_communication_latency"),
+                  ("CP communication", "cp_communication_latency"),
+                  ("PP communication", "pp_communication_latency"),
+                  ("EP communication", "ep_communication_latency"),
+                  ("pipeline bubble", "pipeline_bubble_latency"), ("optimizer", "optimizer_latency"))
+#: The mlsysim model's outputs its terms are made of (the exposed DP time is the step's rest).
+_MLSYSIM_NEEDS = ("step_latency_total", "node_latency", "tp_communication_latency",
+                  "ep_communication_latency", "pipeline_bubble_latency")
+
+
+def _model_of(out: Mapping, physics) -> str:
+    """The physics model whose outputs ``out`` are: ``physics`` if given, else the one whose
+    own step terms it holds (the finite ones, where a physics axis' cube row holds both)."""
+    if physics is not None:
+        solver.physics.model(physics)  # ValueError naming the models
+        return physics
+    own = {"mlsysim": "node_latency", "megatron": "compute_latency"}
+    present = [m for m, name in own.items() if name in out]
+    if len(present) == 2:
+        present = [m for m in present if np.isfinite(np.asarray(out[own[m]], float)).all()]
+        if len(present) != 1:
+            raise ValueError("step_components: the outputs hold both physics models' terms (a "
+                             "physics axis' row) and cannot say which priced this layout: pass "
+                             "physics='mlsysim' or physics='megatron'")
+    if not present:
+        raise ValueError("step_components: expected one layout's solver.solve outputs (the "
+                         "mlsysim physics' have node_latency, the megatron physics' "
+                         "compute_latency), but got neither")
+    return present[0]
+
+
+def step_components(out: Mapping, straggler_factor: float = 1.0, physics=None) -> dict:
     """Where one layout's step time goes [s]: the terms that sum to ``step_latency_total``.
 
     Parameters
     ----------
     out : mapping
-        ``solver.solve`` outputs for one layout (scalars).
+        ``solver.solve`` outputs for one layout (scalars), of either physics model.
     straggler_factor : float
-        The layout's knob (the reference scales the whole step by it when > 1).
+        The layout's knob (the mlsysim model scales the whole step by it when > 1; the
+        megatron model has none, and refuses any other value than 1).
+    physics : str, optional
+        The model that priced ``out``; by default the one whose own outputs it holds
+        (``node_latency``: mlsysim; ``compute_latency``: megatron).
 
     Returns
     -------
     dict
-        ``replica compute`` (the replica's roofline step), ``exposed DP
+        mlsysim: ``replica compute`` (the replica's roofline step), ``exposed DP
         communication`` (the share overlap does not hide:
         :func:`solver.outputs.exposed_dp_time`), ``TP communication``,
         ``EP communication`` and ``pipeline bubble``, each scaled by the
-        straggler factor, so that they sum to the step time.
+        straggler factor. megatron: its own exposed terms (:data:`MEGATRON_TERMS`:
+        ``compute``, ``exposed DP communication``, ``TP``, ``CP``, ``PP`` and ``EP
+        communication``, ``pipeline bubble``, ``optimizer``), ``launch`` (host launch
+        time the GPU work does not hide, ``launch_latency``) and ``step overhead`` (the
+        fixed per-step time, the step's rest). Either way they sum to the step time.
+
+    Raises
+    ------
+    ValueError
+        Naming the outputs ``out`` lacks for its model, where it cannot tell the model,
+        or for a straggler factor under the megatron model.
     """
+    model = _model_of(out, physics)
+    if model == "megatron":
+        needs = ("step_latency_total",) + tuple(k for _, k in MEGATRON_TERMS) + ("launch_latency",)
+    else:
+        needs = _MLSYSIM_NEEDS
+    missing = [name for name in needs if name not in out]
+    if missing:
+        raise ValueError(f"step_components: expected the {model} physics' outputs "
+                         f"{', '.join(needs)}, but {', '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} missing")
+    if model == "megatron":
+        if float(straggler_factor) != 1.0:
+            raise ValueError(f"step_components: the megatron physics has no straggler factor, "
+                             f"so expected straggler_factor=1, but got {straggler_factor!r}")
+        terms = {name: float(out[key]) for name, key in MEGATRON_TERMS}
+        terms["launch"] = float(out["launch_latency"])
+        terms["step overhead"] = float(out["step_latency_total"]) - sum(terms.values())
+        return terms
     scale = max(float(straggler_factor), 1.0)
     terms = {"replica compute": out["node_latency"],
              "exposed DP communication": exposed_dp_time(out, straggler_factor),
@@ -85,11 +151,7 @@ def _price(spec, coords: Mapping) -> dict:
     out = solver.solve(workload, fleet, warn=False, **knobs, **constants)  # (the cube's own)
     values = {name: float(np.asarray(v)) for name, v in out.items() if np.asarray(v).dtype != bool}
     if knobs.get("physics") == "megatron":  # its own terms (they exclude the step overhead)
-        values["components"] = {name: float(out[f"{key}_latency"]) for name, key in (
-            ("compute", "compute"), ("exposed DP communication", "dp_communication"),
-            ("TP communication", "tp_communication"), ("CP communication", "cp_communication"),
-            ("PP communication", "pp_communication"), ("EP communication", "ep_communication"),
-            ("pipeline bubble", "pipeline_bubble"), ("optimizer", "optimizer"))}
+        values["components"] = {name: float(out[key]) for name, key in MEGATRON_TERMS}
     else:
         values["components"] = step_components(out, knobs.get("straggler_factor", 1.0))
     values["n_accelerators"] = round(float(n_accelerators(out, knobs)))

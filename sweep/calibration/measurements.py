@@ -261,6 +261,10 @@ def _workload(where, row):
                    shape[next(iter(shape))])
     if name:
         workload = _catalog(where, "workload", name, catalog.workload)
+        if not workload.is_transformer:  # the megatron physics would refuse it (a traceback)
+            where.fail("workload", "a transformer (kind 'transformer' or 'moe': the megatron "
+                       "physics, which calibrate fits, prices transformers only)", name,
+                       f", of kind {workload.kind!r}")
         return workload, ("workload", workload.name)
     if not shape:
         where.fail("workload", "a catalog workload name or the shape columns layers, "

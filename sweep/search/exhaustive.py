@@ -15,8 +15,8 @@ from typing import Optional
 import numpy as np
 
 from .. import grid as grid_
-from ..analysis.empty import (batch_split_knobs, merge_evidence, realizable_evidence,
-                              realizable_text)
+from ..analysis.empty import (FEASIBLE, LIMIT, VALID, batch_split_knobs, merge_evidence,
+                              realizable_evidence, realizable_text)
 from .pricing import _price, _Setup
 from .result import SearchResult, finish_result, front_indices
 
@@ -97,16 +97,27 @@ def _realizable(priced, shape) -> Optional[dict]:
 
 
 #: The explanation's names of the pricing constraints (sweep.analysis.empty's words).
-_CONDITION_NAMES = {"split": "valid split", "memory": "within the memory limit",
+_CONDITION_NAMES = {"split": VALID, "memory": LIMIT,
                     "accelerators": "accelerator budget", "min_accelerators":
                     "accelerator minimum", "realizable": "realizable"}
 
 
 def _counts(priced, shape) -> tuple:
-    """``(removed, relaxed)`` of one block, as :func:`sweep.analysis.explain_empty` reads them."""
-    ok = {_CONDITION_NAMES.get(name, f"constraint {name}"):
-          ~(np.nan_to_num(np.broadcast_to(values, shape), nan=1.0) > 0)
-          for name, values in priced.constraints.items()}
+    """``(removed, relaxed)`` of one block, as :func:`sweep.analysis.explain_empty` reads them.
+
+    The conditions are the pricing constraints in their order, with "fits memory" (the
+    solver's ``feasible``, where ``priced.outputs`` has it) counted on its own before the
+    memory limit, as a cube's analysis counts it: the limit is at most the accelerator's
+    memory, so the ``memory`` constraint holds both, and relaxing the limit gives back only
+    the layouts that fit.
+    """
+    feasible = getattr(priced, "outputs", {}).get("feasible")
+    ok = {}
+    for name, values in priced.constraints.items():
+        if name == "memory" and feasible is not None:
+            ok[FEASIBLE] = np.broadcast_to(np.asarray(feasible, bool), shape)
+        ok[_CONDITION_NAMES.get(name, f"constraint {name}")] = \
+            ~(np.nan_to_num(np.broadcast_to(values, shape), nan=1.0) > 0)
     removed, relaxed, kept = {}, {}, np.ones(shape, bool)
     for name, passes in ok.items():
         removed[name] = int((kept & ~passes).sum())

@@ -309,7 +309,15 @@ def _trial_counts(setup, space, trials) -> Optional[dict]:
     names = list(trials[0].constraints)
     values = {n: np.array([t.constraints.get(n, np.nan) for t in trials], float) for n in names}
     shape = (len(trials),)
-    removed, relaxed = _counts(SimpleNamespace(constraints=values), shape)
+    # "fits memory" on its own, as the exhaustive search counts it: the trials record the
+    # memory limit's constraint only, which holds both
+    every = [space.decode(t.params) for t in trials]
+    feasible = np.zeros(shape, bool)
+    for (w, f), idx in _groups(every).items():
+        priced = _price(setup, w, f, _trial_knobs(space, every, idx))
+        feasible[idx] = np.broadcast_to(np.asarray(priced.outputs["feasible"], bool), (len(idx),))
+    removed, relaxed = _counts(SimpleNamespace(constraints=values,
+                                               outputs={"feasible": feasible}), shape)
     counts = {"total": len(trials), "removed": removed, "relaxed": relaxed}
     if not relaxed.get("realizable") or "realizable" not in values:
         return counts

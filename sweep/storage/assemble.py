@@ -44,7 +44,7 @@ def assemble(target: Path, staging: Path, cube_layout, *, chunk: tuple,
     One block is in memory at a time; each full-size variable is chunked as
     ``chunk`` (one block, one chunk) and compressed at ``complevel``.
     """
-    full = [n for n, v in cube_layout.variables.items() if v.dims == cube_layout.dims]
+    full = cube_layout.priced()
     ds = netCDF4.Dataset(target, "w", format="NETCDF4")
     try:
         _define(ds, cube_layout, _small(staging), chunk, complevel)
@@ -63,16 +63,22 @@ def assemble(target: Path, staging: Path, cube_layout, *, chunk: tuple,
 
 
 def _define(ds, cube_layout, small: dict, chunk: tuple, complevel: int) -> None:
-    """Dimensions, coordinates, variables (the small ones written) and attributes."""
+    """Dimensions, coordinates, variables (the staged ``small`` ones written) and attributes.
+
+    Every variable the blocks do not price (:meth:`sweep.cube.CubeLayout.priced`) is
+    written here from ``small``, whatever dims it spans: ``n_accelerators`` spans every
+    dim where each axis is a split knob, and no block writes it.
+    """
     for dim, (values, attrs) in cube_layout.coords.items():
         ds.createDimension(dim, len(values))
         var = _create_variable(ds, dim, (dim,), values.dtype, attrs, None, 0, coordinate=True)
         _write(var, slice(None), values)
+    priced = cube_layout.priced()
     for name, spec_var in cube_layout.variables.items():
-        full = spec_var.dims == cube_layout.dims
+        chunked = spec_var.dims == cube_layout.dims
         var = _create_variable(ds, name, spec_var.dims, spec_var.dtype, spec_var.attrs,
-                               chunk if full else None, complevel if full else 0)
-        if not full:
+                               chunk if chunked else None, complevel if chunked else 0)
+        if name not in priced:
             _write(var, Ellipsis, np.asarray(small[name], dtype=spec_var.dtype))
     ds.setncatts({**dict(cube_layout.attrs), COMPLETE: 0})
     ds.set_auto_maskandscale(False)
@@ -120,8 +126,9 @@ def preview(staging: Path) -> xr.Dataset:
     """
     manifest = read_manifest(staging)
     layout = layout_from_json(manifest["layout"])
-    arrays = {name: np.full(layout.shape, np.nan if var.dtype.kind == "f" else 0, var.dtype)
-              for name, var in layout.variables.items() if var.dims == layout.dims}
+    arrays = {name: np.full(layout.shape, np.nan if layout.variables[name].dtype.kind == "f"
+                            else 0, layout.variables[name].dtype)
+              for name in layout.priced()}
     arrays.update(_small(staging))
     done = 0
     for index, block in staged_blocks(staging, strict=False):

@@ -6,7 +6,8 @@
     The spec (JSON), the block partition (``block_points``, block count) and
     the cube's layout (dims, coordinates, variables, attributes).
 ``small.npz``
-    The variables that are not full size (``n_accelerators``).
+    The variables taken from the spec, not priced by the blocks (``n_accelerators``,
+    whatever dims it spans: :data:`sweep.cube.FROM_SPEC`).
 ``blocks-000120-000135.npz``
     Finished blocks 120 to 134 (each block's index and its variables), written
     under a temporary name, flushed to disk and renamed: a staged file is whole

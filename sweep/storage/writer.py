@@ -34,7 +34,7 @@ class StreamWriter:
         Go on from the blocks staged by an interrupted sweep of the same spec.
         Without it, staged blocks at ``path`` are refused (never discarded).
     small : mapping, optional
-        Values of the variables that are not full size.
+        Values of the variables the blocks do not price (:data:`sweep.cube.FROM_SPEC`).
     complevel : int
         zlib level of the data variables of the final file.
 
@@ -62,7 +62,7 @@ class StreamWriter:
         self.path = Path(path)
         self.staging = partial_path(self.path)
         self.layout, self.spec, self.complevel = cube_layout, spec, complevel
-        full = [n for n, v in cube_layout.variables.items() if v.dims == cube_layout.dims]
+        full = cube_layout.priced()  # n_accelerators is staged once, in small
         remove_dead_asides(self.path)
         if self.staging.exists() or self.staging.is_symlink():
             self._staged = Staging.open(self.staging, cube_layout, resume=resume, variables=full)
