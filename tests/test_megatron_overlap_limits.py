@@ -129,3 +129,14 @@ def test_a_recomputed_layer_holds_its_forward_while_its_backward_runs(engine):
     full = float(M.solve(LLAMA8, HGX, engine=engine, recompute="full", flash_attention=False,
                          **k)["memory_activations"])
     assert full > act["none", False] / LLAMA8.layers
+
+
+def test_why_unrealizable_takes_catalog_keys_as_solve_does():
+    k = dict(batch_size=1024, seq_len=2048, tp_size=np.array([8, 16]), pp_size=8,
+             sequence_parallel=True, tp_comm_overlap=True)
+    by_key = M.why_unrealizable("GPT3_175B_MC", "HGX_H100_1K_MC", **k)
+    by_spec = M.why_unrealizable(catalog.workload("GPT3_175B_MC"), HGX, **k)
+    assert list(by_key) == list(by_spec) == ["tp_comm_overlap_domain"]
+    assert np.array_equal(by_key["tp_comm_overlap_domain"], by_spec["tp_comm_overlap_domain"])
+    with pytest.raises(catalog.CatalogError):
+        M.why_unrealizable("GPT3_175B_MCX", "HGX_H100_1K_MC", **k)

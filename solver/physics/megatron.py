@@ -993,7 +993,8 @@ def why_unrealizable(workload: Workload, fleet: Fleet, *, check_shape=True, **kn
     Parameters
     ----------
     workload, fleet, check_shape, **knobs
-        As for :func:`solve` (the same defaults; constants play no part).
+        As for :func:`solve` (the same defaults; constants play no part); the workload and
+        the fleet may be catalog keys, as :func:`solver.solve` takes them.
 
     Returns
     -------
@@ -1014,6 +1015,9 @@ def why_unrealizable(workload: Workload, fleet: Fleet, *, check_shape=True, **kn
     >>> steps.REALIZABLE_CONDITIONS["layers"][:43]
     'the layers split into pp_size * v_stages eq'
     """
+    from .. import catalog  # (solver.catalog imports this module's constants: not at the top)
+    workload = catalog.workload(workload) if isinstance(workload, str) else workload
+    fleet = catalog.fleet(fleet) if isinstance(fleet, str) else fleet
     _check_inputs(workload, fleet, "numpy")
     w = _Shape(workload)
     if check_shape:
