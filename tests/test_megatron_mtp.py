@@ -49,7 +49,8 @@ def test_mtp_weights_are_a_layer_the_projection_and_with_a_pipeline_an_embedding
     """DeepSeek-V3, 9 stages, the last of 8 MoE layers (4, 7 x 7, 8: the largest weights,
     full recompute: the fewest activations), EP 64, ETP 1, TP 2, DDP weights: the MTP module
     adds on the last rank an MoE layer's weights (non-expert over TP but for MLA's
-    duplicated ones, experts over ETP x EP), the projection and norms over TP, and the
+    duplicated ones, the norms and the router, experts over ETP x EP), the projection and
+    norms over TP, and the
     embedding copy the last stage builds, over TP."""
     if engine == "fused":
         pytest.importorskip("numba")
@@ -61,7 +62,7 @@ def test_mtp_weights_are_a_layer_the_projection_and_with_a_pipeline_an_embedding
               num_layers_in_last_pipeline_stage=8)
     base, mtp = (_solve(DSV3, engine, mtp_num_layers=n, **kw) for n in (0, 1))
     h, vocab = 7168, 129280
-    params = ((shape.moe_layer_nonexpert - shape.attn_dup + 2 * h * h + 3 * h) / tp + shape.attn_dup
+    params = ((shape.moe_layer_nonexpert - shape.moe_dup + 2 * h * h + 3 * h) / tp + shape.moe_dup
               + 3 * h * 2048 * 256 / ep + vocab * h / tp)
     assert float(mtp["memory_weights"] - base["memory_weights"]) == pytest.approx(
         mem.WEIGHT_BYTES * params, rel=1e-12)

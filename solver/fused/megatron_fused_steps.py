@@ -711,7 +711,7 @@ def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, exper
     act_dense, act_moe, logits_tp, per_tp, expert_l, work_dense, work_moe = terms
     ranks_extra = (extra, work_dense, work_moe)
     shards = group > 1.0 or expert_group > 1.0  # (a group of one rank: no bucket, no gathers)
-    bucket = grad_bytes * (params_bytes / _WB) / layers_stage if zero >= 2 and shards else 0.0
+    bucket = grad_bytes * _min(_max(4e7, 1e6 * group), params_bytes / _WB) if zero >= 2 and shards else 0.0
     gathered = (heavy if group > 1.0 else 0.0) + (expert_stage_params if expert_group > 1.0 else 0.0)
     buffers = (bucket + send2 * (1.0 if pp > 1.0 else 0.0)
                + (1.0 if zero == 3 else 0.0) * 2.0 * _WB * (gathered / layers_stage))

@@ -271,18 +271,18 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
             moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
             low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
             context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0), **drop)
-    # Megatron DDP's buckets are views into the gradient buffer [23]: a buffer of its own
-    # only where the gradients are sharded (ZeRO-2/3, FSDP), which reduce-scatters each
-    # unit's (a layer's) gradients as the backward produces them: one layer's share of the
-    # rank's gradients, unsharded, whatever the data-parallel size (the DDP bucket size's
-    # 1e6 a rank of the group, which this had taken, made the footprint grow with DP,
-    # an audit of 2026-12-06). ZeRO-3 gathers two
+    # Megatron DDP's buckets are views into the gradient buffer [23]: a bucket of its own
+    # (size [7]) only where the gradients are sharded and one is gathered to reduce it;
+    # no larger than the rank's gradients (the buckets partition them [23]), which the
+    # size's 1e6 per rank of the group outgrows at a large DP x CP. (Megatron's default
+    # bucket_size, max(4e7, 1e6 x the data-parallel size), Megatron-FSDP's too: so the
+    # footprint grows with DP where it binds.) ZeRO-3 gathers two
     # layers' weights ahead: the dense ones where its group shards them, the experts where
     # the expert DP group does. A group of one rank (no DP or CP, and no expert DP) shards
     # nothing and gathers nothing: no bucket, no gather buffers.
     shards = (group > 1) | (dpr.expert_group > 1)
-    bucket = np.where((zero >= 2) & shards,
-                      hw.grad_bytes * (dpr.params_bytes / mem.WEIGHT_BYTES) / layers_stage, 0.0)
+    bucket = np.where((zero >= 2) & shards, hw.grad_bytes * np.minimum(
+        np.maximum(4e7, 1e6 * group), dpr.params_bytes / mem.WEIGHT_BYTES), 0.0)
     gathered = np.where(group > 1, dpr.heavy_params, 0.0) + np.where(
         dpr.expert_group > 1, dpr.expert_stage_params, 0.0)
     buffers = (bucket + 2.0 * ly.act_bytes / sp.p2p_split * (pp > 1)
