@@ -15,7 +15,7 @@ from .analysis import (NoAdmissibleError, best_along, explain_runner_up, pareto_
                        step_components, top_k, where_step_goes)
 from .calibration import Calibration, calibrate, load_profile
 from .evaluate import run
-from .spec import Spec, SpecError, divisors, load_spec, powers_of_two
+from .spec import PrecisionWarning, Spec, SpecError, divisors, load_spec, powers_of_two
 from .storage import IncompleteCubeError, open_cube, save
 
 from .search import SearchResult, search
@@ -24,6 +24,7 @@ __all__ = [
     "load_spec",
     "Spec",
     "SpecError",
+    "PrecisionWarning",
     "run",
     "save",
     "open_cube",

@@ -385,11 +385,48 @@ def _parse(raw, source, base, physics_note="") -> Spec:
                 name=name, description=description, source=source, raw=raw, physics=models,
                 calibration=calibration, **constraints)
     _check_reachable_minimum(reader, spec)
+    _warn_missing_precisions(spec)
     if calibration is not None:  # fitted on other accelerators than the spec prices: say so
         from .calibration.profile import warn_other_hardware
 
         warn_other_hardware(calibration, spec)
     return spec
+
+
+class PrecisionWarning(UserWarning):
+    """The mlsysim physics prices a precision the accelerator has no peak for (FP8 on an
+    A100): as mlsysim 0.3.0 does, at its headline peak with that precision's bytes,
+    realizable. The megatron physics refuses such layouts (``realizable`` False)."""
+
+
+#: Precisions every accelerator computes in (the mlsysim names).
+_NATIVE_PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def _warn_missing_precisions(spec) -> None:
+    """:class:`PrecisionWarning` where the mlsysim physics would price a precision the
+    accelerator of a fleet has no peak for: mlsysim 0.3.0 (and so this model, exact to it)
+    prices it at the accelerator's headline peak, so its layouts rank as if they ran."""
+    if "mlsysim" not in spec.physics:
+        return
+    if "precision" in spec.dims:
+        names = [str(v).lower() for v in spec.axis("precision").values or ()]
+    else:
+        names = [str(spec.fixed.get("precision", "fp16")).lower()]
+    for label, fleet in spec.fleets.items():
+        acc = fleet.node.accelerator
+        missing = [p for p in dict.fromkeys(names)
+                   if p not in _NATIVE_PRECISIONS and p not in (acc.precision_flops or {})]
+        if missing:
+            import warnings
+
+            warnings.warn(
+                f"{spec.source}: the mlsysim physics prices {', '.join(missing)} on fleet "
+                f"{label!r}, whose {acc.name} states no {'/'.join(missing)} peak, at its headline "
+                f"peak ({acc.peak_flops / 1e12:,.0f} TFLOP/s) with {'/'.join(missing)}'s bytes, as "
+                f"mlsysim 0.3.0 does, and calls those layouts realizable: they rank as if the "
+                f"accelerator ran them (the megatron physics refuses them)", PrecisionWarning,
+                stacklevel=4)
 
 
 def _check_transformers(reader, given, workloads, models) -> None:

@@ -624,3 +624,11 @@ def test_best_along_and_pareto_front_warn_across_precisions_and_rankings_across_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sweep.top_k(jobs.sel(seq_len=4096), "mfu", k=3)
+
+
+def test_the_precision_warning_names_the_narrowest_precision_in_play():
+    # It said "a faster FP8 layout" whatever the precisions (an audit saw it over bf16 and fp4).
+    from sweep.analysis.utilization import warn_across_precisions
+    for values, name in ((["bf16", "fp4"], "FP4"), (["bf16", "fp8"], "FP8"), (["fp32", "bf16"], "BF16")):
+        with pytest.warns(sweep.analysis.UtilizationWarning, match=f"a faster {name} layout"):
+            assert warn_across_precisions(["mfu"], values)

@@ -369,6 +369,23 @@ def test_a_calibrated_sweep_slows_only_the_layouts_that_cross_nodes(tmp_path):
     assert "calibration" not in sweep.run(_spec(), calibration=None).attrs
 
 
+def test_a_calibration_that_sets_the_physics_names_itself_when_the_spec_cannot_take_it(tmp_path):
+    # A spec without a physics key is priced by its calibration's physics; one written with
+    # mlsysim's knobs then fails on them. The error had said the physics was "asked for
+    # (--physics, or physics=)", which the user had not done, and advised physics =
+    # 'mlsysim', which the calibration refuses next: it names the calibration now.
+    from sweep.calibration import ProfileError
+    base_path, _ = _profiles(tmp_path)
+    spec = _spec(fixed={"batch_size": 256, "seq_len": 4096, "microbatch_count": 8})
+    with pytest.raises(ProfileError) as err:
+        sweep.run(spec, calibration=base_path)
+    message = str(err.value)
+    assert message.startswith(f"{base_path}: a calibration of the 'megatron' physics, which the "
+                              "spec 'cal' takes from it")
+    assert "microbatch_count" in message and "a knob of mlsysim" in message
+    assert "--physics" not in message and "set physics = 'mlsysim'" not in message
+
+
 def test_show_names_the_calibration_a_cube_was_priced_with(tmp_path, capsys):
     from sweep.cli import main
 

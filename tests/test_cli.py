@@ -418,6 +418,30 @@ def test_top_breakdown_flags_the_layouts_whose_step_rests_on_the_launch_floor(tm
     assert code == 0 and "or more of the step is launch and other" not in out
 
 
+def test_top_breakdown_shows_the_footprint_and_says_when_the_parts_exceed_it(tmp_path, capsys):
+    # With 16-bit gradients the optimizer state holds the step's FP32 copy of them, which the
+    # footprint counts only where it outweighs the activations and buffers: the parts add up
+    # to more than the footprint (an audit found the table silent on it, with no footprint).
+    spec = tmp_path / "g.toml"
+    spec.write_text(TINY_MEGATRON.replace("sequence_parallel = true", "sequence_parallel = true\n"
+                                          "zero_stage = 0\ngrad_reduce_in_bf16 = true"))
+    cube_path = tmp_path / "g.nc"
+    assert cli.main(["run", str(spec), "-o", str(cube_path), "--no-progress"]) == 0
+    code, out, err = _call(capsys, ["top", cube_path, "-k", "3", "--breakdown"])
+    assert code == 0, err
+    rows = _breakdown(out)
+    best = sweep.top_k(sweep.open_cube(cube_path), objective="mfu", k=3)
+    parts = ("memory_weights", "memory_gradients", "memory_optimizer_state", "memory_activations",
+             "memory_communication_buffers")
+    over = []
+    for i, row in enumerate(rows):
+        foot = float(best["memory_footprint"][i])
+        assert row["footprint [GB]"] == f"{foot / 1e9:.1f}"
+        if sum(float(best[n][i]) for n in parts) > foot * (1 + 1e-9):
+            over.append(f"#{i + 1}")
+    assert over and f"{', '.join(over)}: the parts add up to more than the footprint" in out
+
+
 def test_top_breakdown_of_an_mlsysim_cube_and_of_one_that_lacks_the_terms(files, tmp_path, capsys):
     # the shipped default spec keeps the terms: compute, TP, EP, bubble and the rest (DP)
     spec = sweep.load_spec("default")

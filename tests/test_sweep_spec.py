@@ -382,3 +382,24 @@ def test_a_workload_that_is_no_transformer_is_refused_under_megatron(tmp_path):
     spec = load_spec({**base, "workload": ["Llama3_70B_MC", "Mixtral_8x7B_MC"],
                       "physics": "megatron"})
     assert [w.kind for w in spec.workloads.values()] == ["transformer", "moe"]
+
+
+def test_mlsysim_precisions_the_accelerator_lacks_are_warned_of():
+    # mlsysim 0.3.0 prices FP8 on an A100 at its headline peak and calls it realizable (so
+    # does this model, exact to it): an audit found such layouts ranked without a word.
+    import warnings
+
+    import sweep
+    spec = {"workload": "Llama3_70B_MC", "fleet": ["Selene_MC", "HGX_H100_1K_MC"],
+            "axes": {"precision": ["bf16", "fp8"], "tp_size": [1, 2]},
+            "fixed": {"batch_size": 1024}}
+    with pytest.warns(sweep.PrecisionWarning) as caught:
+        sweep.load_spec(spec)
+    messages = [str(w.message) for w in caught if issubclass(w.category, sweep.PrecisionWarning)]
+    assert len(messages) == 1 and "fp8 on fleet 'Selene_MC'" in messages[0]
+    assert "A100" in messages[0] and "312 TFLOP/s" in messages[0]
+    # the H100 has FP8; the megatron physics refuses it itself (realizable False): no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sweep.PrecisionWarning)
+        sweep.load_spec({**spec, "fleet": "HGX_H100_1K_MC"})
+        sweep.load_spec({**spec, "fleet": "Selene_MC", "physics": "megatron"})

@@ -35,9 +35,12 @@ def warn_across_precisions(objectives, precisions, *, stacklevel: int = 3) -> bo
     widths = {solver.knobs.PRECISION_BYTES.get(v.lower(), v.lower()) for v in values}
     if len(widths) < 2:
         return False
+    # the narrowest precision in play, the one whose higher peak can hide a faster layout
+    narrow = min(values, key=lambda v: solver.knobs.PRECISION_BYTES.get(
+        v.lower(), {"fp4": 0.5}.get(v.lower(), 2.0)))
     warnings.warn(f"objective {names[0]!r} is measured against each precision's own peak, so "
                   f"across the precisions {', '.join(values)} it does not rank speed: a faster "
-                  f"FP8 layout can have the lower {names[0]}. To rank by speed, make the "
+                  f"{narrow.upper()} layout can have the lower {names[0]}. To rank by speed, make the "
                   f"objective effective_throughput (or step_latency_total), or fix the "
                   f"precision", UtilizationWarning, stacklevel=stacklevel)
     return True

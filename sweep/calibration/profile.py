@@ -37,6 +37,7 @@ import dataclasses
 import datetime
 import json
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Mapping, Optional
@@ -259,9 +260,17 @@ def with_calibration(spec, calibration):
         return spec
     profile = load_profile(calibration)
     if profile.physics not in spec.physics and "physics" not in spec.raw:
-        from ..spec import load_spec
+        from ..spec import SpecError, load_spec
 
-        spec = load_spec(spec, physics=profile.physics)  # the calibration implies its physics
+        try:
+            spec = load_spec(spec, physics=profile.physics)  # the calibration implies its physics
+        except SpecError as err:  # name the calibration, which asked for the physics
+            why = re.sub(r" \(set physics = [^)]*\)", "", str(err).split("; the physics ")[0])
+            raise ProfileError(
+                f"{profile.path or calibration}: a calibration of the {profile.physics!r} "
+                f"physics, which the spec {spec.name!r} takes from it (the spec names no "
+                f"physics, so it is priced by the calibration's), but {why}: give the "
+                f"calibration a spec written for {profile.physics!r}, or drop it") from None
     if profile.physics not in spec.physics:
         raise ProfileError(f"{profile.path or calibration}: a calibration of the "
                            f"{profile.physics!r} physics, but the spec {spec.name!r} prices with "

@@ -163,6 +163,8 @@ def _terms_of(row, fixed, physics) -> dict:
             terms[LAUNCH_TERM[0]] = float(row[LAUNCH_TERM[1]])
         terms["other"] = step - sum(terms.values())
     memory = {label: float(row[name]) for label, name in MEMORY_TERMS if name in row}
+    if memory and "memory_footprint" in row:
+        memory["footprint"] = float(row["memory_footprint"])
     return {"model": model, "step": step, "terms": terms, "memory": memory}
 
 
@@ -179,7 +181,7 @@ def breakdown_table(cube, points, dims) -> str:
     for model in TIME_TERMS:
         names.update(v for _, v in TIME_TERMS[model])
     names.update(v for _, v in MEMORY_TERMS)
-    names.add(LAUNCH_TERM[1])
+    names.update((LAUNCH_TERM[1], "memory_footprint"))
     rows = _rows(points, dims, sorted(names | {"step_latency_total", "straggler_factor"}))
     parts = [_terms_of(row, fixed, physics) for row in rows]
     missing = sorted({n for p in parts for n in p.get("missing", ())})
@@ -190,7 +192,8 @@ def breakdown_table(cube, points, dims) -> str:
     labels = []
     for p in parts:
         labels += [k for k in p["terms"] if k not in labels]
-    memory = [label for label, _ in MEMORY_TERMS if any(label in p["memory"] for p in parts)]
+    memory = [label for label in [k for k, _ in MEMORY_TERMS] + ["footprint"]
+              if any(label in p["memory"] for p in parts)]
     headers = ["#", "step [s]"] + [f"{k} %" for k in labels] + [f"{k} [GB]" for k in memory]
     cells = []
     for i, p in enumerate(parts, 1):
@@ -219,6 +222,14 @@ def breakdown_table(cube, points, dims) -> str:
                          f"them on a few runs of your own (`python -m sweep calibrate`)")
     if "mlsysim" in models:
         notes.append("DP exposed (mlsysim): what the other terms leave of the step")
+    over = [str(i) for i, p in enumerate(parts, 1) if "footprint" in p["memory"]
+            and sum(v for k, v in p["memory"].items() if k != "footprint")
+            > p["memory"]["footprint"] * (1 + 1e-9)]
+    if over:
+        notes.append(f"#{', #'.join(over)}: the parts add up to more than the footprint: the "
+                     f"optimizer state holds the step's FP32 copy of 16-bit gradients, which is "
+                     f"never held beside the activations and buffers (the footprint counts the "
+                     f"larger)")
     if not memory:
         notes.append(f"memory by part: this cube does not keep it (its spec's `outputs` leaves out "
                      f"{', '.join(name for _, name in MEMORY_TERMS)}; add them to `outputs`, or "
