@@ -15,7 +15,8 @@ from .analysis import (NoAdmissibleError, best_along, explain_runner_up, pareto_
                        step_components, top_k, where_step_goes)
 from .calibration import Calibration, calibrate, load_profile
 from .evaluate import run
-from .spec import PrecisionWarning, Spec, SpecError, divisors, load_spec, powers_of_two
+from .spec import (PrecisionWarning, ShadowedOutputWarning, Spec, SpecError, divisors, load_spec,
+                   powers_of_two)
 from .storage import IncompleteCubeError, open_cube, save
 
 from .search import SearchResult, search
@@ -25,6 +26,7 @@ __all__ = [
     "Spec",
     "SpecError",
     "PrecisionWarning",
+    "ShadowedOutputWarning",
     "run",
     "save",
     "open_cube",

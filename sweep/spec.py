@@ -68,7 +68,7 @@ import numpy as np
 
 import solver
 from solver import catalog
-from solver.outputs import REGISTRY
+from solver.outputs import REGISTRY, outputs_of
 from solver.specs import Fleet, Workload
 
 from . import physics as physics_
@@ -386,11 +386,38 @@ def _parse(raw, source, base, physics_note="") -> Spec:
                 calibration=calibration, **constraints)
     _check_reachable_minimum(reader, spec)
     _warn_missing_precisions(spec)
+    _warn_shadowed_outputs(spec)
     if calibration is not None:  # fitted on other accelerators than the spec prices: say so
         from .calibration.profile import warn_other_hardware
 
         warn_other_hardware(calibration, spec)
     return spec
+
+
+class ShadowedOutputWarning(UserWarning):
+    """An axis of the spec is one model's knob and another model's output of the same name
+    (``microbatch_count``: mlsysim's knob, megatron's derived count): the cube keeps the
+    axis, so the other model's output is not kept, and its layouts' coordinate there is
+    not theirs."""
+
+
+def _warn_shadowed_outputs(spec) -> None:
+    """:class:`ShadowedOutputWarning` for each axis that a model of the spec takes as a knob
+    and another outputs: the cube has one variable of a name, the axis's."""
+    if len(spec.physics) < 2:
+        return
+    import warnings
+
+    for name in spec.dims:
+        taking = [m for m in spec.physics if name in physics_.knobs_of(m)]
+        giving = [m for m in spec.physics if m not in taking and name in outputs_of(m)]
+        if taking and giving:
+            warnings.warn(
+                f"{spec.source}: axis {name!r} is a knob of {', '.join(taking)} and an output "
+                f"of {', '.join(giving)}, which the cube cannot keep beside the axis: "
+                f"{', '.join(giving)}'s layouts carry the axis's values there, not their own "
+                f"{name} (price {', '.join(giving)} alone, or solver.solve a layout, to read it)",
+                ShadowedOutputWarning, stacklevel=4)
 
 
 class PrecisionWarning(UserWarning):

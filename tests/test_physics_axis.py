@@ -413,3 +413,23 @@ def test_cli_search_of_a_physics_axis_prints_each_models_knobs_blank_for_the_oth
     assert mls and mg and len(mls) + len(mg) == 60
     assert all(cell(r, "micro_batch_size") == "" and cell(r, "microbatch_count") == "8" for r in mls)
     assert all(cell(r, "micro_batch_size") == "1" and cell(r, "microbatch_count") == "" for r in mg)
+
+
+def test_an_axis_that_is_one_models_knob_and_the_others_output_warns():
+    # microbatch_count: mlsysim's knob, megatron's derived count. The cube keeps the axis,
+    # so megatron's layouts showed the axis's 1 | 4 | 8 where they ran 16 (an audit's find).
+    import warnings
+    spec = {"workload": "Llama3_70B_MC", "fleet": "HGX_H100_1K_MC",
+            "physics": ["mlsysim", "megatron"],
+            "axes": {"tp_size": [4, 8], "microbatch_count": [1, 4, 8]},
+            "fixed": {"batch_size": 1024, "seq_len": 4096}}
+    with pytest.warns(sweep.ShadowedOutputWarning,
+                      match="axis 'microbatch_count' is a knob of mlsysim and an output of megatron"):
+        sweep.load_spec(spec)
+    # one model, or the knob fixed (no axis), or an axis both take: nothing to warn of
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sweep.ShadowedOutputWarning)
+        sweep.load_spec({**spec, "physics": "mlsysim"})
+        sweep.load_spec({**spec, "axes": {"tp_size": [4, 8]},
+                         "fixed": {**spec["fixed"], "microbatch_count": 8}})
+        sweep.load_spec({**spec, "axes": {"tp_size": [4, 8], "dp_size": [8, 16]}})
