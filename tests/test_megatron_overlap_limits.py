@@ -52,6 +52,19 @@ def test_tp_comm_overlap_hides_no_more_than_the_gemms_beside_it(engine):
     assert hidden < 0.9 * eta * traffic
     # ... and never more than overlap_efficiency of the compute beside it
     assert hidden <= eta * float(on["compute_latency"]) * (1 + 1e-12)
+    # exactly: eta x (min(forward traffic, G) + min(backward traffic, 2 G)) a layer and
+    # microbatch, G the forward GEMMs of the TP-communicating layers ([37]; no recompute)
+    from solver.physics import megatron_steps as steps
+    w = M._Shape(LLAMA8)
+    kn = M._account_stages(w, M._normalize(M._knob_values({**k, "tp_comm_overlap": True}, "t")))
+    sp = steps.split(w, HGX, kn)
+    hw = steps.hardware(HGX, M.CONSTANTS, kn["precision"])
+    ly = steps.layer_times(w, kn, M.CONSTANTS, sp, hw)
+    cm = steps.communication(w, kn, M.CONSTANTS, sp, hw, ly)
+    gemms, half = float(ly.t_tp_gemms_f), float(cm.tp_total) / 2
+    per_layer = eta * (min(half, gemms) + min(half, 2 * gemms))
+    assert gemms < half  # the traffic outlasts the GEMMs: the bound binds
+    assert hidden == pytest.approx(float(sp.m) * LLAMA8.layers * per_layer, rel=1e-9)
     # where the GEMMs are long (16k tokens) the whole share hides, as before
     k8 = {**k, "seq_len": 16384}
     on8 = M.solve(LLAMA8, HGX, engine=engine, tp_comm_overlap=True, **k8)
@@ -109,10 +122,15 @@ def test_a_recomputed_layer_holds_its_forward_while_its_backward_runs(engine):
     logits = float(logits_bytes(1, 8192, LLAMA8.vocab_size, tp_size=1))
     assert scores > logits > 0
     assert act["selective", False] - act["selective", True] == pytest.approx(scores - logits, rel=1e-9)
-    # full recompute holds a whole layer's forward: more than selective's checkpoints alone
-    full = float(M.solve(LLAMA8, HGX, engine=engine, recompute="full", flash_attention=False,
-                         **k)["memory_activations"])
-    assert full > act["none", False] / LLAMA8.layers
+    # full recompute: every layer's input (2 s b h, the checkpoint) and one layer's whole
+    # forward again beside them, where the logits were: L ckpt + max(whole - ckpt, logits)
+    layers = LLAMA8.layers
+    ckpt = 2.0 * 8192 * LLAMA8.hidden_dim
+    for flash in (True, False):
+        whole = (act["none", flash] - logits) / layers  # (no recompute: L whole + logits)
+        full = float(M.solve(LLAMA8, HGX, engine=engine, recompute="full", flash_attention=flash,
+                             **k)["memory_activations"])
+        assert full == pytest.approx(layers * ckpt + max(whole - ckpt, logits), rel=1e-9)
 
 
 def test_why_unrealizable_takes_catalog_keys_as_solve_does():

@@ -22,9 +22,12 @@ named steps, like pvlib's ModelChain:
    time, ``K0`` columns of the GEMM's local reduction dimension after the TP split),
    FP8/FP4 for the transformer layers' GEMMs only; attention core (fused causal
    kernel at the accelerator's sourced efficiency [10], or unfused softmax);
-   memory-bound kernels at HBM bandwidth; TP all-reduces (or RS + AG under SP,
-   hidden by ``tp_comm_overlap``), CP ring exchange of K/V hidden behind
-   attention, EP all-to-all (:mod:`solver.network`). Each phase of a layer
+   memory-bound kernels at HBM bandwidth; TP all-reduces (or RS + AG under SP, two
+   launches; ``tp_comm_overlap`` hides ``overlap_efficiency`` of each phase's TP
+   traffic, at most that share of the GEMMs its chunks run beside, and only with the TP
+   group inside one NVLink domain [37]), CP ring exchange of K/V (each step's send
+   beside that step's cp-th of the attention core [37]), EP all-to-all
+   (:mod:`solver.network`). Each phase of a layer
    (forward; backward with any recomputed forward) takes the longer of its GPU time
    and the host's time to launch its kernels [12].
 3. **pipeline**: heaviest stage (LM head on the last: its GEMMs in 16 bits and
@@ -38,7 +41,10 @@ named steps, like pvlib's ModelChain:
    gathers; optimizer step at HBM bandwidth; a fixed per-step overhead.
 5. **memory**: :mod:`solver.megatron_memory` on each pipeline rank that can hold the
    most (its layers, embedding or output layer and logits, microbatches in flight:
-   ``megatron_steps.pipeline_ranks``); the largest footprint counts.
+   ``megatron_steps.pipeline_ranks``; a recomputed layer's working set, on the last rank
+   in place of the logits; the norms', the router's and MLA's duplicated weights whole
+   on every TP rank, an MTP module's three norms split with it); the largest footprint
+   counts.
 
 The free constants (:data:`CONSTANTS`) are the all-data fit stored in
 ``configs/physics/megatron.toml`` with its provenance; each may be overridden
@@ -404,7 +410,8 @@ REALIZABLE_RULES = (
     "expert's width by etp_size, an "
     "interleaved schedule's microbatches by pp_size (and, without overlap_p2p_comm, more "
     "than two stages); tp_comm_overlap and MoE with tp_size > 1 "
-    "need sequence_parallel, cp_size > 1 flash_attention, overlap_param_gather "
+    "need sequence_parallel, tp_comm_overlap every TP group inside one NVLink domain, "
+    "cp_size > 1 flash_attention, overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
     "interleaved schedule where pp_size > 1 and at most one MTP layer, and every layout a "
