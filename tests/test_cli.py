@@ -746,3 +746,14 @@ def test_megatron_main_job_without_numba_keeps_the_default_cube(tmp_path):
     assert "wrote default_megatron_cube.nc" in done.stdout
     assert sweep.open_cube(tmp_path / "default_megatron_cube.nc").attrs
     assert (tmp_path / cli.DEFAULT_CUBE).read_bytes() == b"the default job's cube"
+
+
+def test_search_says_a_memory_limit_above_the_accelerators_memory_as_top_does(capsys):
+    # MemoryLimitWarning is a RuntimeWarning, which the search command silences for its
+    # "no feasible layout" (its summary says that): the limit's warning went with it.
+    code, out, err = _call(capsys, ["search", "search_llama70b", "--memory-limit", "200 GB",
+                                    "--trials", "10", "--mode", "sampled", "--seed", "0"])
+    assert "memory limit 200 GB is above the accelerator's memory" in err
+    code, out, err = _call(capsys, ["search", "search_llama70b", "--memory-limit", "60 GB",
+                                    "--trials", "10", "--mode", "sampled", "--seed", "0"])
+    assert "above the accelerator's memory" not in err

@@ -9,6 +9,7 @@ import warnings
 from solver.outputs import DERIVED, REGISTRY, objective_names
 
 from ..analysis.ties import TIES, collapse_rows
+from ..limits import MemoryLimitWarning
 from ..spec import load_spec
 from ._common import EXIT_EMPTY, EXIT_OK, UsageError, _progress, _suggest
 from .format import _TABLE_VALUES, _layout_table
@@ -98,6 +99,9 @@ def command(args) -> int:
         raise UsageError(f"--objective: {err}") from None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "no feasible layout": the summary says
+        # (but a limit above the accelerator's memory is said, as top says it: a RuntimeWarning
+        # too, which the line above had silenced)
+        warnings.simplefilter("default", MemoryLimitWarning)
         try:
             result = search_mod.search(spec, **_search_options(search_mod.search, args))
         except search_mod.StorageError as err:  # --storage, or a stored study of another space
