@@ -117,3 +117,31 @@ def test_a_large_call_says_so_without_pricing_its_split_again():
     assert message.startswith(f"none of the {n:,} configurations of this solve call")
     assert "why_unrealizable(workload, fleet, **knobs) names the rules" in message
     assert "rule '" not in message
+
+
+def test_an_empty_megatron_answer_counts_the_rules_its_layouts_break():
+    # It had recited the whole rulebook: FP8 on an A100 (no FP8 peak) and tp_comm_overlap
+    # with TP 16 on nodes of 8 are named, with how many layouts break each.
+    from sweep.analysis.empty import admissible_counts
+    a100 = sweep.run({"workload": "Llama3_8B_MC", "fleet": "Selene_MC", "physics": "megatron",
+                      "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4]},
+                      "fixed": {"batch_size": 1024, "seq_len": 4096, "precision": "fp8",
+                                "sequence_parallel": True}})
+    why = admissible_counts(a100)["why"]["realizable"]
+    assert f"precision, by 12: {steps.REALIZABLE_CONDITIONS['precision']}" in why
+    assert "the megatron model's rules:" not in why  # (the rulebook)
+    # every layout is FP8 on an A100: no batch size would make one realizable
+    assert "would split" not in why
+    wide = sweep.run({"workload": "GPT3_175B_MC", "fleet": "HGX_H100_1K_MC", "physics": "megatron",
+                      "axes": {"tp_size": [16, 32], "pp_size": [8, 16]},
+                      "fixed": {"batch_size": 1024, "seq_len": 2048, "sequence_parallel": True,
+                                "tp_comm_overlap": True}})
+    why = admissible_counts(wide)["why"]["realizable"]
+    assert "tp_comm_overlap_domain, by 4:" in why
+    # a mixed cube's megatron slice, as `top --select physics=megatron` takes it
+    mixed = sweep.run({"workload": "Llama3_8B_MC", "fleet": "Selene_MC",
+                       "physics": ["mlsysim", "megatron"],
+                       "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4], "precision": ["fp8"]},
+                       "fixed": {"batch_size": 1024, "seq_len": 4096, "sequence_parallel": True}})
+    why = admissible_counts(mixed.isel(physics=[1]))["why"]["realizable"]
+    assert "precision, by 12" in why

@@ -230,9 +230,12 @@ def _knob(cube, name, default):
 def _realizable_why(cube, blocked, sizes) -> Optional[str]:
     """Why the points only ``realizable`` removes (``blocked``) are not realizable, from the
     cube (:func:`realizable_evidence` of its arrays); None where it lacks what that needs."""
-    if "dp_size" not in cube.variables or "physics" in cube.dims:
+    if "dp_size" not in cube.variables or ("physics" in cube.dims and cube.sizes["physics"] > 1):
         return None  # (a physics axis: each model's rule on its own slice, not said here)
-    megatron = cube.attrs.get("physics") == "megatron"
+    # one model's slice of a physics axis (a coordinate of one value, or a dim of length one)
+    sliced = ("physics" in cube.coords and cube["physics"].size == 1
+              and str(np.asarray(cube["physics"].values).ravel()[0]) == "megatron")
+    megatron = cube.attrs.get("physics") == "megatron" or sliced
     factors = [_knob(cube, n, default) for n, default in batch_split_knobs(megatron).items()]
     batch = _knob(cube, "batch_size", 1 if megatron else None)
     if batch is None or any(f is None for f in factors):
@@ -248,7 +251,57 @@ def _realizable_why(cube, blocked, sizes) -> Optional[str]:
     each = _count(xr.DataArray(True), {d: n for d, n in sizes.items() if d not in arrays[0].dims})
     evidence = realizable_evidence(*(a.values for a in arrays), megatron=megatron, each=each,
                                    scalar_batch=not isinstance(batch, xr.DataArray))
+    if megatron:
+        rules = _megatron_rules(cube, blocked)
+        if rules is not None:
+            evidence["rules"] = {name: n * each for name, n in rules.items()}
     return realizable_text(evidence)
+
+
+#: Most points :func:`_megatron_rules` asks the rules of (the first ones, in cube order).
+RULES_MAX_POINTS = 1 << 18
+
+
+def _megatron_rules(cube, blocked) -> Optional[dict]:
+    """Rule -> how many of the points ``blocked`` (a boolean DataArray over some of the cube's
+    dims) break it, from :func:`solver.physics.megatron.why_unrealizable` on their knobs (the
+    cube's coordinates and fixed knobs, its workload and fleet from the catalog by name);
+    None where the cube does not say them all (another catalog's names, a knob not kept).
+    A layout may break several rules. Asked of at most :data:`RULES_MAX_POINTS` points."""
+    import solver
+
+    names = [d for d in blocked.dims]
+    where = np.flatnonzero(np.asarray(blocked.values, bool))[:RULES_MAX_POINTS]
+    if not where.size:
+        return None
+    index = np.unravel_index(where, blocked.shape)
+    try:
+        fixed = json.loads(cube.attrs.get("fixed") or "{}")
+        point = {d: np.asarray(cube[d].values)[i] for d, i in zip(names, index)}
+        labels = {}
+        for key in ("workload", "fleet"):
+            if key in point:
+                labels[key] = point.pop(key)
+            elif key in cube.coords:  # a coordinate of one value, not in blocked's dims
+                labels[key] = np.full(where.size, np.asarray(cube[key].values).ravel()[0])
+            else:
+                labels[key] = np.full(where.size, cube.attrs[key])
+        knobs = {k: v for k, v in {**fixed, **point}.items() if k in megatron_model.KNOBS}
+        for d in cube.dims:  # an axis blocked does not span: each of its values alike
+            if d not in names and d in megatron_model.KNOBS:
+                return None
+        counts = {}
+        workloads, fleets = labels["workload"].astype(str), labels["fleet"].astype(str)
+        for wl_name, fl_name in dict.fromkeys(zip(workloads.tolist(), fleets.tolist())):
+            take = (workloads == wl_name) & (fleets == fl_name)
+            wl, fl = solver.catalog.workload(wl_name), solver.catalog.fleet(fl_name)
+            sub = {k: (np.asarray(v)[take] if np.ndim(v) else v) for k, v in knobs.items()}
+            for rule, broken in megatron_model.why_unrealizable(wl, fl, check_shape=False,
+                                                                **sub).items():
+                counts[rule] = counts.get(rule, 0) + int(np.count_nonzero(broken))
+        return counts
+    except Exception:  # noqa: BLE001 (a diagnostic: where it cannot say, the rules are listed)
+        return None
 
 
 def batch_split_knobs(megatron: bool) -> dict:
@@ -338,6 +391,9 @@ def realizable_text(evidence: Optional[dict]) -> Optional[str]:
         return None
     n_blocked, n_fail = evidence["blocked"], evidence["fails"]
     megatron, batch = evidence["megatron"], evidence["batch"]
+    # the megatron model's other rules its layouts break, counted where the cube said them
+    broken = {k: v for k, v in (evidence.get("rules") or {}).items()
+              if v and k not in ("whole_microbatches", "valid")} if megatron else {}
     parts = []
     if n_fail:
         split = ("dp_size x micro_batch_size" if megatron
@@ -350,11 +406,19 @@ def realizable_text(evidence: Optional[dict]) -> Optional[str]:
                      f"there: {shown})")
         best = (_best_batch(evidence["divisors"], batch)
                 if batch is not None and evidence["divisors"] else None)
-        if best is not None:
+        # (no batch size helps where another rule blocks every layout)
+        if best is not None and max(broken.values(), default=0) < n_blocked:
             parts.append(f"batch_size {best[0]:,} would split {best[1]:,} of them into whole "
                          f"microbatches")
     rest = n_blocked - n_fail
-    if rest:
+    if broken:
+        from solver.physics.megatron_steps import REALIZABLE_CONDITIONS
+
+        order = sorted(broken, key=lambda k: -broken[k])
+        parts.append("the megatron model's rules they break (a layout may break several): "
+                     + "; ".join(f"{name}, by {broken[name]:,}: "
+                                 f"{REALIZABLE_CONDITIONS.get(name, name)}" for name in order))
+    elif rest:
         rules = (f"the megatron model's rules: {megatron_model.REALIZABLE_RULES}" if megatron
                  else f"the even splits of solver.physics.common.even_splits: "
                       f"{common.EVEN_SPLIT_RULES}")
