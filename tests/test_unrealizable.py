@@ -145,3 +145,17 @@ def test_an_empty_megatron_answer_counts_the_rules_its_layouts_break():
                        "fixed": {"batch_size": 1024, "seq_len": 4096, "sequence_parallel": True}})
     why = admissible_counts(mixed.isel(physics=[1]))["why"]["realizable"]
     assert "precision, by 12" in why
+
+
+def test_an_empty_megatron_search_counts_the_rules_its_layouts_break():
+    # The exhaustive walk asks the rules of each block's blocked layouts and adds them up.
+    spec = {"workload": "Llama3_8B_MC", "fleet": "Selene_MC", "physics": "megatron",
+            "axes": {"tp_size": [1, 2, 4, 8], "pp_size": [1, 2, 4]},
+            "fixed": {"batch_size": 1024, "seq_len": 4096, "precision": "fp8",
+                      "sequence_parallel": True}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = sweep.search(spec, mode="exhaustive", block_points=5)  # three blocks
+    why = result.why_empty()
+    assert f"precision, by 12: {steps.REALIZABLE_CONDITIONS['precision']}" in why
+    assert "would split" not in why

@@ -258,49 +258,71 @@ def _realizable_why(cube, blocked, sizes) -> Optional[str]:
     return realizable_text(evidence)
 
 
-#: Most points :func:`_megatron_rules` asks the rules of (the first ones, in cube order).
+#: Most points :func:`megatron_rules` asks the rules of (the first ones, in order).
 RULES_MAX_POINTS = 1 << 18
 
 
-def _megatron_rules(cube, blocked) -> Optional[dict]:
-    """Rule -> how many of the points ``blocked`` (a boolean DataArray over some of the cube's
-    dims) break it, from :func:`solver.physics.megatron.why_unrealizable` on their knobs (the
-    cube's coordinates and fixed knobs, its workload and fleet from the catalog by name);
-    None where the cube does not say them all (another catalog's names, a knob not kept).
-    A layout may break several rules. Asked of at most :data:`RULES_MAX_POINTS` points."""
-    import solver
-
-    names = [d for d in blocked.dims]
-    where = np.flatnonzero(np.asarray(blocked.values, bool))[:RULES_MAX_POINTS]
+def megatron_rules(workload, fleet, knobs: Mapping, blocked) -> Optional[dict]:
+    """Rule -> how many of the points ``blocked`` (a boolean array) break it, from
+    :func:`solver.physics.megatron.why_unrealizable` on their knobs (``knobs``: names ->
+    scalars or arrays broadcasting with ``blocked``; those not the megatron model's are
+    left out). A layout may break several rules. Asked of at most
+    :data:`RULES_MAX_POINTS` points; None where it cannot say (the empty answer then lists
+    the rules)."""
+    blocked = np.asarray(blocked, bool)
+    where = np.flatnonzero(blocked)[:RULES_MAX_POINTS]
     if not where.size:
         return None
-    index = np.unravel_index(where, blocked.shape)
+    try:
+        picked = {}
+        for name, value in knobs.items():
+            if name not in megatron_model.KNOBS:
+                continue
+            value = np.asarray(value)
+            picked[name] = (np.broadcast_to(value, blocked.shape).reshape(-1)[where]
+                            if value.ndim else value.item())
+        broken = megatron_model.why_unrealizable(workload, fleet, check_shape=False, **picked)
+        return {rule: int(np.count_nonzero(where_)) for rule, where_ in broken.items()}
+    except Exception:  # noqa: BLE001 (a diagnostic: where it cannot say, the rules are listed)
+        return None
+
+
+def _megatron_rules(cube, blocked) -> Optional[dict]:
+    """:func:`megatron_rules` of the points ``blocked`` (a boolean DataArray over some of the
+    cube's dims): their knobs the cube's coordinates and fixed knobs, their workload and
+    fleet from the built-in catalog by name; None where the cube does not say them all
+    (another catalog's names, a megatron knob along a dim ``blocked`` lacks)."""
+    import solver
+
+    names = list(blocked.dims)
+    if any(d not in names and d in megatron_model.KNOBS for d in cube.dims):
+        return None
+    mask = np.asarray(blocked.values, bool)
     try:
         fixed = json.loads(cube.attrs.get("fixed") or "{}")
-        point = {d: np.asarray(cube[d].values)[i] for d, i in zip(names, index)}
+        grids = np.meshgrid(*[np.asarray(cube[d].values) for d in names], indexing="ij")
+        point = {d: g for d, g in zip(names, grids)}
         labels = {}
         for key in ("workload", "fleet"):
             if key in point:
-                labels[key] = point.pop(key)
+                labels[key] = point.pop(key).astype(str)
             elif key in cube.coords:  # a coordinate of one value, not in blocked's dims
-                labels[key] = np.full(where.size, np.asarray(cube[key].values).ravel()[0])
+                labels[key] = np.full(mask.shape, str(np.asarray(cube[key].values).ravel()[0]))
             else:
-                labels[key] = np.full(where.size, cube.attrs[key])
-        knobs = {k: v for k, v in {**fixed, **point}.items() if k in megatron_model.KNOBS}
-        for d in cube.dims:  # an axis blocked does not span: each of its values alike
-            if d not in names and d in megatron_model.KNOBS:
-                return None
+                labels[key] = np.full(mask.shape, str(cube.attrs[key]))
+        knobs = {**fixed, **point}
         counts = {}
-        workloads, fleets = labels["workload"].astype(str), labels["fleet"].astype(str)
-        for wl_name, fl_name in dict.fromkeys(zip(workloads.tolist(), fleets.tolist())):
-            take = (workloads == wl_name) & (fleets == fl_name)
-            wl, fl = solver.catalog.workload(wl_name), solver.catalog.fleet(fl_name)
-            sub = {k: (np.asarray(v)[take] if np.ndim(v) else v) for k, v in knobs.items()}
-            for rule, broken in megatron_model.why_unrealizable(wl, fl, check_shape=False,
-                                                                **sub).items():
-                counts[rule] = counts.get(rule, 0) + int(np.count_nonzero(broken))
+        pairs = dict.fromkeys(zip(labels["workload"][mask].tolist(), labels["fleet"][mask].tolist()))
+        for wl_name, fl_name in pairs:
+            take = mask & (labels["workload"] == wl_name) & (labels["fleet"] == fl_name)
+            rules = megatron_rules(solver.catalog.workload(wl_name), solver.catalog.fleet(fl_name),
+                                   knobs, take)
+            if rules is None:
+                return None
+            for rule, n in rules.items():
+                counts[rule] = counts.get(rule, 0) + n
         return counts
-    except Exception:  # noqa: BLE001 (a diagnostic: where it cannot say, the rules are listed)
+    except Exception:  # noqa: BLE001 (as megatron_rules)
         return None
 
 
@@ -377,9 +399,13 @@ def merge_evidence(a: Optional[dict], b: Optional[dict]) -> Optional[dict]:
         for v, c in b["divisors"].items():
             divisors[v] = divisors.get(v, 0) + c
         divisors = divisors if len(divisors) <= MAX_DIVISORS else None
-    return {"megatron": a["megatron"], "blocked": a["blocked"] + b["blocked"],
-            "fails": a["fails"] + b["fails"], "dp": sorted(set(a["dp"]) | set(b["dp"]))[:6],
-            "batch": a["batch"] if a["batch"] == b["batch"] else None, "divisors": divisors}
+    merged = {"megatron": a["megatron"], "blocked": a["blocked"] + b["blocked"],
+              "fails": a["fails"] + b["fails"], "dp": sorted(set(a["dp"]) | set(b["dp"]))[:6],
+              "batch": a["batch"] if a["batch"] == b["batch"] else None, "divisors": divisors}
+    if "rules" in a and "rules" in b:  # (a block that could not say them: none said)
+        merged["rules"] = {k: a["rules"].get(k, 0) + b["rules"].get(k, 0)
+                           for k in dict.fromkeys([*a["rules"], *b["rules"]])}
+    return merged
 
 
 def realizable_text(evidence: Optional[dict]) -> Optional[str]:

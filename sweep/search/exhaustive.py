@@ -15,8 +15,8 @@ from typing import Optional
 import numpy as np
 
 from .. import grid as grid_
-from ..analysis.empty import (FEASIBLE, LIMIT, VALID, batch_split_knobs, merge_evidence,
-                              realizable_evidence, realizable_text)
+from ..analysis.empty import (FEASIBLE, LIMIT, VALID, batch_split_knobs, megatron_rules,
+                              merge_evidence, realizable_evidence, realizable_text)
 from .pricing import _price, _Setup
 from .result import SearchResult, finish_result, front_indices
 
@@ -92,8 +92,13 @@ def _realizable(priced, shape) -> Optional[dict]:
     for name, default in batch_split_knobs(megatron).items():
         divisor = divisor * np.asarray(knobs.get(name, default), np.float64)
     batch = np.asarray(knobs["batch_size"])
-    return realizable_evidence(blocked, np.asarray(out["dp_size"]), divisor, batch,
-                               megatron=megatron, scalar_batch=batch.ndim == 0)
+    evidence = realizable_evidence(blocked, np.asarray(out["dp_size"]), divisor, batch,
+                                   megatron=megatron, scalar_batch=batch.ndim == 0)
+    if megatron and priced.workload is not None:
+        rules = megatron_rules(priced.workload, priced.fleet, knobs, blocked)
+        if rules is not None:
+            evidence["rules"] = rules
+    return evidence
 
 
 #: The explanation's names of the pricing constraints (sweep.analysis.empty's words).

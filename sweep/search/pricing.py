@@ -152,6 +152,8 @@ class _Priced:
     constraints: dict        # name -> array of shape
     valid: np.ndarray
     feasible: np.ndarray     # admissible: valid, fits, within every constraint
+    workload: Any = None     # what was priced (an empty answer asks its rules of them)
+    fleet: Any = None
 
 
 def _quantity(name, out, knobs, limit):
@@ -203,7 +205,7 @@ def _price(setup: _Setup, workload_label, fleet_label, knobs) -> _Priced:
     feasible = valid & np.isfinite(values).all(axis=0)
     for c in constraints.values():
         feasible &= ~(np.nan_to_num(c, nan=1.0) > 0)
-    return _Priced(out, knobs, values, constraints, valid, feasible)
+    return _Priced(out, knobs, values, constraints, valid, feasible, workload, fleet)
 
 
 def _groups(layouts: Sequence[Mapping]) -> dict:
