@@ -298,23 +298,27 @@ def _megatron_rules(cube, blocked) -> Optional[dict]:
     if any(d not in names and d in megatron_model.KNOBS for d in cube.dims):
         return None
     mask = np.asarray(blocked.values, bool)
+    # (the blocked points' coordinates only, at most RULES_MAX_POINTS: not a grid of the cube)
+    where = np.flatnonzero(mask)[:RULES_MAX_POINTS]
+    if not where.size:
+        return None
+    index = np.unravel_index(where, mask.shape)
     try:
         fixed = json.loads(cube.attrs.get("fixed") or "{}")
-        grids = np.meshgrid(*[np.asarray(cube[d].values) for d in names], indexing="ij")
-        point = {d: g for d, g in zip(names, grids)}
+        point = {d: np.asarray(cube[d].values)[i] for d, i in zip(names, index)}
         labels = {}
         for key in ("workload", "fleet"):
             if key in point:
                 labels[key] = point.pop(key).astype(str)
             elif key in cube.coords:  # a coordinate of one value, not in blocked's dims
-                labels[key] = np.full(mask.shape, str(np.asarray(cube[key].values).ravel()[0]))
+                labels[key] = np.full(where.size, str(np.asarray(cube[key].values).ravel()[0]))
             else:
-                labels[key] = np.full(mask.shape, str(cube.attrs[key]))
+                labels[key] = np.full(where.size, str(cube.attrs[key]))
         knobs = {**fixed, **point}
         counts = {}
-        pairs = dict.fromkeys(zip(labels["workload"][mask].tolist(), labels["fleet"][mask].tolist()))
-        for wl_name, fl_name in pairs:
-            take = mask & (labels["workload"] == wl_name) & (labels["fleet"] == fl_name)
+        for wl_name, fl_name in dict.fromkeys(zip(labels["workload"].tolist(),
+                                                  labels["fleet"].tolist())):
+            take = (labels["workload"] == wl_name) & (labels["fleet"] == fl_name)
             rules = megatron_rules(solver.catalog.workload(wl_name), solver.catalog.fleet(fl_name),
                                    knobs, take)
             if rules is None:
