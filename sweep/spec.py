@@ -60,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -406,8 +407,6 @@ def _warn_shadowed_outputs(spec) -> None:
     and another outputs: the cube has one variable of a name, the axis's."""
     if len(spec.physics) < 2:
         return
-    import warnings
-
     for name in spec.dims:
         taking = [m for m in spec.physics if name in physics_.knobs_of(m)]
         giving = [m for m in spec.physics if m not in taking and name in outputs_of(m)]
@@ -445,8 +444,6 @@ def _warn_missing_precisions(spec) -> None:
         missing = [p for p in dict.fromkeys(names)
                    if p not in _NATIVE_PRECISIONS and p not in (acc.precision_flops or {})]
         if missing:
-            import warnings
-
             warnings.warn(
                 f"{spec.source}: the mlsysim physics prices {', '.join(missing)} on fleet "
                 f"{label!r}, whose {acc.name} states no {'/'.join(missing)} peak, at its headline "

@@ -25,6 +25,10 @@ class UtilizationWarning(UserWarning):
 PER_PRECISION_PEAK = ("mfu", "hfu", "node_mfu", "node_hfu")
 
 
+#: Bytes an element by precision name: mlsysim's, and the megatron model's FP4.
+_WIDTHS = {**solver.knobs.PRECISION_BYTES, "fp4": 0.5}
+
+
 def warn_across_precisions(objectives, precisions, *, stacklevel: int = 3) -> bool:
     """Warn (:class:`UtilizationWarning`) when a utilization objective would rank precisions of different
     widths; returns whether it warned. ``precisions``: the values in play (None: one)."""
@@ -32,12 +36,11 @@ def warn_across_precisions(objectives, precisions, *, stacklevel: int = 3) -> bo
     if not names or precisions is None:
         return False
     values = [str(v) for v in precisions]
-    widths = {solver.knobs.PRECISION_BYTES.get(v.lower(), v.lower()) for v in values}
+    widths = {_WIDTHS.get(v.lower(), v.lower()) for v in values}
     if len(widths) < 2:
         return False
     # the narrowest precision in play, the one whose higher peak can hide a faster layout
-    narrow = min(values, key=lambda v: solver.knobs.PRECISION_BYTES.get(
-        v.lower(), {"fp4": 0.5}.get(v.lower(), 2.0)))
+    narrow = min(values, key=lambda v: _WIDTHS.get(v.lower(), 2.0))
     warnings.warn(f"objective {names[0]!r} is measured against each precision's own peak, so "
                   f"across the precisions {', '.join(values)} it does not rank speed: a faster "
                   f"{narrow.upper()} layout can have the lower {names[0]}. To rank by speed, make the "
