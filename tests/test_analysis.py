@@ -307,6 +307,45 @@ def test_a_mask_over_a_dim_the_cube_selected_to_one_value(real_cube):
     assert none["mfu"].size == 0
 
 
+def test_best_along_says_why_each_empty_slice_is_empty(real_cube, tmp_path):
+    """A slice with no selected point had found=False and NaNs, with no why unless every
+    slice was empty; now each such slice counts what removed its points."""
+    best = sweep.best_along(real_cube, "tp_size", constraints={"memory_limit": "20 GB"})
+    assert best["found"].values.tolist() == [False, False, True, True]
+    assert best["why_not_found"].values[2:].tolist() == ["", ""]
+    assert "why_empty" not in best.attrs  # (some slice is found)
+    for tp in (1, 2):
+        one = real_cube.sel(tp_size=tp)
+        admissible = int(one["admissible"].sum())
+        valid = int(one["valid"].sum())
+        over = int((one["valid"] & ~one["feasible"]).sum())
+        text = str(best["why_not_found"].sel(tp_size=tp).values)
+        assert text.startswith(f"no admissible layout among {one['mfu'].size:,} points: "
+                               f"valid split removed {one['mfu'].size - valid:,}, "
+                               f"fits memory removed {over:,}, ")
+        # every point the cube admits is over the 20 GB asked, and is what relaxing it gives
+        assert admissible > 0 and (one["memory_footprint"].where(one["admissible"]) > 20e9).sum() == admissible
+        assert f"memory limit (20 GB) removed {admissible:,}; relax memory limit (20 GB): {admissible:,} layouts" in text
+    # the same from the file read lazily in small blocks, and per slice of two dims
+    lazy = sweep.open_cube(sweep.save(real_cube, tmp_path / "why.nc"))
+    xr.testing.assert_identical(best, sweep.best_along(lazy, "tp_size", block_points=1000,
+                                                       constraints={"memory_limit": "20 GB"}))
+    lazy.close()
+    pairs = sweep.best_along(real_cube, ["seq_len", "tp_size"], constraints={"memory_limit": "20 GB"})
+    fits = real_cube["admissible"] & (real_cube["memory_footprint"] <= 20e9)
+    assert pairs["found"].values.tolist() == fits.any(["pp_size", "dp_size", "microbatch_count",
+                                                      "zero_stage"]).transpose(
+        "seq_len", "tp_size").values.tolist() == [[False, False, True, True],
+                                                   [False, False, False, False]]
+    over = []
+    for seq, tp in ((2048, 1), (2048, 2), (8192, 1), (8192, 2), (8192, 4), (8192, 8)):
+        n = int(real_cube["admissible"].sel(seq_len=seq, tp_size=tp).sum())
+        over.append(n)
+        assert f"memory limit (20 GB) removed {n:,}" in str(
+            pairs["why_not_found"].sel(seq_len=seq, tp_size=tp).values)
+    assert sum(n > 0 for n in over) >= 4, over
+
+
 def test_memory_limit_as_fraction_of_capacity(real_cube):
     got = sweep.top_k(real_cube, k=3, constraints={"memory_limit": 0.5})
     capacity = solver.catalog.fleet("Training_1K").node.accelerator.memory_capacity

@@ -366,8 +366,11 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
         Over ``dims``: the best point's other coordinates as variables, every
         data variable's value there, and ``found`` (False where no point of
         that slice is selected; the other variables are then masked: NaN).
-        With no selected point at all, the attribute ``why_empty`` says why
-        (see :func:`top_k`).
+        Where some slice has none, ``why_not_found`` says for each such slice
+        how many of its points each condition removed and which to relax
+        (:func:`sweep.analysis.explain_empty`; "" where found). With no
+        selected point at all, the attribute ``why_empty`` says why for the
+        whole cube (see :func:`top_k`).
     """
     _check_complete(cube, allow_partial)
     where = _aligned_where(cube, where)
@@ -400,11 +403,16 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
         ranges = [(lo, min(lo + step, cube.sizes[d0])) for lo in range(0, cube.sizes[d0], step)]
     else:
         ranges = [(0, 0)]
-    for lo, hi in ranges:
-        sub = cube.isel({others[0]: slice(lo, hi)}) if others else cube
-        sub_where = (where.isel({others[0]: slice(lo, hi)})
-                     if others and isinstance(where, xr.DataArray) and others[0] in where.dims
-                     else where)
+
+    def blocks():
+        """``(sub, sub_where)`` of each block of ``ranges``, along the first of ``others``."""
+        for lo, hi in ranges:
+            yield ((cube.isel({others[0]: slice(lo, hi)}) if others else cube),
+                   (where.isel({others[0]: slice(lo, hi)})
+                    if others and isinstance(where, xr.DataArray) and others[0] in where.dims
+                    else where))
+
+    for (lo, hi), (sub, sub_where) in zip(ranges, blocks()):
         selected = _full(mask(sub, sub_where, constraints), sub.sizes, order).reshape(groups, -1)
         score = sign * _full(sub[objective], sub.sizes, order).reshape(groups, -1).astype(np.float64)
         score = np.where(selected & ~np.isnan(score), score, np.inf)
@@ -425,9 +433,50 @@ def best_along(cube: xr.Dataset, dims, objective: str = "mfu", where=None,
     if not found.all():
         result = result.where(xr.DataArray(found, dims=dims))
     result["found"] = xr.Variable(dims, found, {"long_name": "some point of the slice is selected"})
+    if not found.all():
+        result["why_not_found"] = xr.Variable(dims, _why_slices(cube, where, constraints, blocks,
+                                                                order, found), {
+            "long_name": "why no point of the slice is selected (empty where one is)"})
     if not found.any():
         result.attrs.update(_why_empty(cube, where, constraints))
     return result
+
+
+def _why_slices(cube, where, constraints, blocks, order, found) -> np.ndarray:
+    """:func:`explain_empty` of each slice of :func:`best_along` with no selected point
+    ("" where one is): how many of its points each condition removed and which to relax.
+
+    One more scan of the cube in the same ``blocks`` (a lazily opened cube is read slab by
+    slab again, not slice by slice), counting each condition of :func:`conditions` per
+    slice: the counts :func:`admissible_counts` gives the slice, without its sentence on
+    the realizable rules (ask it of ``cube.sel(...)`` for that).
+    """
+    from .empty import conditions
+
+    groups = found.size
+    total = np.zeros(groups, dtype=np.int64)
+    removed, relaxed = {}, {}
+    for sub, sub_where in blocks():
+        named = {name: _full(c, sub.sizes, order).reshape(groups, -1)
+                 for name, c in conditions(sub, sub_where, constraints).items()}
+        total += int(np.prod([sub.sizes[d] for d in order], dtype=np.int64)) // groups
+        kept = np.ones_like(next(iter(named.values())), dtype=bool) if named else None
+        for name, condition in named.items():
+            before = kept.sum(axis=1)
+            kept = kept & condition
+            removed[name] = removed.get(name, 0) + before - kept.sum(axis=1)
+        for name in named:
+            others = np.ones_like(kept)
+            for other, condition in named.items():
+                if other != name:
+                    others = others & condition
+            relaxed[name] = relaxed.get(name, 0) + others.sum(axis=1)
+    why = np.full(groups, "", dtype=object)
+    for g in np.flatnonzero(~found.ravel()):
+        why[g] = explain_empty({"total": int(total[g]),
+                                "removed": {k: int(v[g]) for k, v in removed.items()},
+                                "relaxed": {k: int(v[g]) for k, v in relaxed.items()}})
+    return why.reshape(found.shape).astype(str)
 
 
 def _objectives(objectives) -> dict:
