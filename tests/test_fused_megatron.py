@@ -57,6 +57,7 @@ def _draw(rng, n, *, dp_given, etp_given=False):
         overlap_param_gather=rng.random(n) < 0.5,
         flash_attention=rng.random(n) < 0.7,
         grad_reduce_in_bf16=rng.random(n) < 0.5,
+        fsdp_own_nic=rng.random(n) < 0.5,
         scatter_gather_tensors_in_pipeline=rng.random(n) < 0.5,
         overlap_p2p_comm=rng.random(n) < 0.5,
         # 0 keeps no mask, anything above keeps one (the kernel's two bits)

@@ -569,6 +569,48 @@ def test_fsdp_blocking_gathers_leave_only_the_reduce_scatter_to_hide(engine):
         assert float(solo["communication_latency"]) == 0.0  # TP = PP = CP = 1
 
 
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_fsdp_across_nodes_crosses_the_fabric_on_every_nic_unless_own_nic(engine):
+    """[38]: NCCL spreads a collective's rings over the node's NICs, so FSDP's gathers and
+    reduce-scatters over 16 ranks on 2 nodes of 8 cost what ZeRO-1's gather and
+    reduce-scatter over them cost (the two-level collective), per microbatch and pass. They
+    had been priced as one flat ring at one NIC's rate, 8x the fabric time (a 70B FSDP
+    layout on 64 B200s at 7.9 % MFU); ``fsdp_own_nic`` keeps that, as DeepSpeed's ZeRO-3
+    of 2021 ran (NAR21 Table 2). One layer, so no per-layer calls; FP16: a gradient as
+    wide as a weight, so a reduce-scatter costs what a gather does."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    from solver.physics import megatron_steps as steps
+
+    wl = dataclasses.replace(WL, layers=1)
+    knobs = dict(batch_size=64, seq_len=4096, tp_size=1, pp_size=1, dp_size=16, micro_batch_size=1,
+                 precision="fp16", overlap_grad_reduce=False, overlap_param_gather=False,
+                 recompute="full", engine=engine, check_shape=False)
+    m = 64 / 16
+    z1 = float(M.solve(wl, FL, zero_stage=1, **knobs)["dp_communication_latency"])
+    z3, own = (float(M.solve(wl, FL, zero_stage=3, fsdp_own_nic=flag, **knobs)["dp_communication_latency"])
+               for flag in (False, True))
+    assert z3 == pytest.approx(m * 1.5 * z1, rel=1e-12)  # 2 gathers + 1 reduce-scatter, each z1 / 2
+    # the bytes from ZeRO-1's two-level gather: 8 ranks of a node, then 2 nodes on 1/8 of them
+    hw = steps.hardware(FL, M.CONSTANTS, np.array(1), False)
+    per_byte = 7 / 8 / hw.up_bw + 1 / 2 / 8 / hw.out_bw
+    nbytes = (z1 / 2 - 7 * hw.up_lat - hw.out_lat) / per_byte
+    # (2 bytes a parameter: one layer of Llama 3 70B, its two norms, the embedding, the
+    # head; the final norm's h weights are not counted, a part in 10^6 here)
+    h, kv, ffn, vocab = wl.hidden_dim, wl.kv_heads * wl.hidden_dim // wl.heads, wl.ffn_hidden_dim, \
+        wl.vocab_size
+    params = 2 * h * h + 2 * h * kv + 3 * h * ffn + 2 * h + 2 * vocab * h
+    assert nbytes == pytest.approx(2 * params, rel=1e-9)
+    flat = 15 / 16 * nbytes / hw.out_bw + 15 * hw.out_lat
+    assert own == pytest.approx(m * 3 * flat, rel=1e-9)
+    assert own > 5 * z3  # (the two-level's NVLink part stays: 5.7x here)
+    # inside one domain the two are one collective: the same bits
+    inside = dict(knobs, dp_size=8, batch_size=32)
+    a, b = (M.solve(wl, FL, zero_stage=3, fsdp_own_nic=flag, **inside)["dp_communication_latency"]
+            for flag in (False, True))
+    assert float(a) == float(b) > 0.0
+
+
 def test_partial_last_microbatch_is_priced_as_a_whole_one():
     """7 sequences over dp 4 x micro_batch 1: 1.75 microbatches, not realizable, priced as
     2 (the last one partly filled) so the step takes batch 8's time and MFU is batch 8's

@@ -479,12 +479,12 @@ def _straddled(domain, inv_domain, span, inv_stride, divides, n_acc):
 @njit(**_INLINE)
 def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                    layers_stage, window_f, window_b_alone, t_pipe, up_bw, out_bw, n_acc, q, mtp, slack,
-                   a2a_hidden, tp_terms):
+                   a2a_hidden, tp_terms, own_nic):
     """megatron_compose.data_parallel (with _stage_params; ``q``: the domain over tp x group,
     the stages per domain :func:`_pipeline` has; ``heavy_stage``: :func:`_heavy`; ``slack``:
     the priced stage's wait a microbatch, :func:`_pipeline`'s; ``a2a_hidden``: what the
     combined 1F1B schedule takes off a paired backward's window, :func:`_pipeline`'s;
-    ``tp_terms``: :func:`_dp_tp_terms`)."""
+    ``tp_terms``: :func:`_dp_tp_terms`; ``own_nic``: the ``fsdp_own_nic`` knob)."""
     window_b = window_b_alone - a2a_hidden
     moe, emb = w[6], w[16]
     dense_scale, expert_scale = (w[35], w[36]) if heavy_stage else (w[14], w[15])
@@ -526,16 +526,29 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
         fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
         # layer by layer: each layer after the first pays (n-1) ring steps and the call cost
         fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11]) if group > 1.0 else 0.0
-        t_fsdp_gather = m * (2.0 * _coll_1(_WB * heavy, group, fsdp_bw, fsdp_lat) + 2.0 * fsdp_call)
-        t_fsdp_rs = m * (_coll_1(heavy * grad_bytes, group, fsdp_bw, fsdp_lat) + fsdp_call)
+        # the bytes: at one NIC's rate (own_nic), else on the domain's NICs (_two_level)
+        if own_nic or inside:
+            t_g, t_rs = _coll_1(_WB * heavy, group, fsdp_bw, fsdp_lat), \
+                _coll_1(heavy * grad_bytes, group, fsdp_bw, fsdp_lat)
+        else:
+            t_g, t_rs = _two_level(False, _WB * heavy, group, rpd_g, up_bw, up_lat, out_bw, out_lat), \
+                _two_level(False, heavy * grad_bytes, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
+        t_fsdp_gather = m * (2.0 * t_g + 2.0 * fsdp_call)
+        t_fsdp_rs = m * (t_rs + fsdp_call)
         if moe != 0.0:  # the experts over the expert DP group
             moe_share = 1.0 if heavy_stage else w[12]  # (Layer.moe_share, as _memo_row has it)
             fsdp_call_e = (layers_stage * moe_share - 1.0) * ((expert_group - 1.0) * fsdp_lat + c[11]) \
                 if expert_group > 1.0 else 0.0
-            t_fsdp_gather = t_fsdp_gather + m * (2.0 * _coll_1(
-                _WB * expert_stage_params, expert_group, fsdp_bw, fsdp_lat) + 2.0 * fsdp_call_e)
-            t_fsdp_rs = t_fsdp_rs + m * (_coll_1(expert_stage_params * grad_bytes, expert_group,
-                                                 fsdp_bw, fsdp_lat) + fsdp_call_e)
+            if own_nic or inside:
+                t_g, t_rs = _coll_1(_WB * expert_stage_params, expert_group, fsdp_bw, fsdp_lat), \
+                    _coll_1(expert_stage_params * grad_bytes, expert_group, fsdp_bw, fsdp_lat)
+            else:
+                t_g = _two_level(False, _WB * expert_stage_params, expert_group, rpd_e, up_bw, up_lat,
+                                 out_bw, out_lat)
+                t_rs = _two_level(False, expert_stage_params * grad_bytes, expert_group, rpd_e, up_bw,
+                                  up_lat, out_bw, out_lat)
+            t_fsdp_gather = t_fsdp_gather + m * (2.0 * t_g + 2.0 * fsdp_call_e)
+            t_fsdp_rs = t_fsdp_rs + m * (t_rs + fsdp_call_e)
         t_fsdp = t_fsdp_gather + t_fsdp_rs
         # blocking gathers; only the reduce-scatter hides behind the backward [29]
         idle = m * slack

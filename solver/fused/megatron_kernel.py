@@ -98,7 +98,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "b95e6edc2b4a103e"
+SOURCES_DIGEST = "a5224f15891400ba"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -292,7 +292,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         mtp, first, last = _pipeline_counts(p2p)
         if staged == 0:  # a block with no stage set: constants (see _price_block_even)
             first, last = 0.0, 0.0
-        mem = mem_a[i]  # grad_reduce_in_bf16, the dropout masks and combined 1F1B (memory_flags)
+        mem = mem_a[i]  # grad_reduce_in_bf16, dropout masks, combined 1F1B, ... (memory_flags)
         a2a = (mem & 8) != 0  # overlap_moe_expert_parallel_comm [35]
         # the memo's row; its columns from 16 on read as values[row, k]: read from the row's
         # view r (r[16] on), the loop was left scalar ("instruction cannot be vectorized").
@@ -348,7 +348,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         (heavy_params, expert_stage_params, expert_group, params_bytes, t_dp_total, t_dp,
          t_opt) = _data_parallel(w, f, c, tp, pp, v, heavy, ep, etp, group, zero, m, ogr, opg, grad_bytes,
                                  layers_stage, window_f, window_b, t_pipe, up_bw, out_bw, n_acc, q, mtp,
-                                 slack, a2a_hidden, tp_terms)
+                                 slack, a2a_hidden, tp_terms, (mem & 64) != 0)
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, expert_group, params_bytes,
@@ -909,19 +909,21 @@ def pipeline_flags(scatter_gather, overlap_p2p, mtp_num_layers=0, first_stage_la
 
 
 def memory_flags(grad_reduce_in_bf16, hidden_dropout=0.1, attention_dropout=0.1,
-                 overlap_moe_expert_parallel_comm=False, pipeline_split=0):
+                 overlap_moe_expert_parallel_comm=False, pipeline_split=0, fsdp_own_nic=False):
     """The ``mem`` argument of :func:`run` (before it is spread to ``n`` values):
     ``grad_reduce_in_bf16``, whether each dropout keeps a mask
     (:func:`solver.megatron_memory.keeps_mask`), ``overlap_moe_expert_parallel_comm``
     (the combined 1F1B schedule, which moves memory and time) and ``pipeline_split`` (0-2:
     whether Megatron-Core's rule for ``account_for_embedding/loss_in_pipeline_split``
-    applies and holds, ``solver.physics.megatron._account_stages``), scalars or arrays,
-    packed into uint8: bits 0, 1 (hidden), 2 (attention), 3 and 4-5."""
+    applies and holds, ``solver.physics.megatron._account_stages``) and ``fsdp_own_nic``
+    (ZeRO-3's collectives at one NIC's rate, [38] of the model), scalars or arrays,
+    packed into uint8: bits 0, 1 (hidden), 2 (attention), 3, 4-5 and 6."""
     u = np.uint8
     return (np.asarray(grad_reduce_in_bf16).astype(u) | (keeps_mask(hidden_dropout).astype(u) << u(1))
             | (keeps_mask(attention_dropout).astype(u) << u(2))
             | (np.asarray(overlap_moe_expert_parallel_comm).astype(u) << u(3))
-            | (np.asarray(pipeline_split).astype(u) << u(4)))
+            | (np.asarray(pipeline_split).astype(u) << u(4))
+            | (np.asarray(fsdp_own_nic).astype(u) << u(6)))
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
@@ -938,8 +940,9 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, 
     ``benchmarks/bench_grid_compare.py --case megatron_flat``).
 
     ``mem``: uint8, bit 0 ``grad_reduce_in_bf16``, bits 1 and 2 whether the hidden and
-    the attention dropout keep masks (:func:`memory_flags`): like ``p2p``, one array for
-    what a configuration's memory reads beside its knobs.
+    the attention dropout keep masks, bit 3 the combined 1F1B schedule, bits 4-5 the
+    pipeline split's rule, bit 6 ``fsdp_own_nic`` (:func:`memory_flags`): like ``p2p``,
+    one array for what a configuration reads beside its other knobs.
 
     ``etp``: the expert TP degree of each configuration (``tp`` where the knob is not given).
 

@@ -267,6 +267,17 @@ References
     step i's attention on the chunk in hand, one cp-th of the core (load-balanced
     chunks), and the last step has no send beside it; the backward sends K/V and their
     gradients together; a core recomputed (selective or full) runs its ring again.
+[38] NCCL's rings over a node's NICs: NCCL "has evolved to use multiple rings to use all
+    NVLinks and network cards" (NVIDIA/nccl issue #43, a maintainer, 2019); with 4 NICs
+    it "creates 4 rings, each using a different NIC", and "multi-NIC aggregation works
+    well when GPUs are connected through NVLink (because we can use NVLink to split the
+    operations in N parts then balance the traffic onto the N NICs)" (issue #601, a
+    maintainer). A collective over ranks of which g share a node so crosses the fabric
+    at g NICs' rate, as the two-level collective of [3] prices it: Megatron-FSDP's and
+    PyTorch FSDP2's per-layer gathers and reduce-scatters, each one NCCL collective over
+    the data-parallel group. NAR21 Table 2's DeepSpeed ZeRO-3 of 2021 gathered at one
+    NIC's rate (its 768- and 1,536-GPU runs of GPT-3 175B took the same time at the same
+    batch, [29]): ``fsdp_own_nic``.
 """
 
 from __future__ import annotations
@@ -383,6 +394,9 @@ KNOBS = {k.name: k for k in (
     _K("overlap_param_gather", "bool", True),
     _K("flash_attention", "bool", True),
     _K("grad_reduce_in_bf16", "bool", False),
+    _K("fsdp_own_nic", "bool", False,
+       why="ZeRO-3's collectives at one NIC's rate, as DeepSpeed's ZeRO-3 of 2021 ran them "
+           "(NAR21 Table 2); off: across the domain on all its NICs (Megatron-FSDP)"),
     _K("scatter_gather_tensors_in_pipeline", "bool", False),
     _K("overlap_p2p_comm", "bool", True),
     _K("overlap_moe_expert_parallel_comm", "bool", False),
@@ -771,7 +785,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           cp_size=1, ep_size=1, dp_size=None, etp_size=None, v_stages=1, micro_batch_size=1,
           sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
-          flash_attention=True, grad_reduce_in_bf16=False,
+          flash_attention=True, grad_reduce_in_bf16=False, fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
           overlap_moe_expert_parallel_comm=False, hidden_dropout=0.1,
           attention_dropout=0.1, mtp_num_layers=0,
@@ -833,6 +847,13 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         on the wire instead of FP32's 4, and the optimizer's FP32 copy of its shard.
         False (default): FP32, Megatron-LM's default for BF16 and FP8 training. FP16
         training reduces FP16 gradients either way.
+    fsdp_own_nic : bool
+        ZeRO-3's gathers and reduce-scatters as one flat ring per rank over its own NIC,
+        as DeepSpeed's ZeRO-3 of 2021 ran them (NAR21 Table 2) [38]. False (default):
+        inside the NVLink domain and then across it on all the domain's NICs, as the
+        other data-parallel collectives (Megatron-FSDP, PyTorch FSDP2; NCCL spreads a
+        collective's rings over the node's NICs [38]). The same where the group lies
+        inside one domain; other ZeRO stages ignore it.
     scatter_gather_tensors_in_pipeline : bool
         Legacy Megatron-LM's pipeline sends of ``1/tp`` of the activations, all-gathered
         over NVLink on arrival (its default; [1] Sec. 4.1) [26]. False (default):
@@ -929,7 +950,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   recompute=recompute, zero_stage=zero_stage, precision=precision,
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
-                  grad_reduce_in_bf16=grad_reduce_in_bf16,
+                  grad_reduce_in_bf16=grad_reduce_in_bf16, fsdp_own_nic=fsdp_own_nic,
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
                   overlap_p2p_comm=overlap_p2p_comm,
                   overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
@@ -1145,7 +1166,7 @@ _FUSED_DTYPES = {"int": np.int64, "bool": np.bool_, "choice": np.int64}
 #: Knobs the fused kernel receives packed into one byte (megatron_kernel.memory_flags): what a
 #: layout's memory reads beside its knobs, and the combined 1F1B schedule's flag.
 _MEMORY_KNOBS = ("grad_reduce_in_bf16", "hidden_dropout", "attention_dropout",
-                 "overlap_moe_expert_parallel_comm", "pipeline_split")
+                 "overlap_moe_expert_parallel_comm", "pipeline_split", "fsdp_own_nic")
 
 
 def _flat(name, value, n):

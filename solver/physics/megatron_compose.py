@@ -165,20 +165,29 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
                           t_gather)
     # FSDP [9]: gather forward and backward, reduce-scatter gradients, every microbatch,
     # prefetched behind the whole compute under overlap_param_gather (else [29], below).
-    # The gathers run as one flat ring per rank over its own NIC (DeepSpeed ZeRO-3 and
-    # FSDP shard over all DP ranks, not per node), the bound NAR21 Table 2 measured.
-    # They run layer by layer (one gather forward, one backward, one reduce-scatter per
-    # layer [9]), so each of the stage's layers pays the ring's (n-1) latency steps [8]
-    # and the per-call cost; the bytes are the stage's.
+    # Each is one NCCL collective over the whole DP group (FSDP shards over all DP ranks,
+    # not per node), whose rings NCCL spreads over the domain's NICs [38]: its bytes cross
+    # the fabric at the rate of the two-level collective the other stages pay (dp_coll).
+    # DeepSpeed's ZeRO-3 of 2021 (NAR21 Table 2) gathered at one NIC's rate, one flat ring
+    # per rank over its own NIC (fsdp_own_nic). Either way, they run layer by layer (one
+    # gather forward, one backward, one reduce-scatter per layer [9]), so each of the
+    # stage's layers pays a flat ring's (n-1) latency steps [8] and the per-call cost.
     # (its ranks are tp apart [6]: the group spans tp x its size, inside a domain or not)
     fsdp_bw, fsdp_lat = hw.link(inside)
+    flat = inside | k["fsdp_own_nic"]  # (inside one domain the two are one collective)
+
+    def fsdp_coll(kind, nbytes, n, up):
+        ring = (net.all_gather_time if kind == "all_gather" else net.reduce_scatter_time)(
+            nbytes, n, bus_bandwidth=fsdp_bw, latency=fsdp_lat)
+        return np.where(flat, ring, dp_coll(kind, nbytes, n, up))
+
     # (one rank gathers nothing: no call at all, as for the other stages' collectives)
     fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"]) * (group > 1)
-    t_fsdp_gather = m * (2.0 * net.all_gather_time(mem.WEIGHT_BYTES * heavy_params, group,
-                                                   bus_bandwidth=fsdp_bw, latency=fsdp_lat)
+    t_fsdp_gather = m * (2.0 * fsdp_coll("all_gather", mem.WEIGHT_BYTES * heavy_params, group,
+                                         ranks_up)
                          + 2.0 * fsdp_call)
-    t_fsdp_rs = m * (net.reduce_scatter_time(heavy_params * grad_bytes, group,
-                                             bus_bandwidth=fsdp_bw, latency=fsdp_lat) + fsdp_call)
+    t_fsdp_rs = m * (fsdp_coll("reduce_scatter", heavy_params * grad_bytes, group, ranks_up)
+                     + fsdp_call)
     if w.moe:
         # The expert parameters are sharded, gathered and reduced over the expert
         # data-parallel group (Megatron-Core's expert DP group [6]), not the dense one: none
@@ -186,12 +195,12 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
         # of the stage (its share of them, ly.moe_share).
         fsdp_call_e = (layers_stage * ly.moe_share - 1.0) * ((expert_group - 1.0) * fsdp_lat
                                                              + c["collective_latency"]) * (expert_group > 1)
-        t_fsdp_gather = t_fsdp_gather + m * (2.0 * net.all_gather_time(
-            mem.WEIGHT_BYTES * expert_stage_params, expert_group, bus_bandwidth=fsdp_bw,
-            latency=fsdp_lat) + 2.0 * fsdp_call_e)
-        t_fsdp_rs = t_fsdp_rs + m * (net.reduce_scatter_time(
-            expert_stage_params * grad_bytes, expert_group, bus_bandwidth=fsdp_bw,
-            latency=fsdp_lat) + fsdp_call_e)
+        t_fsdp_gather = t_fsdp_gather + m * (2.0 * fsdp_coll(
+            "all_gather", mem.WEIGHT_BYTES * expert_stage_params, expert_group, ranks_up_expert)
+            + 2.0 * fsdp_call_e)
+        t_fsdp_rs = t_fsdp_rs + m * (fsdp_coll(
+            "reduce_scatter", expert_stage_params * grad_bytes, expert_group, ranks_up_expert)
+            + fsdp_call_e)
     t_fsdp = t_fsdp_gather + t_fsdp_rs
     # Gathers not overlapped (overlap_param_gather off) are blocking: they wait in line
     # before the layer that needs them, and only the reduce-scatter, issued as the
