@@ -2,7 +2,7 @@
 
     >>> import sweep
     >>> cube = sweep.run("configs/sweeps/default.toml")              # in memory
-    >>> sweep.top_k(cube, objective="mfu", k=5)                        # best admissible layouts
+    >>> sweep.top_k(cube.sel(seq_len=4096), objective="mfu", k=5)  # best admissible, one job
     >>> sweep.run("configs/sweeps/calculon_gpt3.toml", path="gpt3.nc", n_jobs=2)  # streamed
     >>> cube = sweep.open_cube("gpt3.nc")                             # lazy
     >>> sweep.search("configs/sweeps/search_llama70b.toml", n_trials=1000, seed=0)  # optuna

@@ -46,18 +46,21 @@ default) each run is predicted by the fit of the others; when that error is abov
 the start constants' error on the same runs (by more than
 :data:`LOO_WORSE_MARGIN`), a :class:`CalibrationWarning` says so: the runs do not
 show that the profile predicts an untried layout better than no calibration.
-(``benchmarks/bench_calibrate.py``: of its 12 calibrations on half of the published
-H100 runs, the 3 that predicted the other half worse than their start all raised
-it; so did 3 that predicted it better.)
+(``benchmarks/bench_calibrate.py`` counts, over its calibrations on half of the
+published H100 runs, those that predicted the other half worse than their start and
+how many of them raised it: ``loo_warning`` in ``benchmarks/results/bench_calibrate.json``,
+quoted in the README's Calibrate section. It can miss some.)
 
 ``free="auto"`` lets the runs choose the free constants, by leave-one-out error
 (:func:`select_free`): starting from none, it adds, of the default free constants,
 the one whose fit predicts left-out runs best, while that beats the last choice
 (at first: the start constants) by more than :data:`LOO_WORSE_MARGIN`. It costs
 one leave-one-out per candidate tried (up to some 20, each one fit per run), and
-what it chose is ``Calibration.selection``. Measured in ``bench_calibrate.py``: it
-helps where the start is far from the cluster and hurts where the start already
-knew the runs (see the README); so it is not the default.
+what it chose is ``Calibration.selection``. Measured in ``bench_calibrate.py``
+(the README's Calibrate section has the figures): from a start that had already seen
+the runs it beat the default, mostly by freeing nothing; from a start far from the
+cluster, where calibrating matters, it beat the default on some splits and lost on
+others. So it is not the default.
 """
 
 from __future__ import annotations
@@ -92,11 +95,12 @@ DEFAULT_FREE = ("gemm_scale", "scale_up_efficiency", "scale_out_efficiency", "ov
 #: :data:`FLOOR_START`, is then fitted from both (``fit.fit_log``'s ``other_starts``), and
 #: stays only if some run is launch-bound at the fit.
 LAUNCH_FLOOR = "layer_overhead"
-#: The launch floor's second start [s]: above the 0.87 ms that vTrain's 2022 software stack
-#: needs (the shipped fit), so a fit from it comes down to the runs' floor. A floor has no
-#: slope where the runs are above it, so a fit started below their floor (a start fitted on
-#: large models, 0.1 ms) cannot rise to it: vTrain's layouts calibrated from there kept
-#: 0.1 ms and a Kendall tau of 0.49-0.74 (README, Calibration).
+#: The launch floor's second start [s]: above the 0.856 ms that vTrain's 2022 software stack
+#: needs (the shipped fit, ``configs/physics/megatron.toml``), so a fit from it comes down to
+#: the runs' floor. A floor has no slope where the runs are above it, so a fit started below
+#: their floor (a start fitted on large models, 0.1 ms) cannot rise to it: vTrain's layouts
+#: calibrated from there kept 0.1 ms and ranked about as badly as uncalibrated (the README's
+#: Calibrate section; ``benchmarks/results/bench_calibrate_vtrain.md``).
 FLOOR_START = 1e-3
 #: Below this RMS ``d log(step) / d log(constant)`` (a secant over the prior's width, at
 #: most a factor of e) the data cannot identify a constant (a 1 % change moves the step
@@ -106,7 +110,7 @@ IDENTIFIED_SENSITIVITY = 1e-3
 IDENTIFY_STEP = 1.0
 #: Where the near check sees nothing, the runs are looked at this many prior widths from
 #: the start too (at most :data:`FAR_STEP` in log), up and down: a per-step overhead of
-#: 3 s against the shipped 3.7 ms has no slope near the start, yet the runs plainly need
+#: 3 s against the shipped 3.8 ms has no slope near the start, yet the runs plainly need
 #: it. A constant seen only there is fitted from that far point as well (a second start).
 FAR_WIDTHS = 3.0
 FAR_STEP = 6.0
