@@ -86,6 +86,26 @@ def test_context_parallel_group_straddling_an_nvl72_rack(engine):
 
 
 @pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_racks_of_64_as_nvidias_launchers_fill_them_keep_ep_64_on_nvlink(engine):
+    """NVIDIA's launchers run a 1,024-GPU job on 64 GPUs of each NVL72 rack (Slurm segments
+    of 16 trays); the catalog's GB200_NVL72_1K_MC is that. DeepSeek-V3 at EP 64 over 1,024
+    GPUs: its groups tile racks of 64 and straddle racks filled to 72, whose all-to-all
+    then crosses the fabric and costs several times more."""
+    wl = catalog.workload("DeepSeek_V3_MC")
+    knobs = dict(batch_size=8192, seq_len=4096, tp_size=1, pp_size=16, ep_size=64, dp_size=64,
+                 micro_batch_size=1, recompute="selective", precision="fp8",
+                 num_layers_in_first_pipeline_stage=3, num_layers_in_last_pipeline_stage=2,
+                 check_shape=False)
+    racks64 = catalog.fleet("GB200_NVL72_1K_MC")
+    assert racks64.node.scale_up_domain == 64 and racks64.total_accelerators == 1024
+    assert _moves_with_nvlink(wl, racks64, "ep_communication_latency", engine, **knobs)
+    assert not _moves_with_nvlink(wl, NVL72, "ep_communication_latency", engine, **knobs)
+    a2a = {fl: float(M.solve(wl, catalog.fleet(fl), engine=engine, **knobs)["ep_communication_latency"])
+           for fl in ("GB200_NVL72_8_MC", "GB200_NVL72_1K_MC")}
+    assert a2a["GB200_NVL72_8_MC"] > 5 * a2a["GB200_NVL72_1K_MC"]
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
 def test_fsdp_group_spans_tp_times_its_size(engine):
     # ZeRO-3 peers are tp ranks apart: 4 of them at TP 8 are on 4 nodes (the fabric), at
     # TP 2 on one node (NVLink)
