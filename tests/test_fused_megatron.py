@@ -68,6 +68,7 @@ def _draw(rng, n, *, dp_given, etp_given=False):
         num_layers_in_first_pipeline_stage=pick([0, 0, 0, 1, 2, 3, 5, 8, 4095]),
         num_layers_in_last_pipeline_stage=pick([0, 0, 0, 1, 2, 4, 6, 4095]),
         overlap_moe_expert_parallel_comm=rng.random(n) < 0.5,
+        moe_enable_deepep=rng.random(n) < 0.5,
         # the embedding / the loss counted in the split: set stages where the rule holds
         account_for_embedding_in_pipeline_split=rng.random(n) < 0.3,
         account_for_loss_in_pipeline_split=rng.random(n) < 0.3,

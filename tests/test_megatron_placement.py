@@ -316,3 +316,58 @@ def test_an_nvl72_rack_never_prices_data_parallel_traffic_above_eight_gpu_domain
         assert (dp_a <= dp_b * (1 + 1e-12)).all(), wl.name
         step_a, step_b = (np.asarray(o["step_latency_total"])[ok] for o in (a, b))
         assert (step_a <= step_b * (1 + 1e-12)).all(), wl.name
+
+
+def test_miss_all_is_the_hypergeometric_chance_of_no_hit():
+    from math import comb
+    for e, k, m in ((128, 8, 8), (128, 8, 64), (256, 8, 32), (8, 2, 4), (8, 2, 7), (8, 2, 8)):
+        got = float(steps.miss_all(e, k, np.float64(m)))
+        assert got == pytest.approx(comb(e - m, k) / comb(e, k), rel=1e-12, abs=1e-300)
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_deepep_sends_a_token_once_a_rank_and_a_domain_not_once_a_copy(engine):
+    """The flex dispatcher with DeepEP [39]: Qwen3-30B-A3B (128 experts, top-8) at TP 1 on
+    nodes of 8. EP 8 inside a node: a token reaches each of the 7 other ranks holding any
+    of its experts once, 7 x P(rank) copies, where the all-to-all sends 8 x 7/8; EP 16 over
+    two nodes: the other node once where any of its 64 experts is among the token's 8,
+    P(node) copies over the NICs, where the all-to-all sends 8 x 8/16. The bytes scale
+    with the tokens and the latency does not, so the difference of two sequence lengths
+    is the bandwidth term alone; its ratio to the all-to-all's is the copies' ratio."""
+    from math import comb
+    if engine == "fused":
+        pytest.importorskip("numba")
+    e, k = 128, 8
+
+    def ep_time(ep, deepep, s):
+        return float(M.solve(QWEN, HGX, engine=engine, batch_size=1024, seq_len=s, tp_size=1,
+                             pp_size=1, dp_size=1024, ep_size=ep, micro_batch_size=1,
+                             recompute="none", moe_enable_deepep=deepep)["ep_communication_latency"])
+
+    def ratio(ep):
+        flex = ep_time(ep, True, 8192) - ep_time(ep, True, 4096)
+        a2a = ep_time(ep, False, 8192) - ep_time(ep, False, 4096)
+        assert flex > 0 and a2a > 0
+        return flex / a2a
+    hit_rank = 1 - comb(e - e // 8, k) / comb(e, k)
+    assert ratio(8) == pytest.approx(7 * hit_rank / (k * 7 / 8), rel=1e-9)
+    hit_node = 1 - comb(e - 64, k) / comb(e, k)
+    assert ratio(16) == pytest.approx(hit_node / (k * 8 / 16), rel=1e-9)  # about 4x less
+    assert ratio(16) < 0.26
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_deepep_needs_an_expert_group_and_leaves_a_dense_model_alone(engine):
+    if engine == "fused":
+        pytest.importorskip("numba")
+    knobs = dict(batch_size=64, seq_len=4096, tp_size=1, pp_size=1, dp_size=8, micro_batch_size=1,
+                 engine=engine)
+    why = M.why_unrealizable(QWEN, HGX, ep_size=1, moe_enable_deepep=True,
+                             **{k: v for k, v in knobs.items() if k != "engine"})
+    assert list(why) == ["deepep_group"] and bool(why["deepep_group"])
+    assert not bool(M.solve(QWEN, HGX, ep_size=1, moe_enable_deepep=True, **knobs)["realizable"])
+    assert bool(M.solve(QWEN, HGX, ep_size=2, moe_enable_deepep=True, **knobs)["realizable"])
+    a, b = (M.solve(LLAMA8, HGX, moe_enable_deepep=flag, **knobs) for flag in (False, True))
+    assert bool(b["realizable"])
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])

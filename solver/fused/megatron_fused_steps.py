@@ -16,20 +16,20 @@ from numba import njit
 from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _MAX_INTEGER, _MGB,
     _MTP_BYTES, _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _exposed_idle, _gemm, _gemm_nok,
     _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _tile_cost, _two_level, _within,
-    _a2a_split)
+    _a2a_split, _flex)
 
 
 # ------------------------------------------------------------------ 1. split
 
 @njit(**_INLINE)
 def _split(w, f, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, prec, flash,
-           ogr, opg, zero, first, last, op2p, rc, mtp, a2a, key_ok, accounted):
+           ogr, opg, zero, first, last, op2p, rc, mtp, a2a, key_ok, accounted, deepep):
     """megatron_steps.split (``f``: the fleet's row, its size, NVLink domain and the 4-tuple
     of 1.0 where it has the precision; ``first``, ``last``: the set stages' layers, 0.0
     where not set; ``op2p``:
     ``overlap_p2p_comm``; ``a2a``: ``overlap_moe_expert_parallel_comm``; ``key_ok``: its
     rules that read only the step memo's knobs, :func:`_key_rules`; ``accounted``: 0-2,
-    ``megatron._account_stages``'s ``pipeline_split``)."""
+    ``megatron._account_stages``'s ``pipeline_split``; ``deepep``: ``moe_enable_deepep``)."""
     layers, moe = w[0], w[6]
     n_total, domain, supported = f[11], f[6], f[13]
     sp = spk and tp > 1.0
@@ -74,6 +74,7 @@ def _split(w, f, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, p
                   and not (opg and not ogr and zero >= 1)
                   and not (zero >= 2 and pp > 1.0)
                   and (not a2a or (ep > 1.0 and rc != 2 and (pp == 1.0 or v > 1.0) and mtp <= 1.0))
+                  and (not deepep or moe == 0.0 or etp * ep > 1.0)
                   and _pick(supported, prec) != 0.0)
     return sp, dp, group, valid, n_acc, m_exact, m, realizable
 
@@ -270,9 +271,9 @@ def _layer_times(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, peak_gemm, pea
 
 @njit(**_INLINE)
 def _communication(w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_split, act_bytes,
-                   t_core_f, t_core_b, low_bits, whole, single, moe_share, t_tp_gemms_f):
+                   t_core_f, t_core_b, low_bits, whole, single, moe_share, t_tp_gemms_f, deepep):
     """megatron_steps.communication (``whole``: the job fits in one NVLink domain;
-    ``single``: one EP group spans the job)."""
+    ``single``: one EP group spans the job; ``deepep``: ``moe_enable_deepep``)."""
     d, moe, top_k, shared = w[4], w[6], w[9], w[11]
     domain, up_bw0, out_bw0, up_lat, out_lat = f[6], f[7], f[8], f[9], f[10]
     up_bw, out_bw = up_bw0 * c[7], out_bw0 * c[8]
@@ -321,7 +322,11 @@ def _communication(w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_spl
         dispatch_tp = (_coll_1(routed_bytes, etp, etp_bw, etp_lat)
                        + _coll_1(routed_bytes, etp, etp_bw, etp_lat)
                        + (2.0 * call_lat if etp > 1.0 else 0.0))
-        moe_f = 2.0 * a2a + dispatch_tp
+        if deepep:  # the flex dispatcher (megatron_steps.flex_dispatch_time)
+            moe_f = 2.0 * _flex(act_bytes / norm_split, w[5], top_k, ep, etp * ep, near, up_bw, up_lat,
+                                out_bw, out_lat, call_lat)
+        else:
+            moe_f = 2.0 * a2a + dispatch_tp
         ep_layer = moe_share * (2.0 + (1.0 if full else 0.0)) * moe_f
         ep_layer_f = moe_share * moe_f
         ep_layer_b = moe_share * (1.0 + (1.0 if full else 0.0)) * moe_f

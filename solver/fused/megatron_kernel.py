@@ -98,7 +98,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "a5224f15891400ba"
+SOURCES_DIGEST = "de90d8efd2af32b4"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -307,7 +307,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         sp, dp, group, valid, n_acc, m_exact, m, realizable = _split(
             w, f, has_dp, batch, s, tp, pp, cp, ep, etp, float(dp_a[i]), v, mbs, spk, tco,
             prec, flash, ogr, opg, zero, first, last, (p2p & 2) != 0, rc, mtp, a2a, key_ok,
-            (mem >> 4) & 3)
+            (mem >> 4) & 3, (mem & 128) != 0)
         peak_gemm, peak16, plateau, plateau16, grad_bytes = _hardware(f, c, prec)
         grad_bytes = 2.0 if (mem & 1) != 0 else grad_bytes  # grad_reduce_in_bf16 [25]
         r = values[row]
@@ -509,7 +509,7 @@ def _memo_row(w, f, c, s, tp, cp, ep, etp, mbs, sp, rc, flash, prec, tco, whole,
     (_up, _out, tp_total, tp_layer, cp_total, cp_layer, ep_layer, cp_layer_f, cp_layer_b,
      ep_layer_f, ep_layer_b, tp_layer_f) = _communication(
         w, f, c, tp, cp, ep, etp, sp, rc, tco, tokens, kv_t, norm_split, act_bytes, t_core_f, t_core_b,
-        _low_bits(prec), whole, single, moe_share, t_tp_gemms_f)
+        _low_bits(prec), whole, single, moe_share, t_tp_gemms_f, w[6] != 0.0 and (masks & 1) != 0)
     t_head = _head(w, f, c, tp, tokens, peak16, plateau16, lgs[G_HEAD])
     # (TP's and CP's traffic kept as their sum, which only communication_latency reads)
     r[0], r[1], r[2], r[3], r[4], r[5], r[6] = \
@@ -764,9 +764,9 @@ def _kernel(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, dp_a, 
 def _memo_masks(w, mem):
     """The memo key's ``masks``: bits 1 and 2 of :func:`memory_flags` (whether the hidden and
     the attention dropout keep masks) as 0-3, which the memory terms of a dense workload's
-    row read; 0 for an MoE workload, whose row does not keep them (a draw of the dropouts
-    then shares its keys)."""
-    return np.uint64((mem >> 1) & 3) if w[6] == 0.0 else np.uint64(0)
+    row read; for an MoE workload, whose row does not keep them (a draw of the dropouts
+    then shares its keys), bit 7 (``moe_enable_deepep``) as 0-1, which its EP terms read."""
+    return np.uint64((mem >> 1) & 3) if w[6] == 0.0 else np.uint64((mem >> 7) & 1)
 
 
 @njit(**_INLINE_STEP)
@@ -909,21 +909,24 @@ def pipeline_flags(scatter_gather, overlap_p2p, mtp_num_layers=0, first_stage_la
 
 
 def memory_flags(grad_reduce_in_bf16, hidden_dropout=0.1, attention_dropout=0.1,
-                 overlap_moe_expert_parallel_comm=False, pipeline_split=0, fsdp_own_nic=False):
+                 overlap_moe_expert_parallel_comm=False, pipeline_split=0, fsdp_own_nic=False,
+                 moe_enable_deepep=False):
     """The ``mem`` argument of :func:`run` (before it is spread to ``n`` values):
     ``grad_reduce_in_bf16``, whether each dropout keeps a mask
     (:func:`solver.megatron_memory.keeps_mask`), ``overlap_moe_expert_parallel_comm``
     (the combined 1F1B schedule, which moves memory and time) and ``pipeline_split`` (0-2:
     whether Megatron-Core's rule for ``account_for_embedding/loss_in_pipeline_split``
-    applies and holds, ``solver.physics.megatron._account_stages``) and ``fsdp_own_nic``
-    (ZeRO-3's collectives at one NIC's rate, [38] of the model), scalars or arrays,
-    packed into uint8: bits 0, 1 (hidden), 2 (attention), 3, 4-5 and 6."""
+    applies and holds, ``solver.physics.megatron._account_stages``), ``fsdp_own_nic``
+    (ZeRO-3's collectives at one NIC's rate, [38] of the model) and ``moe_enable_deepep``
+    (the flex dispatcher, [39]), scalars or arrays, packed into uint8: bits 0, 1
+    (hidden), 2 (attention), 3, 4-5, 6 and 7."""
     u = np.uint8
     return (np.asarray(grad_reduce_in_bf16).astype(u) | (keeps_mask(hidden_dropout).astype(u) << u(1))
             | (keeps_mask(attention_dropout).astype(u) << u(2))
             | (np.asarray(overlap_moe_expert_parallel_comm).astype(u) << u(3))
             | (np.asarray(pipeline_split).astype(u) << u(4))
-            | (np.asarray(fsdp_own_nic).astype(u) << u(6)))
+            | (np.asarray(fsdp_own_nic).astype(u) << u(6))
+            | (np.asarray(moe_enable_deepep).astype(u) << u(7)))
 
 
 def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, zero, prec, tco, ogr,
@@ -941,7 +944,8 @@ def run(w, f, c, n, has_dp, batch, s, tp, pp, cp, ep, etp, dp, v, mbs, spk, rc, 
 
     ``mem``: uint8, bit 0 ``grad_reduce_in_bf16``, bits 1 and 2 whether the hidden and
     the attention dropout keep masks, bit 3 the combined 1F1B schedule, bits 4-5 the
-    pipeline split's rule, bit 6 ``fsdp_own_nic`` (:func:`memory_flags`): like ``p2p``,
+    pipeline split's rule, bit 6 ``fsdp_own_nic``, bit 7 ``moe_enable_deepep``
+    (:func:`memory_flags`): like ``p2p``,
     one array for what a configuration reads beside its other knobs.
 
     ``etp``: the expert TP degree of each configuration (``tp`` where the knob is not given).

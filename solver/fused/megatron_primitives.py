@@ -79,6 +79,27 @@ def _a2a_split(m, n, g, up_bw, up_lat, out_bw, out_lat):
 
 
 @njit(**_PRIM)
+def _miss_all(experts, top_k, excluded):
+    """megatron_steps.miss_all."""
+    q = 1.0
+    for i in range(int(top_k)):
+        q = q * _max(experts - excluded - i, 0.0) / (experts - i)
+    return q
+
+
+@njit(**_PRIM)
+def _flex(token_bytes, experts, top_k, ep, n, near, up_bw, up_lat, out_bw, out_lat, call_lat):
+    """megatron_steps.flex_dispatch_time."""
+    blocks = experts / ep
+    hit_rank = 1.0 - _miss_all(experts, top_k, blocks)
+    hit_domain = 1.0 - _miss_all(experts, top_k, _min(near * blocks, experts))
+    nvlink = (n - 1.0) * hit_rank * token_bytes / up_bw
+    nics = (ep / near - 1.0) * hit_domain * token_bytes / out_bw
+    return (_max(nvlink, nics) + (n - 1.0) * (out_lat if near < ep else up_lat)
+            + (call_lat if n > 1.0 else 0.0))
+
+
+@njit(**_PRIM)
 def _within(span, domain, whole):
     """megatron_steps.Hardware.within (``whole``: the job fits in one domain)."""
     return span <= domain and (_divides(domain, span) or whole)

@@ -278,6 +278,17 @@ References
     the data-parallel group. NAR21 Table 2's DeepSpeed ZeRO-3 of 2021 gathered at one
     NIC's rate (its 768- and 1,536-GPU runs of GPT-3 175B took the same time at the same
     batch, [29]): ``fsdp_own_nic``.
+[39] Megatron-Core ``transformer/moe/token_dispatcher.py`` (``MoEFlexTokenDispatcher``,
+    ``--moe-token-dispatcher-type flex --moe-enable-deepep``): "Flex token dispatcher
+    requires TPxEP > 1"; it dispatches over the expert TP x EP group (``tp_ep_group``,
+    router top-k and experts times the TP size: each TP shard of an expert a rank of its
+    own), with no TP all-gather after it. DeepEP (deepseek-ai/DeepEP, README) "offers a
+    set of kernels optimized for asymmetric-domain bandwidth forwarding, such as
+    forwarding data from NVLink domain to RDMA domain": a token crosses the fabric once
+    to each node that holds any of its experts and reaches the ranks there over NVLink,
+    and goes once to each rank that holds any, where the all-to-all dispatcher sends one
+    copy per routed expert; its README measures the internode kernels at 43-47 GB/s of a
+    400 Gb/s NIC's ~50 (H800), near the line rate, as the fitted fabric efficiency prices.
 """
 
 from __future__ import annotations
@@ -400,6 +411,10 @@ KNOBS = {k.name: k for k in (
     _K("scatter_gather_tensors_in_pipeline", "bool", False),
     _K("overlap_p2p_comm", "bool", True),
     _K("overlap_moe_expert_parallel_comm", "bool", False),
+    _K("moe_enable_deepep", "bool", False,
+       why="the flex token dispatcher with DeepEP (--moe-token-dispatcher-type flex "
+           "--moe-enable-deepep): a token sent once to each rank and domain holding its "
+           "experts; off: the all-to-all dispatcher, one copy per routed expert"),
     _K("hidden_dropout", "float", 0.1, low=0.0, high=1.0,
        why="the hidden state's dropout probability, Megatron-Core's hidden_dropout"),
     _K("attention_dropout", "float", 0.1, low=0.0, high=1.0,
@@ -428,7 +443,8 @@ REALIZABLE_RULES = (
     "cp_size > 1 flash_attention, overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
-    "interleaved schedule where pp_size > 1 and at most one MTP layer, and every layout a "
+    "interleaved schedule where pp_size > 1 and at most one MTP layer, moe_enable_deepep "
+    "(an MoE model) etp_size x ep_size > 1, and every layout a "
     "precision its accelerator has (fp8 and fp4 only where the catalog states their peak)")
 #: Knob name -> default.
 DEFAULTS = {name: knob.default for name, knob in KNOBS.items()}
@@ -787,7 +803,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, grad_reduce_in_bf16=False, fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
-          overlap_moe_expert_parallel_comm=False, hidden_dropout=0.1,
+          overlap_moe_expert_parallel_comm=False, moe_enable_deepep=False, hidden_dropout=0.1,
           attention_dropout=0.1, mtp_num_layers=0,
           num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
           account_for_embedding_in_pipeline_split=False,
@@ -874,6 +890,14 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         while its backward frees one). It needs
         ``ep_size > 1``, no full recompute, ``v_stages > 1`` where ``pp_size > 1`` and at
         most one MTP layer (else not ``realizable``). False (default).
+    moe_enable_deepep : bool
+        Megatron-Core's flex token dispatcher with DeepEP (``--moe-token-dispatcher-type
+        flex --moe-enable-deepep``) [39]: one exchange over the expert TP x EP group in
+        which a token goes once to each rank holding one of its experts (over NVLink) and
+        once to each other NVLink domain holding one (over the NICs), with routing taken
+        as uniform; no TP gather after it. False (default): the all-to-all dispatcher,
+        one copy per routed expert, then the expert TP all-gather [31]. An MoE model needs
+        ``etp_size * ep_size > 1`` with it (else not ``realizable``); a dense one ignores it.
     hidden_dropout, attention_dropout : float [1]
         Dropout probabilities, Megatron-Core's (``--hidden-dropout``,
         ``--attention-dropout``; 0.1 each by default, as Megatron-Core's). They change
@@ -954,7 +978,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
                   overlap_p2p_comm=overlap_p2p_comm,
                   overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
-                  hidden_dropout=hidden_dropout,
+                  moe_enable_deepep=moe_enable_deepep, hidden_dropout=hidden_dropout,
                   attention_dropout=attention_dropout, mtp_num_layers=mtp_num_layers,
                   num_layers_in_first_pipeline_stage=num_layers_in_first_pipeline_stage,
                   num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage,
@@ -1166,7 +1190,8 @@ _FUSED_DTYPES = {"int": np.int64, "bool": np.bool_, "choice": np.int64}
 #: Knobs the fused kernel receives packed into one byte (megatron_kernel.memory_flags): what a
 #: layout's memory reads beside its knobs, and the combined 1F1B schedule's flag.
 _MEMORY_KNOBS = ("grad_reduce_in_bf16", "hidden_dropout", "attention_dropout",
-                 "overlap_moe_expert_parallel_comm", "pipeline_split", "fsdp_own_nic")
+                 "overlap_moe_expert_parallel_comm", "pipeline_split", "fsdp_own_nic",
+                 "moe_enable_deepep")
 
 
 def _flat(name, value, n):

@@ -195,6 +195,8 @@ REALIZABLE_CONDITIONS = {
     "a2a_overlap": "overlap_moe_expert_parallel_comm needs ep_size > 1, no full recompute, an "
                    "interleaved schedule (v_stages > 1) where pp_size > 1, and at most one MTP "
                    "layer [35]",
+    "deepep_group": "the flex dispatcher (moe_enable_deepep) of an MoE model needs etp_size x "
+                    "ep_size > 1 [39]",
     "precision": "the accelerator has the precision [21]",
 }
 
@@ -255,6 +257,8 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # Megatron-Core's TransformerConfig refuses the combined 1F1B schedule otherwise [35]
         "a2a_overlap": ~k["overlap_moe_expert_parallel_comm"] | (
             (ep > 1) & (k["recompute"] != 2) & ((pp == 1) | (v > 1)) & (k["mtp_num_layers"] <= 1)),
+        # "Flex token dispatcher requires TPxEP > 1" (its TP the expert grid's) [39]
+        "deepep_group": ~k["moe_enable_deepep"] | (not w.moe) | (etp * ep > 1),
         "precision": np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec],
     }
 
@@ -698,6 +702,32 @@ class Communication:
     ep_layer_b: object
 
 
+def miss_all(experts, top_k, excluded):
+    """C(E - m, k) / C(E, k): the chance that none of a token's ``k`` distinct experts, drawn
+    uniformly from ``E``, is among ``m`` given ones (0.0 where ``E - m < k``)."""
+    q = np.ones(np.shape(excluded))
+    for i in range(int(top_k)):
+        q = q * np.maximum(experts - excluded - i, 0.0) / (experts - i)
+    return q
+
+
+def flex_dispatch_time(token_bytes, experts, top_k, ep, n, near, hw, call_lat):
+    """One dispatch (or combine) of the flex dispatcher with DeepEP over ``n`` = etp x ep
+    ranks [39], ``token_bytes`` the rank's tokens, ``near`` the EP peers (expert blocks of
+    ``E / ep``) in the slowest rank's domain. Each rank holding one of a token's experts
+    gets it once over NVLink (``(n - 1)`` ranks, each hit with ``1 - miss_all(E / ep)``),
+    each other domain holding one once over the NICs (``ep / near - 1`` domains, each hit
+    with ``1 - miss_all(near E / ep)``), at once: the slower, plus the all-to-all's
+    latency steps and one launch. Never above the all-to-all's copies (a union bound)."""
+    blocks = experts / ep
+    hit_rank = 1.0 - miss_all(experts, top_k, blocks)
+    hit_domain = 1.0 - miss_all(experts, top_k, np.minimum(near * blocks, experts))
+    nvlink = (n - 1.0) * hit_rank * token_bytes / hw.up_bw
+    nics = (ep / near - 1.0) * hit_domain * token_bytes / hw.out_bw
+    return (np.maximum(nvlink, nics) + (n - 1.0) * np.where(near < ep, hw.out_lat, hw.up_lat)
+            + call_lat * (n > 1))
+
+
 def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     """TP all-reduces [3] [2], the CP K/V ring [4] and the EP all-to-all of one layer."""
     tp, cp, ep, etp, rc = sp.tp, sp.cp, sp.ep, sp.etp, sp.rc
@@ -782,12 +812,20 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
             ly.act_bytes * w.top_k / ly.norm_split, ep, near, scale_up_bandwidth=hw.up_bw,
             scale_up_latency=hw.up_lat, scale_out_bandwidth=hw.out_bw,
             scale_out_latency=hw.out_lat) + call_lat * (ep > 1)
+        # The flex dispatcher with DeepEP (moe_enable_deepep) [39]: one exchange over the
+        # expert TP x EP group, each token sent once to each rank that holds one of its
+        # experts (over NVLink, a remote domain's copies forwarded there) and once to each
+        # other domain that does (over the NICs), not once per routed copy; no TP gather
+        # after it. Routing uniform over the experts (as everywhere here): a token misses
+        # m of E experts with probability C(E - m, k) / C(E, k) (miss_all).
+        flex = flex_dispatch_time(ly.act_bytes / ly.norm_split, w.experts, w.top_k, ep,
+                                  etp * ep, near, hw, call_lat)
         routed_bytes = ly.act_bytes * w.top_k * (etp / (tp * 1.0))
         etp_bw, etp_lat = hw.link(hw.within(etp, sp.n_acc))
         dispatch_tp = (net.all_gather_time(routed_bytes, etp, bus_bandwidth=etp_bw, latency=etp_lat)
                        + net.reduce_scatter_time(routed_bytes, etp, bus_bandwidth=etp_bw,
                                                  latency=etp_lat) + 2.0 * call_lat * (etp > 1))
-        moe_f = 2.0 * a2a + dispatch_tp
+        moe_f = np.where(k["moe_enable_deepep"], 2.0 * flex, 2.0 * a2a + dispatch_tp)
         ep_layer = ly.moe_share * (2.0 + (rc == 2)) * moe_f
         ep_layer_f = ly.moe_share * moe_f
         ep_layer_b = ly.moe_share * (1.0 + (rc == 2)) * moe_f
