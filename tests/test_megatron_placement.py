@@ -371,3 +371,29 @@ def test_deepep_needs_an_expert_group_and_leaves_a_dense_model_alone(engine):
     assert bool(b["realizable"])
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_deepep_reaches_eight_nvlink_peers_of_an_nvl72_rack(engine):
+    """DeepEP's normal kernels reach 8 NVLink peers (NUM_MAX_NVL_PEERS) [39]: EP 16 of
+    Qwen3-30B-A3B inside a rack of 64 is two groups of 8 joined over the NICs, where the
+    all-to-all dispatcher runs wholly on the rack's NVLink. So DeepEP's exchange is the NIC
+    copy of a token to the other group, P(hit) of the other 64 experts, against the
+    all-to-all's 8 x 15/16 copies on NVLink (a bandwidth ratio; the tokens' difference
+    leaves out the latency)."""
+    from math import comb
+    if engine == "fused":
+        pytest.importorskip("numba")
+    fl = catalog.fleet("GB200_NVL72_1K_MC")
+    hw = steps.hardware(fl, M.CONSTANTS, np.array(0))
+
+    def ep_time(deepep, s):
+        return float(M.solve(QWEN, fl, engine=engine, batch_size=1024, seq_len=s, tp_size=1,
+                             pp_size=1, dp_size=1024, ep_size=16, micro_batch_size=1,
+                             recompute="none", moe_enable_deepep=deepep)["ep_communication_latency"])
+    flex = ep_time(True, 8192) - ep_time(True, 4096)
+    a2a = ep_time(False, 8192) - ep_time(False, 4096)
+    hit_group = 1 - comb(128 - 64, 8) / comb(128, 8)
+    want = (hit_group / hw.out_bw) / (8 * 15 / 16 / hw.up_bw)
+    assert flex / a2a == pytest.approx(want, rel=1e-9)
+    assert flex > a2a  # on the rack's NVLink the all-to-all is the faster

@@ -574,7 +574,7 @@ def test_fsdp_across_nodes_crosses_the_fabric_on_every_nic_unless_own_nic(engine
     """[38]: NCCL spreads a collective's rings over the node's NICs, so FSDP's gathers and
     reduce-scatters over 16 ranks on 2 nodes of 8 cost what ZeRO-1's gather and
     reduce-scatter over them cost (the two-level collective), per microbatch and pass. They
-    had been priced as one flat ring at one NIC's rate, 8x the fabric time (a 70B FSDP
+    had been priced as one flat ring at one NIC's rate, 15x the fabric time here (a 70B FSDP
     layout on 64 B200s at 7.9 % MFU); ``fsdp_own_nic`` keeps that, as DeepSpeed's ZeRO-3
     of 2021 ran (NAR21 Table 2). One layer, so no per-layer calls; FP16: a gradient as
     wide as a weight, so a reduce-scatter costs what a gather does."""
@@ -609,6 +609,16 @@ def test_fsdp_across_nodes_crosses_the_fabric_on_every_nic_unless_own_nic(engine
     a, b = (M.solve(wl, FL, zero_stage=3, fsdp_own_nic=flag, **inside)["dp_communication_latency"]
             for flag in (False, True))
     assert float(a) == float(b) > 0.0
+    # Four layers: each after the first pays one call more a pass, at the latency of the
+    # collective it is (the two-level's 7 NVLink and 1 fabric steps; a flat ring's 15
+    # fabric steps with fsdp_own_nic; a review found the flat ring's charged to both)
+    wl4 = dataclasses.replace(WL, layers=4)
+    z3, own = (float(M.solve(wl4, FL, zero_stage=3, fsdp_own_nic=flag, collective_latency=0.0,
+                             **knobs)["dp_communication_latency"]) for flag in (False, True))
+    z1 = float(M.solve(wl4, FL, zero_stage=1, collective_latency=0.0, **knobs)["dp_communication_latency"])
+    assert z3 == pytest.approx(m * (1.5 * z1 + 3 * 3 * (7 * hw.up_lat + hw.out_lat)), rel=1e-12)
+    nbytes4 = (z1 / 2 - 7 * hw.up_lat - hw.out_lat) / per_byte
+    assert own == pytest.approx(m * 3 * (15 / 16 * nbytes4 / hw.out_bw + 4 * 15 * hw.out_lat), rel=1e-9)
 
 
 def test_partial_last_microbatch_is_priced_as_a_whole_one():

@@ -529,10 +529,14 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     t_fsdp = exp_fsdp = t_grad = t_gather = exp_grad = exp_gather = 0.0
     if fsdp:
         fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
-        # layer by layer: each layer after the first pays (n-1) ring steps and the call cost
-        fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c[11]) if group > 1.0 else 0.0
-        # the bytes: at one NIC's rate (own_nic), else on the domain's NICs (_two_level)
-        if own_nic or inside:
+        # layer by layer: each layer after the first pays the collective's latency steps
+        # (a flat ring's n - 1, else the two-level's) and the call cost; the bytes at one
+        # NIC's rate (own_nic), else on the domain's NICs (_two_level)
+        flat = own_nic or inside
+        steps_lat = (group - 1.0) * fsdp_lat if flat else \
+            _two_level(False, 0.0, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
+        fsdp_call = (layers_stage - 1.0) * (steps_lat + c[11]) if group > 1.0 else 0.0
+        if flat:
             t_g, t_rs = _coll_1(_WB * heavy, group, fsdp_bw, fsdp_lat), \
                 _coll_1(heavy * grad_bytes, group, fsdp_bw, fsdp_lat)
         else:
@@ -542,9 +546,11 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
         t_fsdp_rs = m * (t_rs + fsdp_call)
         if moe != 0.0:  # the experts over the expert DP group
             moe_share = 1.0 if heavy_stage else w[12]  # (Layer.moe_share, as _memo_row has it)
-            fsdp_call_e = (layers_stage * moe_share - 1.0) * ((expert_group - 1.0) * fsdp_lat + c[11]) \
+            steps_lat_e = (expert_group - 1.0) * fsdp_lat if flat else \
+                _two_level(False, 0.0, expert_group, rpd_e, up_bw, up_lat, out_bw, out_lat)
+            fsdp_call_e = (layers_stage * moe_share - 1.0) * (steps_lat_e + c[11]) \
                 if expert_group > 1.0 else 0.0
-            if own_nic or inside:
+            if flat:
                 t_g, t_rs = _coll_1(_WB * expert_stage_params, expert_group, fsdp_bw, fsdp_lat), \
                     _coll_1(expert_stage_params * grad_bytes, expert_group, fsdp_bw, fsdp_lat)
             else:

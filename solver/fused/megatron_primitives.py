@@ -89,7 +89,8 @@ def _miss_all(experts, top_k, excluded):
 
 @njit(**_PRIM)
 def _flex(token_bytes, experts, top_k, ep, n, near, up_bw, up_lat, out_bw, out_lat, call_lat):
-    """megatron_steps.flex_dispatch_time."""
+    """megatron_steps.flex_dispatch_time (DeepEP's 8 NVLink peers, DEEPEP_NVL_PEERS)."""
+    near = _min(near, _max(np.floor(8.0 / (n / ep)), 1.0))
     blocks = experts / ep
     hit_rank = 1.0 - _miss_all(experts, top_k, blocks)
     hit_domain = 1.0 - _miss_all(experts, top_k, _min(near * blocks, experts))

@@ -287,8 +287,12 @@ References
     forwarding data from NVLink domain to RDMA domain": a token crosses the fabric once
     to each node that holds any of its experts and reaches the ranks there over NVLink,
     and goes once to each rank that holds any, where the all-to-all dispatcher sends one
-    copy per routed expert; its README measures the internode kernels at 43-47 GB/s of a
-    400 Gb/s NIC's ~50 (H800), near the line rate, as the fitted fabric efficiency prices.
+    copy per routed expert; its README measures the internode kernels near a 400 Gb/s
+    NIC's line rate of ~50 GB/s (H800), as the fitted fabric efficiency prices. Its
+    normal kernels reach at most 8 NVLink peers (``NUM_MAX_NVL_PEERS = 8`` in its
+    sources; the ranks beyond, RDMA peers): a larger NVLink domain (an NVL72 rack) is
+    priced as domains of 8 joined over the NICs. NVIDIA's HybridEP backend, which spans
+    an NVL72 rack's NVLink, is not modelled.
 """
 
 from __future__ import annotations

@@ -171,7 +171,8 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # DeepSpeed's ZeRO-3 of 2021 (NAR21 Table 2) gathered at one NIC's rate, one flat ring
     # per rank over its own NIC (fsdp_own_nic). Either way, they run layer by layer (one
     # gather forward, one backward, one reduce-scatter per layer [9]), so each of the
-    # stage's layers pays a flat ring's (n-1) latency steps [8] and the per-call cost.
+    # stage's layers pays the collective's latency steps [8] (a flat ring's n - 1, the
+    # two-level's g - 1 inside and n/g - 1 across) and the per-call cost.
     # (its ranks are tp apart [6]: the group spans tp x its size, inside a domain or not)
     fsdp_bw, fsdp_lat = hw.link(inside)
     flat = inside | k["fsdp_own_nic"]  # (inside one domain the two are one collective)
@@ -182,7 +183,8 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
         return np.where(flat, ring, dp_coll(kind, nbytes, n, up))
 
     # (one rank gathers nothing: no call at all, as for the other stages' collectives)
-    fsdp_call = (layers_stage - 1.0) * ((group - 1.0) * fsdp_lat + c["collective_latency"]) * (group > 1)
+    steps_lat = np.where(flat, (group - 1.0) * fsdp_lat, dp_coll("all_gather", 0.0, group, ranks_up))
+    fsdp_call = (layers_stage - 1.0) * (steps_lat + c["collective_latency"]) * (group > 1)
     t_fsdp_gather = m * (2.0 * fsdp_coll("all_gather", mem.WEIGHT_BYTES * heavy_params, group,
                                          ranks_up)
                          + 2.0 * fsdp_call)
@@ -193,7 +195,9 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
         # data-parallel group (Megatron-Core's expert DP group [6]), not the dense one: none
         # where it is one rank (ETP x EP spans every rank of the stage); one call a MoE layer
         # of the stage (its share of them, ly.moe_share).
-        fsdp_call_e = (layers_stage * ly.moe_share - 1.0) * ((expert_group - 1.0) * fsdp_lat
+        steps_lat_e = np.where(flat, (expert_group - 1.0) * fsdp_lat,
+                               dp_coll("all_gather", 0.0, expert_group, ranks_up_expert))
+        fsdp_call_e = (layers_stage * ly.moe_share - 1.0) * (steps_lat_e
                                                              + c["collective_latency"]) * (expert_group > 1)
         t_fsdp_gather = t_fsdp_gather + m * (2.0 * fsdp_coll(
             "all_gather", mem.WEIGHT_BYTES * expert_stage_params, expert_group, ranks_up_expert)

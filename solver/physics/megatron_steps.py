@@ -711,14 +711,23 @@ def miss_all(experts, top_k, excluded):
     return q
 
 
+#: The NVLink peers DeepEP's normal kernels reach (``NUM_MAX_NVL_PEERS``): a larger NVLink
+#: domain (an NVL72 rack) is used as domains of 8 joined over RDMA [39].
+DEEPEP_NVL_PEERS = 8.0
+
+
 def flex_dispatch_time(token_bytes, experts, top_k, ep, n, near, hw, call_lat):
     """One dispatch (or combine) of the flex dispatcher with DeepEP over ``n`` = etp x ep
     ranks [39], ``token_bytes`` the rank's tokens, ``near`` the EP peers (expert blocks of
-    ``E / ep``) in the slowest rank's domain. Each rank holding one of a token's experts
-    gets it once over NVLink (``(n - 1)`` ranks, each hit with ``1 - miss_all(E / ep)``),
-    each other domain holding one once over the NICs (``ep / near - 1`` domains, each hit
-    with ``1 - miss_all(near E / ep)``), at once: the slower, plus the all-to-all's
-    latency steps and one launch. Never above the all-to-all's copies (a union bound)."""
+    ``E / ep``) in the slowest rank's domain, at most :data:`DEEPEP_NVL_PEERS` ranks'. Each
+    rank holding one of a token's experts gets it once over NVLink (``(n - 1)`` ranks,
+    each hit with ``1 - miss_all(E / ep)``; a remote one forwarded there), each other
+    domain holding one once over the NICs (``ep / near - 1`` domains, each hit with
+    ``1 - miss_all(near E / ep)``), at once: the slower, plus the all-to-all's latency
+    steps and one launch. Its NIC copies are never more than the all-to-all's (a union
+    bound); its NVLink copies can be (they carry the forwarded ones), so where NVLink is
+    not much faster than the NICs it can take the longer."""
+    near = np.minimum(near, np.maximum(np.floor(DEEPEP_NVL_PEERS / (n / ep)), 1.0))
     blocks = experts / ep
     hit_rank = 1.0 - miss_all(experts, top_k, blocks)
     hit_domain = 1.0 - miss_all(experts, top_k, np.minimum(near * blocks, experts))
