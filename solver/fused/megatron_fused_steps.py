@@ -532,32 +532,37 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
         # layer by layer: each layer after the first pays the collective's latency steps
         # (a flat ring's n - 1, else the two-level's) and the call cost; the bytes at one
         # NIC's rate (own_nic), else on the domain's NICs (_two_level)
+        # (megatron_compose's two_level: a time a byte and the latency steps, one division
+        # for every byte count)
         flat = own_nic or inside
-        steps_lat = (group - 1.0) * fsdp_lat if flat else \
-            _two_level(False, 0.0, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
-        fsdp_call = (layers_stage - 1.0) * (steps_lat + c[11]) if group > 1.0 else 0.0
         if flat:
+            steps_lat = (group - 1.0) * fsdp_lat
             t_g, t_rs = _coll_1(_WB * heavy, group, fsdp_bw, fsdp_lat), \
                 _coll_1(heavy * grad_bytes, group, fsdp_bw, fsdp_lat)
         else:
-            t_g, t_rs = _two_level(False, _WB * heavy, group, rpd_g, up_bw, up_lat, out_bw, out_lat), \
-                _two_level(False, heavy * grad_bytes, group, rpd_g, up_bw, up_lat, out_bw, out_lat)
+            g = _min(rpd_g, group)
+            d = group / g
+            per_byte = (g - 1.0) / g / up_bw + (d - 1.0) / d / (g * out_bw)
+            steps_lat = (g - 1.0) * up_lat + (d - 1.0) * out_lat
+            t_g, t_rs = _WB * heavy * per_byte + steps_lat, heavy * grad_bytes * per_byte + steps_lat
+        fsdp_call = (layers_stage - 1.0) * (steps_lat + c[11]) if group > 1.0 else 0.0
         t_fsdp_gather = m * (2.0 * t_g + 2.0 * fsdp_call)
         t_fsdp_rs = m * (t_rs + fsdp_call)
         if moe != 0.0:  # the experts over the expert DP group
             moe_share = 1.0 if heavy_stage else w[12]  # (Layer.moe_share, as _memo_row has it)
-            steps_lat_e = (expert_group - 1.0) * fsdp_lat if flat else \
-                _two_level(False, 0.0, expert_group, rpd_e, up_bw, up_lat, out_bw, out_lat)
-            fsdp_call_e = (layers_stage * moe_share - 1.0) * (steps_lat_e + c[11]) \
-                if expert_group > 1.0 else 0.0
             if flat:
+                steps_lat_e = (expert_group - 1.0) * fsdp_lat
                 t_g, t_rs = _coll_1(_WB * expert_stage_params, expert_group, fsdp_bw, fsdp_lat), \
                     _coll_1(expert_stage_params * grad_bytes, expert_group, fsdp_bw, fsdp_lat)
             else:
-                t_g = _two_level(False, _WB * expert_stage_params, expert_group, rpd_e, up_bw, up_lat,
-                                 out_bw, out_lat)
-                t_rs = _two_level(False, expert_stage_params * grad_bytes, expert_group, rpd_e, up_bw,
-                                  up_lat, out_bw, out_lat)
+                g = _min(rpd_e, expert_group)
+                d = expert_group / g
+                per_byte = (g - 1.0) / g / up_bw + (d - 1.0) / d / (g * out_bw)
+                steps_lat_e = (g - 1.0) * up_lat + (d - 1.0) * out_lat
+                t_g = _WB * expert_stage_params * per_byte + steps_lat_e
+                t_rs = expert_stage_params * grad_bytes * per_byte + steps_lat_e
+            fsdp_call_e = (layers_stage * moe_share - 1.0) * (steps_lat_e + c[11]) \
+                if expert_group > 1.0 else 0.0
             t_fsdp_gather = t_fsdp_gather + m * (2.0 * t_g + 2.0 * fsdp_call_e)
             t_fsdp_rs = t_fsdp_rs + m * (t_rs + fsdp_call_e)
         t_fsdp = t_fsdp_gather + t_fsdp_rs

@@ -177,33 +177,42 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     fsdp_bw, fsdp_lat = hw.link(inside)
     flat = inside | k["fsdp_own_nic"]  # (inside one domain the two are one collective)
 
-    def fsdp_coll(kind, nbytes, n, up):
+    def two_level(n, up):
+        """dp_coll's two-level collective as a time a byte and its latency steps (the
+        same sum, written so that one division serves every byte count)."""
+        g = np.minimum(up, n)
+        d = n / g
+        return ((g - 1.0) / g / hw.up_bw + (d - 1.0) / d / (g * hw.out_bw),
+                (g - 1.0) * hw.up_lat + (d - 1.0) * hw.out_lat)
+
+    def fsdp_coll(kind, nbytes, n, per_byte, steps):
         ring = (net.all_gather_time if kind == "all_gather" else net.reduce_scatter_time)(
             nbytes, n, bus_bandwidth=fsdp_bw, latency=fsdp_lat)
-        return np.where(flat, ring, dp_coll(kind, nbytes, n, up))
+        return np.where(flat, ring, nbytes * per_byte + steps)
 
+    per_byte, two_lat = two_level(group, ranks_up)
     # (one rank gathers nothing: no call at all, as for the other stages' collectives)
-    steps_lat = np.where(flat, (group - 1.0) * fsdp_lat, dp_coll("all_gather", 0.0, group, ranks_up))
+    steps_lat = np.where(flat, (group - 1.0) * fsdp_lat, two_lat)
     fsdp_call = (layers_stage - 1.0) * (steps_lat + c["collective_latency"]) * (group > 1)
     t_fsdp_gather = m * (2.0 * fsdp_coll("all_gather", mem.WEIGHT_BYTES * heavy_params, group,
-                                         ranks_up)
+                                         per_byte, two_lat)
                          + 2.0 * fsdp_call)
-    t_fsdp_rs = m * (fsdp_coll("reduce_scatter", heavy_params * grad_bytes, group, ranks_up)
+    t_fsdp_rs = m * (fsdp_coll("reduce_scatter", heavy_params * grad_bytes, group, per_byte, two_lat)
                      + fsdp_call)
     if w.moe:
         # The expert parameters are sharded, gathered and reduced over the expert
         # data-parallel group (Megatron-Core's expert DP group [6]), not the dense one: none
         # where it is one rank (ETP x EP spans every rank of the stage); one call a MoE layer
         # of the stage (its share of them, ly.moe_share).
-        steps_lat_e = np.where(flat, (expert_group - 1.0) * fsdp_lat,
-                               dp_coll("all_gather", 0.0, expert_group, ranks_up_expert))
+        per_byte_e, two_lat_e = two_level(expert_group, ranks_up_expert)
+        steps_lat_e = np.where(flat, (expert_group - 1.0) * fsdp_lat, two_lat_e)
         fsdp_call_e = (layers_stage * ly.moe_share - 1.0) * (steps_lat_e
                                                              + c["collective_latency"]) * (expert_group > 1)
         t_fsdp_gather = t_fsdp_gather + m * (2.0 * fsdp_coll(
-            "all_gather", mem.WEIGHT_BYTES * expert_stage_params, expert_group, ranks_up_expert)
+            "all_gather", mem.WEIGHT_BYTES * expert_stage_params, expert_group, per_byte_e, two_lat_e)
             + 2.0 * fsdp_call_e)
         t_fsdp_rs = t_fsdp_rs + m * (fsdp_coll(
-            "reduce_scatter", expert_stage_params * grad_bytes, expert_group, ranks_up_expert)
+            "reduce_scatter", expert_stage_params * grad_bytes, expert_group, per_byte_e, two_lat_e)
             + fsdp_call_e)
     t_fsdp = t_fsdp_gather + t_fsdp_rs
     # Gathers not overlapped (overlap_param_gather off) are blocking: they wait in line
