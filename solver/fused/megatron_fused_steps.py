@@ -482,6 +482,23 @@ def _straddled(domain, inv_domain, span, inv_stride, divides, n_acc):
 
 
 @njit(**_PRIM)
+def _fsdp_collectives(params, n, rpd, grad_bytes, flat, fsdp_bw, fsdp_lat, up_bw, up_lat, out_bw,
+                      out_lat):
+    """One FSDP group's gather and reduce-scatter of ``params`` over ``n`` ranks, ``rpd`` of
+    them in a domain, and their latency steps: a flat ring at ``fsdp_bw`` where ``flat``
+    (own_nic, or inside one domain), else megatron_compose's two_level (a time a byte and
+    the latency steps, one division for every byte count)."""
+    if flat:
+        return (_coll_1(_WB * params, n, fsdp_bw, fsdp_lat),
+                _coll_1(params * grad_bytes, n, fsdp_bw, fsdp_lat), (n - 1.0) * fsdp_lat)
+    g = _min(rpd, n)
+    d = n / g
+    per_byte = (g - 1.0) / g / up_bw + (d - 1.0) / d / (g * out_bw)
+    steps = (g - 1.0) * up_lat + (d - 1.0) * out_lat
+    return _WB * params * per_byte + steps, params * grad_bytes * per_byte + steps, steps
+
+
+@njit(**_PRIM)
 def _fsdp_traffic(w, c, heavy_stage, heavy, expert_stage_params, expert_group, group, rpd_g, rpd_e,
                   grad_bytes, layers_stage, m, up_bw, up_lat, out_bw, out_lat, inside, own_nic):
     """:func:`_data_parallel`'s FSDP gathers and reduce-scatters of a step (megatron_compose's
@@ -490,37 +507,18 @@ def _fsdp_traffic(w, c, heavy_stage, heavy, expert_stage_params, expert_group, g
     moe = w[6]
     fsdp_bw, fsdp_lat = (up_bw if inside else out_bw), (up_lat if inside else out_lat)
     # layer by layer: each layer after the first pays the collective's latency steps
-    # (a flat ring's n - 1, else the two-level's) and the call cost; the bytes at one
-    # NIC's rate (own_nic), else on the domain's NICs (_two_level)
-    # (megatron_compose's two_level: a time a byte and the latency steps, one division
-    # for every byte count)
+    # (a flat ring's n - 1, else the two-level's) and the call cost
     flat = own_nic or inside
-    if flat:
-        steps_lat = (group - 1.0) * fsdp_lat
-        t_g, t_rs = _coll_1(_WB * heavy, group, fsdp_bw, fsdp_lat), \
-            _coll_1(heavy * grad_bytes, group, fsdp_bw, fsdp_lat)
-    else:
-        g = _min(rpd_g, group)
-        d = group / g
-        per_byte = (g - 1.0) / g / up_bw + (d - 1.0) / d / (g * out_bw)
-        steps_lat = (g - 1.0) * up_lat + (d - 1.0) * out_lat
-        t_g, t_rs = _WB * heavy * per_byte + steps_lat, heavy * grad_bytes * per_byte + steps_lat
+    t_g, t_rs, steps_lat = _fsdp_collectives(heavy, group, rpd_g, grad_bytes, flat, fsdp_bw, fsdp_lat,
+                                             up_bw, up_lat, out_bw, out_lat)
     fsdp_call = (layers_stage - 1.0) * (steps_lat + c[11]) if group > 1.0 else 0.0
     t_fsdp_gather = m * (2.0 * t_g + 2.0 * fsdp_call)
     t_fsdp_rs = m * (t_rs + fsdp_call)
     if moe != 0.0:  # the experts over the expert DP group
         moe_share = 1.0 if heavy_stage else w[12]  # (Layer.moe_share, as _memo_row has it)
-        if flat:
-            steps_lat_e = (expert_group - 1.0) * fsdp_lat
-            t_g, t_rs = _coll_1(_WB * expert_stage_params, expert_group, fsdp_bw, fsdp_lat), \
-                _coll_1(expert_stage_params * grad_bytes, expert_group, fsdp_bw, fsdp_lat)
-        else:
-            g = _min(rpd_e, expert_group)
-            d = expert_group / g
-            per_byte = (g - 1.0) / g / up_bw + (d - 1.0) / d / (g * out_bw)
-            steps_lat_e = (g - 1.0) * up_lat + (d - 1.0) * out_lat
-            t_g = _WB * expert_stage_params * per_byte + steps_lat_e
-            t_rs = expert_stage_params * grad_bytes * per_byte + steps_lat_e
+        t_g, t_rs, steps_lat_e = _fsdp_collectives(expert_stage_params, expert_group, rpd_e, grad_bytes,
+                                                   flat, fsdp_bw, fsdp_lat, up_bw, up_lat, out_bw,
+                                                   out_lat)
         fsdp_call_e = (layers_stage * moe_share - 1.0) * (steps_lat_e + c[11]) \
             if expert_group > 1.0 else 0.0
         t_fsdp_gather = t_fsdp_gather + m * (2.0 * t_g + 2.0 * fsdp_call_e)
