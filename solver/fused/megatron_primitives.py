@@ -26,6 +26,7 @@ _FLASH_BWD = float(_steps.FLASH_BACKWARD_RATIO)
 _CE_BYTES = float(_steps.CROSS_ENTROPY_BYTES)
 _OPT_BYTES = float(_steps.OPTIMIZER_BYTES_TOUCHED)
 _MTP_BYTES = float(_steps.MTP_ELEMENTWISE_BYTES)
+_DEEPEP_NVL = float(_steps.DEEPEP_NVL_PEERS)
 _FP16 = int(_steps._FP16)  # the precision code expert parallelism refuses [15]
 # The GEMM size curve (gemm._LOG_KNOTS, GEMM_CURVE_EFFICIENCY) and np.interp's slopes.
 _LK = tuple(float(x) for x in _gemm_module._LOG_KNOTS)
@@ -89,8 +90,8 @@ def _miss_all(experts, top_k, excluded):
 
 @njit(**_PRIM)
 def _flex(token_bytes, experts, top_k, ep, n, near, up_bw, up_lat, out_bw, out_lat, call_lat):
-    """megatron_steps.flex_dispatch_time (DeepEP's 8 NVLink peers, DEEPEP_NVL_PEERS)."""
-    near = _min(near, _max(np.floor(8.0 / (n / ep)), 1.0))
+    """megatron_steps.flex_dispatch_time."""
+    near = _min(near, _max(np.floor(_DEEPEP_NVL / (n / ep)), 1.0))
     blocks = experts / ep
     hit_rank = 1.0 - _miss_all(experts, top_k, blocks)
     hit_domain = 1.0 - _miss_all(experts, top_k, _min(near * blocks, experts))
