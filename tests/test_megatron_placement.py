@@ -380,7 +380,8 @@ def test_deepep_reaches_eight_nvlink_peers_of_an_nvl72_rack(engine):
     all-to-all dispatcher runs wholly on the rack's NVLink. So DeepEP's exchange is the NIC
     copy of a token to the other group, P(hit) of the other 64 experts, against the
     all-to-all's 8 x 15/16 copies on NVLink (a bandwidth ratio; the tokens' difference
-    leaves out the latency)."""
+    leaves out the latency). Megatron-Bridge refuses DeepEP on GB200, so such a layout is
+    priced but not realizable (rule deepep_domain); on B200 nodes of 8 it is."""
     from math import comb
     if engine == "fused":
         pytest.importorskip("numba")
@@ -397,3 +398,11 @@ def test_deepep_reaches_eight_nvlink_peers_of_an_nvl72_rack(engine):
     want = (hit_group / hw.out_bw) / (8 * 15 / 16 / hw.up_bw)
     assert flex / a2a == pytest.approx(want, rel=1e-9)
     assert flex > a2a  # on the rack's NVLink the all-to-all is the faster
+    knobs = dict(batch_size=1024, seq_len=4096, tp_size=1, pp_size=1, dp_size=1024, ep_size=16,
+                 micro_batch_size=1, recompute="none", moe_enable_deepep=True)
+    why = M.why_unrealizable(QWEN, fl, **knobs)
+    assert list(why) == ["deepep_domain"] and bool(why["deepep_domain"])
+    assert not bool(M.solve(QWEN, fl, engine=engine, **knobs)["realizable"])
+    b200 = catalog.fleet("DGX_B200_1K_MC")
+    assert M.why_unrealizable(QWEN, b200, **knobs) == {}
+    assert bool(M.solve(QWEN, b200, engine=engine, **knobs)["realizable"])

@@ -16,7 +16,7 @@ from numba import njit
 from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _MAX_INTEGER, _MGB,
     _MTP_BYTES, _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _exposed_idle, _gemm, _gemm_nok,
     _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _tile_cost, _two_level, _within,
-    _a2a_split, _flex)
+    _a2a_split, _flex, _DEEPEP_NVL)
 
 
 # ------------------------------------------------------------------ 1. split
@@ -74,7 +74,7 @@ def _split(w, f, has_dp, batch, s, tp, pp, cp, ep, etp, dpk, v, mbs, spk, tco, p
                   and not (opg and not ogr and zero >= 1)
                   and not (zero >= 2 and pp > 1.0)
                   and (not a2a or (ep > 1.0 and rc != 2 and (pp == 1.0 or v > 1.0) and mtp <= 1.0))
-                  and (not deepep or moe == 0.0 or etp * ep > 1.0)
+                  and (not deepep or moe == 0.0 or (etp * ep > 1.0 and domain <= _DEEPEP_NVL))
                   and _pick(supported, prec) != 0.0)
     return sp, dp, group, valid, n_acc, m_exact, m, realizable
 

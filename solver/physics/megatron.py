@@ -291,8 +291,11 @@ References
     NIC's line rate of ~50 GB/s (H800), as the fitted fabric efficiency prices. Its
     normal kernels reach at most 8 NVLink peers (``NUM_MAX_NVL_PEERS = 8`` in its
     sources; the ranks beyond, RDMA peers): a larger NVLink domain (an NVL72 rack) is
-    priced as domains of 8 joined over the NICs. NVIDIA's HybridEP backend, which spans
-    an NVL72 rack's NVLink, is not modelled.
+    priced as domains of 8 joined over the NICs, and Megatron-Bridge refuses DeepEP on
+    GB200 and GB300 (``validate_flex_dispatcher_backend``: "DeepEP is supported for
+    Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
+    domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
+    rack's NVLink, is not modelled.
 """
 
 from __future__ import annotations
@@ -448,7 +451,8 @@ REALIZABLE_RULES = (
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
     "interleaved schedule where pp_size > 1 and at most one MTP layer, moe_enable_deepep "
-    "(an MoE model) etp_size x ep_size > 1, and every layout a "
+    "(an MoE model) etp_size x ep_size > 1 and an NVLink domain of at most 8 GPUs, and "
+    "every layout a "
     "precision its accelerator has (fp8 and fp4 only where the catalog states their peak)")
 #: Knob name -> default.
 DEFAULTS = {name: knob.default for name, knob in KNOBS.items()}
@@ -901,7 +905,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         once to each other NVLink domain holding one (over the NICs), with routing taken
         as uniform; no TP gather after it. False (default): the all-to-all dispatcher,
         one copy per routed expert, then the expert TP all-gather [31]. An MoE model needs
-        ``etp_size * ep_size > 1`` with it (else not ``realizable``); a dense one ignores it.
+        ``etp_size * ep_size > 1`` with it and an NVLink domain of at most 8 GPUs (not a
+        GB200/GB300 NVL72 rack, where NVIDIA runs HybridEP, not modelled) (else not
+        ``realizable``); a dense one ignores it.
     hidden_dropout, attention_dropout : float [1]
         Dropout probabilities, Megatron-Core's (``--hidden-dropout``,
         ``--attention-dropout``; 0.1 each by default, as Megatron-Core's). They change

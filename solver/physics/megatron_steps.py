@@ -197,6 +197,8 @@ REALIZABLE_CONDITIONS = {
                    "layer [35]",
     "deepep_group": "the flex dispatcher (moe_enable_deepep) of an MoE model needs etp_size x "
                     "ep_size > 1 [39]",
+    "deepep_domain": "DeepEP runs on NVLink domains of at most 8 GPUs (not GB200/GB300 NVL72 "
+                     "racks, whose flex dispatcher is HybridEP) [39]",
     "precision": "the accelerator has the precision [21]",
 }
 
@@ -259,6 +261,9 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
             (ep > 1) & (k["recompute"] != 2) & ((pp == 1) | (v > 1)) & (k["mtp_num_layers"] <= 1)),
         # "Flex token dispatcher requires TPxEP > 1" (its TP the expert grid's) [39]
         "deepep_group": ~k["moe_enable_deepep"] | (not w.moe) | (etp * ep > 1),
+        # DeepEP reaches 8 NVLink peers; Megatron-Bridge refuses it on GB200/GB300 [39]
+        "deepep_domain": ~k["moe_enable_deepep"] | (not w.moe) | (
+            (fleet.node.scale_up_domain or fleet.node.accelerators_per_node) <= DEEPEP_NVL_PEERS),
         "precision": np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec],
     }
 
