@@ -36,7 +36,7 @@ import xarray as xr
 
 from solver.physics import common, megatron as megatron_model
 
-__all__ = ["NoAdmissibleError", "admissible_counts", "explain_empty", "conditions",
+__all__ = ["NoAdmissibleError", "admissible_counts", "explain_empty", "conditions", "tally",
            "realizable_evidence", "merge_evidence", "realizable_text", "batch_split_knobs"]
 
 #: Names of the conditions of ``admissible``, as the explanation says them.
@@ -153,20 +153,8 @@ def admissible_counts(cube: xr.Dataset, where=None, constraints: Optional[Mappin
     sizes = dict(cube.sizes)
     total = int(np.prod(list(sizes.values()), dtype=np.int64))
     named = conditions(cube, where, constraints)
-    removed, relaxed = {}, {}
-    kept = xr.DataArray(True)
-    for name, condition in named.items():
-        before = _count(kept, sizes) if kept.ndim else total
-        kept = kept & condition
-        removed[name] = before - _count(kept, sizes)
-    for name in named:
-        others = xr.DataArray(True)
-        for other, condition in named.items():
-            if other != name:
-                others = others & condition
-        relaxed[name] = _count(others, sizes) if others.ndim else total
-    out = {"total": total, "removed": removed, "relaxed": relaxed,
-           "admissible": _count(kept, sizes) if kept.ndim else total}
+    removed, relaxed, left = tally(named, lambda kept: _count(kept, sizes), total)
+    out = {"total": total, "removed": removed, "relaxed": relaxed, "admissible": left}
     if REALIZABLE in named and relaxed[REALIZABLE] and not out["admissible"]:
         others = xr.DataArray(True)
         for other, condition in named.items():
@@ -176,6 +164,25 @@ def admissible_counts(cube: xr.Dataset, where=None, constraints: Optional[Mappin
         if why:
             out["why"] = {REALIZABLE: why}
     return out
+
+
+def tally(named: Mapping, count, every):
+    """``removed``, ``relaxed`` and the points left of the conditions ``named`` (name ->
+    mask, applied in order; see :mod:`sweep.analysis.empty`): ``count(mask)`` counts the
+    points a mask keeps (a number, or one per slice), ``every`` those before any."""
+    removed, relaxed = {}, {}
+    kept, left = None, every
+    for name, condition in named.items():
+        kept = condition if kept is None else kept & condition
+        after = count(kept)
+        removed[name], left = left - after, after
+    for name in named:
+        others = None
+        for other, condition in named.items():
+            if other != name:
+                others = condition if others is None else others & condition
+        relaxed[name] = every if others is None else count(others)
+    return removed, relaxed, left
 
 
 def explain_empty(counts: Mapping, what: str = "layout") -> str:

@@ -20,7 +20,7 @@ from solver.outputs import MAXIMIZE, better, objective_names
 from .._reader import suggest
 from ..pareto import nondominated
 from ._aliases import OLD_DIRECTIONS, checked_direction, direction_of, renamed
-from .empty import admissible_counts, explain_empty
+from .empty import admissible_counts, conditions, explain_empty, tally
 from .masks import _check_complete, aligned, mask, require_output
 from .scenarios import JOB_DIMS, JobMixWarning, described
 from .ties import collapse
@@ -451,26 +451,19 @@ def _why_slices(cube, where, constraints, blocks, order, found) -> np.ndarray:
     slice: the counts :func:`admissible_counts` gives the slice, without its sentence on
     the realizable rules (ask it of ``cube.sel(...)`` for that).
     """
-    from .empty import conditions
-
     groups = found.size
     total = np.zeros(groups, dtype=np.int64)
     removed, relaxed = {}, {}
     for sub, sub_where in blocks():
         named = {name: _full(c, sub.sizes, order).reshape(groups, -1)
                  for name, c in conditions(sub, sub_where, constraints).items()}
-        total += int(np.prod([sub.sizes[d] for d in order], dtype=np.int64)) // groups
-        kept = np.ones_like(next(iter(named.values())), dtype=bool) if named else None
-        for name, condition in named.items():
-            before = kept.sum(axis=1)
-            kept = kept & condition
-            removed[name] = removed.get(name, 0) + before - kept.sum(axis=1)
+        each = int(np.prod([sub.sizes[d] for d in order], dtype=np.int64)) // groups
+        total += each
+        block_removed, block_relaxed, _ = tally(named, lambda kept: kept.sum(axis=1),
+                                                np.full(groups, each, dtype=np.int64))
         for name in named:
-            others = np.ones_like(kept)
-            for other, condition in named.items():
-                if other != name:
-                    others = others & condition
-            relaxed[name] = relaxed.get(name, 0) + others.sum(axis=1)
+            removed[name] = removed.get(name, 0) + block_removed[name]
+            relaxed[name] = relaxed.get(name, 0) + block_relaxed[name]
     why = np.full(groups, "", dtype=object)
     for g in np.flatnonzero(~found.ravel()):
         why[g] = explain_empty({"total": int(total[g]),
