@@ -296,6 +296,14 @@ References
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
     rack's NVLink, is not modelled.
+[40] Megatron-Core ``transformer/transformer_block.py`` (``_checkpointed_forward``) and
+    ``TransformerConfig.__post_init__``: under ``recompute_granularity="full"`` with
+    ``recompute_method="block"``, each model chunk (a ``TransformerBlock``: a pipeline
+    stage, or one of its ``v_stages`` chunks) checkpoints its first
+    ``recompute_num_layers`` layers one by one and runs the rest as a plain forward that
+    stores its activations; "When using recompute_granularity: selective
+    recompute_num_layers must be None". The ``uniform`` method with one layer a group is
+    ``recompute="full"`` here; groups of more than one layer are not modelled.
 """
 
 from __future__ import annotations
@@ -405,6 +413,10 @@ KNOBS = {k.name: k for k in (
     _K("micro_batch_size", "int", 1, low=1, why="sequences per microbatch"),
     _K("sequence_parallel", "bool", False),
     _K("recompute", "choice", "none"),
+    _K("recompute_num_layers", "int", 0, low=0, high=4095,
+       why="layers of each pipeline chunk whose forward recompute='full' recomputes, the "
+           "first ones (Megatron-Core's recompute_num_layers, recompute_method 'block'); 0: "
+           "not set, every layer"),
     _K("zero_stage", "int", 1, low=0, high=3, why="0 DDP, 1 distributed optimizer, 2 + grads (reduce-scattered every microbatch), 3 FSDP"),
     _K("precision", "choice", "bf16"),
     _K("tp_comm_overlap", "bool", False),
@@ -449,7 +461,8 @@ REALIZABLE_RULES = (
     "need sequence_parallel, tp_comm_overlap every TP group inside one NVLink domain, "
     "cp_size > 1 flash_attention, overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
-    "pp_size 1, overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
+    "pp_size 1, recompute_num_layers recompute='full', "
+    "overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
     "interleaved schedule where pp_size > 1 and at most one MTP layer, moe_enable_deepep "
     "(an MoE model) etp_size x ep_size > 1 and an NVLink domain of at most 8 GPUs, and "
     "every layout a "
@@ -807,7 +820,8 @@ class _Shape:
 
 def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_size=1, pp_size=1,
           cp_size=1, ep_size=1, dp_size=None, etp_size=None, v_stages=1, micro_batch_size=1,
-          sequence_parallel=False, recompute="none", zero_stage=1, precision="bf16",
+          sequence_parallel=False, recompute="none", recompute_num_layers=0, zero_stage=1,
+          precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, grad_reduce_in_bf16=False, fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
@@ -853,6 +867,17 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         which must be whole (else ``realizable`` is False).
     sequence_parallel : bool
     recompute : {"none", "selective", "full"}
+    recompute_num_layers : int [40]
+        Under ``recompute="full"``, how many layers of each pipeline chunk (a stage, or
+        each of its ``v_stages`` chunks) recompute their forward: the first ones, as
+        Megatron-Core's ``--recompute-method block --recompute-num-layers`` runs them
+        [40]; the chunk's other layers store their activations as without recompute (no
+        selective recompute). More than a chunk's layers: all of them. 0 (default, not
+        set): every layer. Set with another ``recompute``, not realizable (Megatron-Core
+        refuses it beside selective). Priced on the numpy path (``engine="fused"``
+        refuses a call that sets it); a chunk that mixes dense and MoE layers is taken to
+        recompute each kind in proportion, where Megatron's are its first layers (the
+        dense ones).
     zero_stage : {0, 1, 2, 3}
         0 DDP, 1 distributed optimizer, 2 also gradients, 3 FSDP.
     precision : {"bf16", "fp16", "fp8", "fp4"}
@@ -981,7 +1006,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     values = dict(batch_size=batch_size, seq_len=seq_len, tp_size=tp_size, pp_size=pp_size,
                   cp_size=cp_size, ep_size=ep_size, v_stages=v_stages,
                   micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
-                  recompute=recompute, zero_stage=zero_stage, precision=precision,
+                  recompute=recompute, recompute_num_layers=recompute_num_layers,
+                  zero_stage=zero_stage, precision=precision,
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
                   grad_reduce_in_bf16=grad_reduce_in_bf16, fsdp_own_nic=fsdp_own_nic,
@@ -1145,7 +1171,7 @@ def _price(w, fleet, k, constants, engine, memo):
         raise ValueError("the array knobs must broadcast together, but got "
                          + ", ".join(f"{n} of shape {s}" for n, s in shapes.items())) from None
     if engine != "numpy":
-        why = _array_constant(c)
+        why = _array_constant(c) or _unfused_knobs(k)
         if why is not None and engine == "fused":
             raise ValueError(f"engine='fused' cannot price this call: {why} (engine='numpy' or "
                              f"'auto' can)")
@@ -1186,6 +1212,14 @@ _KERNEL_BOUNDS = tuple(
 # ------------------------------------------------------------------ engines
 
 # ENGINES and FUSED_MIN_POINTS: the one rule of solver.fused, shared with mlsysim.
+
+
+def _unfused_knobs(k):
+    """Why the fused kernel cannot price these knobs (None: it can): a partial recompute
+    (``recompute_num_layers`` set), which only the numpy path prices."""
+    if np.any(np.asarray(k.get("recompute_num_layers", 0)) != 0):
+        return "recompute_num_layers is set (a partial recompute)"
+    return None
 
 
 def _array_constant(c):
@@ -1235,7 +1269,7 @@ def _fused_arrays(k, n):
     """The normalized knobs ``k`` as the fused kernel's inputs, each ``n`` long: one array
     a knob, but the pipeline's (``p2p_flags``) and the memory's (``memory_flags``) packed."""
     from ..fused import megatron_kernel as fk
-    packed = _PIPELINE_KNOBS + _MEMORY_KNOBS
+    packed = _PIPELINE_KNOBS + _MEMORY_KNOBS + ("recompute_num_layers",)  # (0: _unfused_knobs)
     a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in packed}
     a["p2p_flags"] = _spread(fk.pipeline_flags(*(k[name] for name in _PIPELINE_KNOBS)), n,
                              np.uint32)
@@ -1286,7 +1320,12 @@ def _solve(w: _Shape, fleet: Fleet, k, c, shape):
     hw = steps.hardware(fleet, c, sp.prec, k["grad_reduce_in_bf16"])
     ly = steps.layer_times(w, k, c, sp, hw)
     cm = steps.communication(w, k, c, sp, hw, ly)
-    pl = steps.pipeline(w, c, sp, hw, ly, cm)
+    plain = None
+    if sp.partial:  # recompute_num_layers [40]: the layers it leaves alone, priced apart
+        sp0 = sp.plain()
+        ly0 = steps.layer_times(w, k, c, sp0, hw)
+        plain = (ly0, steps.communication(w, k, c, sp0, hw, ly0))
+    pl = steps.pipeline(w, c, sp, hw, ly, cm, plain)
     dpr = after.data_parallel(w, k, c, sp, hw, ly, cm, pl)
     mm = after.memory(w, k, sp, hw, ly, pl, dpr)
     return after.compose(w, c, sp, hw, ly, cm, pl, dpr, mm, shape, OUTPUTS)

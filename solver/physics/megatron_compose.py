@@ -14,6 +14,7 @@ from .. import flops as fl
 from .. import gemm
 from .. import megatron_memory as mem
 from .. import network as net
+from . import megatron_steps as steps
 from .megatron_steps import (OPTIMIZER_BYTES_TOUCHED, Communication, Hardware, Layer, Pipeline,
                              Split, _exposed, heavy_moe_stage, pipeline_ranks)
 
@@ -259,19 +260,23 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     flash = k["flash_attention"]
     drop = dict(hidden_dropout=k["hidden_dropout"], attention_dropout=k["attention_dropout"])
     latent = np.where(hw.low_bits, w.latent_act_fp8, w.latent_act)
-    act_dense = mem.layer_activation_bytes(
-        mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
-        tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
-        low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
-        context_ratio=w.context_ratio, **drop)
-    act_moe = act_dense
-    if w.moe:
-        act_moe = mem.layer_activation_bytes(
-            mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
-            tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc, flash_attention=flash,
-            moe_top_k=w.top_k, moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
-            low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
-            context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0), **drop)
+    moe = dict(moe_top_k=w.top_k, routed_gather=sp.etp / (tp * 1.0),
+               moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1))
+
+    def kinds(rc):
+        """(stored, working set) of a dense layer, then of an MoE layer (the dense layer's
+        again where the model has no experts), at the recompute code ``rc``."""
+        shape = dict(heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn, gated=w.gated,
+                     tp_size=tp, sequence_parallel=sp.sp, recompute_code=rc,
+                     flash_attention=flash, low_bits=hw.low_bits, attention_bytes=w.attn_act,
+                     latent_bytes=latent, context_ratio=w.context_ratio, **drop)
+        out = []
+        for extra in ({}, moe) if w.moe else ({},):
+            kw = {**shape, **extra}
+            act = mem.layer_activation_bytes(mbs, s_local, h, **kw)
+            out += [act, mem.recompute_working_bytes(act, mbs, s_local, h, **kw)]
+        return tuple(out) if w.moe else tuple(out) * 2
+
     # A recomputed layer's working set [5]: its backward first runs its forward again (the
     # whole layer under full recompute, the attention core under selective) and holds
     # what that forward stores, one layer of one microbatch, beside the checkpoints:
@@ -279,20 +284,10 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # without recompute). On the last rank it never coexists with the logits and the
     # MTP layers' activations, freed by the output layer's backward before the last
     # layer's; the larger counts.
-    work_dense = mem.recompute_working_bytes(
-        act_dense, mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn,
-        gated=w.gated, tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc,
-        flash_attention=flash, low_bits=hw.low_bits, attention_bytes=w.attn_act,
-        latent_bytes=latent, context_ratio=w.context_ratio, **drop)
-    work_moe = work_dense
-    if w.moe:
-        work_moe = mem.recompute_working_bytes(
-            act_moe, mbs, s_local, h, heads=w.heads, kv_heads=w.kv_heads, ffn_hidden=w.ffn,
-            gated=w.gated, tp_size=tp, sequence_parallel=sp.sp, recompute_code=sp.rc,
-            flash_attention=flash, moe_top_k=w.top_k,
-            moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1),
-            low_bits=hw.low_bits, attention_bytes=w.attn_act, latent_bytes=latent,
-            context_ratio=w.context_ratio, routed_gather=sp.etp / (tp * 1.0), **drop)
+    act_dense, work_dense, act_moe, work_moe = kinds(sp.rc)
+    # A partial recompute (recompute_num_layers [40]): the layers it leaves alone store
+    # what they would without recompute, and hold no working set (Split.plain's codes).
+    plain = kinds(sp.plain().rc) if sp.partial else None
     # Megatron DDP's buckets are views into the gradient buffer [23]: a bucket of its own
     # (size [7]) only where the gradients are sharded and one is gathered to reduce it;
     # no larger than the rank's gradients (the buckets partition them [23]), which the
@@ -344,9 +339,24 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         # Combined 1F1B [35]: a paired step's forward builds a layer of one microbatch
         # while its backward frees one of another: one layer more than 1F1B at the peak.
         one = np.maximum(np.where(moe_n > 0, act_moe, 0.0), np.where(dense_n > 0, act_dense, 0.0))
-        stored = (dense_n * act_dense + moe_n * act_moe) * mem.in_flight_layers(1.0, pp, sp.v, sp.m, rank) \
+        if plain is None:
+            per_mb = dense_n * act_dense + moe_n * act_moe
+            work = np.maximum(np.where(moe_n > 0, work_moe, 0.0),
+                              np.where(dense_n > 0, work_dense, 0.0))
+        else:
+            # the rank's recomputed layers [40], dense and MoE in proportion (see solve)
+            r = steps.recomputed(sp, n)
+            r_dense = r * np.where(n > 0, dense_n / np.maximum(n, 1.0), 0.0)
+            r_moe = r - r_dense
+            act_d0, work_d0, act_m0, work_m0 = plain
+            per_mb = (r_dense * act_dense + (dense_n - r_dense) * act_d0
+                      + r_moe * act_moe + (moe_n - r_moe) * act_m0)
+            work = np.maximum(
+                np.maximum(np.where(r_moe > 0, work_moe, 0.0), np.where(r_dense > 0, work_dense, 0.0)),
+                np.maximum(np.where(moe_n - r_moe > 0, work_m0, 0.0),
+                           np.where(dense_n - r_dense > 0, work_d0, 0.0)))
+        stored = per_mb * mem.in_flight_layers(1.0, pp, sp.v, sp.m, rank) \
             + (sp.a2a_paired > 0.0) * one
-        work = np.maximum(np.where(moe_n > 0, work_moe, 0.0), np.where(dense_n > 0, work_dense, 0.0))
         act = stored + np.maximum(work, last * (act_moe * sp.mtp + logits))
         # (written as a max, not "+ act + buffers - min(copy, act + buffers)": the same
         # in reals, and in floats the larger act never gives the smaller footprint, so the
@@ -436,12 +446,19 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
     # (one division: the fused kernel's loop is bound by them)
     head = 6.0 * batch * s * h * w.vocab * (1.0 + mtp)
     per_flop = 1.0 / model_flops
-    recompute_extra = np.where(rc == 2, (model_flops - head) * per_flop * (1.0 / 3.0), np.where(
+    full_share = 1.0
+    if sp.partial:  # the share of the layers (MTP modules with them) recomputed [40]
+        full_share = (steps.recomputed_total(w, sp) + mtp) / (w.layers + mtp)
+    recompute_extra = np.where(rc == 2, full_share * (model_flops - head) * per_flop * (1.0 / 3.0), np.where(
         rc == 1, 4.0 * s * w.heads * w.core_dim * (w.layers + mtp) * (batch * s) * per_flop, 0.0))
     # layer-microbatches of the stage that paces the pipeline, MTP's with them on the last
     last = pl.last_paced
     ms = m * (pl.paced_layers + mtp * last)
     mfu = per_acc / hw.peak_gemm
+    # a layer's terms: ly's and cm's, or under a partial recompute the paced stage's mean
+    lt = pl.paced or dict({name: getattr(ly, name) for name in steps._PACED_LAYER},
+                          **{name: getattr(cm, name) for name in steps._PACED_COMM},
+                          **{name: getattr(pl, name) for name in steps._PACED_PHASES})
     out = {
         "dp_size": sp.dp * 1.0,
         "microbatch_count": sp.m_exact,
@@ -451,15 +468,15 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         "model_flops_per_accelerator": per_acc,
         "mfu": mfu,
         "hfu": mfu * (1.0 + recompute_extra),
-        "compute_latency": ms * (ly.layer_f + ly.layer_b)
+        "compute_latency": ms * (lt["layer_f"] + lt["layer_b"])
         + m * last * (pl.t_head + mtp * (pl.t_head + ly.t_mtp)),
-        "tp_communication_latency": ms * cm.tp_layer,
-        "cp_communication_latency": ms * cm.cp_layer,
-        "ep_communication_latency": ms * cm.ep_layer
-        - ms * np.minimum(pl.a2a_hidden - pl.a2a_launch, cm.ep_layer),
+        "tp_communication_latency": ms * lt["tp_layer"],
+        "cp_communication_latency": ms * lt["cp_layer"],
+        "ep_communication_latency": ms * lt["ep_layer"]
+        - ms * np.minimum(lt["a2a_hidden"] - lt["a2a_launch"], lt["ep_layer"]),
         "pp_communication_latency": pl.t_pp,
         "dp_communication_latency": dpr.t_dp,
-        "communication_latency": ms * (cm.tp_total + cm.cp_total + cm.ep_layer)
+        "communication_latency": ms * (lt["tp_total"] + lt["cp_total"] + lt["ep_layer"])
         + pl.t_pp + dpr.t_dp_total,
         "pipeline_bubble_latency": pl.bubble,
         "bubble_fraction": pl.bubble / pl.t_pipe,
@@ -470,7 +487,7 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
                                                 + cm.ep_layer_f))
                                 + (pl.window_b - (ly.layer_b + cm.tp_layer_b + cm.cp_layer_b
                                                   + cm.ep_layer_b)))
-        - ms * pl.a2a_launch,
+        - ms * pl.a2a_launch if pl.paced is None else ms * lt["launch"],
         "memory_footprint": mm.footprint,
         "memory_weights": mm.weights,
         "memory_gradients": mm.grads,

@@ -19,7 +19,7 @@ The bracketed references ``[n]`` are those of :mod:`solver.physics.megatron`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -158,6 +158,43 @@ class Split:
     #: the share of the first rank's microbatches (chunks) the combined 1F1B schedule
     #: pairs (overlap_moe_expert_parallel_comm [35]; 0.0 without it): combined_1f1b_paired
     a2a_paired: object = 0.0
+    #: recompute_num_layers: under full recompute, each chunk's recomputed layers (0: all) [40]
+    rnl: object = 0
+
+    @property
+    def partial(self):
+        """Whether any configuration recomputes only some of its layers (:func:`recomputed`)."""
+        return bool(np.any((np.asarray(self.rc) == 2) & (np.asarray(self.rnl) > 0)))
+
+    def plain(self):
+        """The split with the layers a partial recompute leaves alone: full recompute's
+        code (2) made none (0), the other modes as they are (:func:`recomputed`)."""
+        return replace(self, rc=np.where(np.asarray(self.rc) == 2, 0, self.rc))
+
+
+def recomputed(sp: Split, n):
+    """Layers of a stage of ``n`` whose forward is recomputed in full: ``n`` under
+    ``recompute="full"`` (none under the other modes), but with ``recompute_num_layers``
+    (``rnl``) set the first ``rnl`` of each of its ``v`` chunks of ``n / v`` [40]. The
+    stage's other layers are :meth:`Split.plain`'s."""
+    v = np.asarray(sp.v) * 1.0
+    part = np.where(np.asarray(sp.rnl) > 0, v * np.minimum(sp.rnl, n / v), n)
+    return np.where(np.asarray(sp.rc) == 2, part, 0.0)
+
+
+def recomputed_total(w, sp: Split):
+    """The model's layers :func:`recomputed` over its stages (:func:`stage_layers`, or
+    ``ceil(layers / pp)`` each where none is set), at most its layers; all of them under
+    full recompute without ``recompute_num_layers``, whether or not the stages split."""
+    pp = np.asarray(sp.pp) * 1.0
+    uneven, n_first, n_mid, n_last = stage_layers(w, pp, sp.first, sp.last)
+    n_even = np.ceil(w.layers / pp)
+    nf, nm, nl = (np.where(uneven, n, n_even) for n in (n_first, n_mid, n_last))
+    some = np.where(pp > 1, recomputed(sp, nf) + (pp - 2.0) * recomputed(sp, nm)
+                    + recomputed(sp, nl), recomputed(sp, float(w.layers)))
+    rc2 = np.asarray(sp.rc) == 2
+    return np.where(rc2 & (np.asarray(sp.rnl) > 0), np.minimum(some, w.layers),
+                    np.where(rc2, float(w.layers), 0.0))
 
 
 #: What each condition of :func:`realizable_conditions` asks, by name (the ``realizable``
@@ -192,6 +229,8 @@ REALIZABLE_CONDITIONS = {
     "param_gather_needs_grad_reduce": "overlap_param_gather needs overlap_grad_reduce under the "
                                       "distributed optimizer",
     "no_sharding_with_pipeline": "ZeRO-2/3 (FSDP) runs without a pipeline [30]",
+    "recompute_layers": "recompute_num_layers is set only under recompute='full' (Megatron-Core "
+                        "refuses it beside selective recompute) [40]",
     "a2a_overlap": "overlap_moe_expert_parallel_comm needs ep_size > 1, no full recompute, an "
                    "interleaved schedule (v_stages > 1) where pp_size > 1, and at most one MTP "
                    "layer [35]",
@@ -256,6 +295,7 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
                                             & (k["zero_stage"] >= 1)),
         # sharded gradients or parameters (ZeRO-2/3, FSDP) with a pipeline [30]
         "no_sharding_with_pipeline": ~((k["zero_stage"] >= 2) & (pp > 1)),
+        "recompute_layers": (k.get("recompute_num_layers", 0) == 0) | (k["recompute"] == 2),  # [40]
         # Megatron-Core's TransformerConfig refuses the combined 1F1B schedule otherwise [35]
         "a2a_overlap": ~k["overlap_moe_expert_parallel_comm"] | (
             (ep > 1) & (k["recompute"] != 2) & ((pp == 1) | (v > 1)) & (k["mtp_num_layers"] <= 1)),
@@ -305,7 +345,8 @@ def split(w, fleet, k) -> Split:
                  p2p_split=p2p_split(tp, sp, k["scatter_gather_tensors_in_pipeline"]),
                  p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]),
                  mtp=k["mtp_num_layers"], first=first, last=last,
-                 a2a_paired=combined_1f1b_paired(pp, v, m, k["overlap_moe_expert_parallel_comm"]))
+                 a2a_paired=combined_1f1b_paired(pp, v, m, k["overlap_moe_expert_parallel_comm"]),
+                 rnl=k.get("recompute_num_layers", 0))
 
 
 def combined_1f1b_paired(pp, v, m, on):
@@ -876,10 +917,50 @@ class Pipeline:
     t_pp: object
     window_f: object
     window_b: object
+    #: with a partial recompute (Split.partial), a layer's terms averaged over the paced
+    #: stage's layer-microbatches (recomputed and plain, :func:`recomputed`), by name, for
+    #: megatron_compose.compose; None without one (the recomputed layers' terms then hold
+    #: for every layer, and window_f ... a2a_launch above are the priced stage's averages)
+    paced: object = None
 
 
-def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pipeline:
-    """Heaviest stage (with the LM head [11]) times microbatches, plus the bubble [1] and p2p."""
+#: A layer's terms compose reads, averaged over the paced stage under a partial recompute.
+_PACED_LAYER = ("layer_f", "layer_b")
+_PACED_COMM = ("tp_total", "tp_layer", "tp_layer_f", "tp_layer_b", "cp_total", "cp_layer",
+               "cp_layer_f", "cp_layer_b", "ep_layer", "ep_layer_f", "ep_layer_b")
+_PACED_PHASES = ("window_f", "window_b", "a2a_hidden", "a2a_launch")
+
+
+def _phases(c, rc, ly: Layer, cm: Communication, paired):
+    """A layer's two phases under the launch floor and the combined 1F1B pairing (see
+    :func:`pipeline`): window_f, window_b, alone, per_layer, a2a_hidden, a2a_launch, launch."""
+    # (own_*: a phase's work but its EP all-to-alls; gpu_*: all of its GPU time)
+    own_f = ly.layer_f + cm.tp_layer_f + cm.cp_layer_f
+    own_b = ly.layer_b + cm.tp_layer_b + cm.cp_layer_b
+    gpu_f, gpu_b = own_f + cm.ep_layer_f, own_b + cm.ep_layer_b
+    floor_b = c["layer_overhead"] * (2.0 + (rc == 2))
+    window_f = np.maximum(gpu_f, c["layer_overhead"])
+    window_b = np.maximum(gpu_b, floor_b)
+    eta = c["overlap_efficiency"]
+    hide = np.minimum(cm.ep_layer_f, eta * own_b) + np.minimum(cm.ep_layer_b, eta * own_f)
+    pair = np.maximum(gpu_f + gpu_b - hide, c["layer_overhead"] + floor_b)
+    alone = window_f + window_b
+    saved = alone - pair
+    a2a_hidden = paired * saved
+    a2a_launch = paired * np.minimum(saved, (window_f - gpu_f) + (window_b - gpu_b))
+    # (launch: the host time its GPU work does not hide, compose's launch_latency a layer)
+    launch = (window_f - gpu_f) + (window_b - gpu_b) - a2a_launch
+    return dict(window_f=window_f, window_b=window_b, alone=alone, per_layer=alone - a2a_hidden,
+                a2a_hidden=a2a_hidden, a2a_launch=a2a_launch, launch=launch)
+
+
+def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, plain=None) -> Pipeline:
+    """Heaviest stage (with the LM head [11]) times microbatches, plus the bubble [1] and p2p.
+
+    ``plain``: under a partial recompute (:attr:`Split.partial`), the ``(Layer,
+    Communication)`` of :meth:`Split.plain`, the layers it leaves alone (``ly`` and ``cm``
+    then the recomputed layers'); a stage of ``n`` layers runs :func:`recomputed` of them
+    as ``ly``'s and the rest as ``plain``'s."""
     tp, pp, v, m = sp.tp, sp.pp, sp.v, sp.m
     uneven, n_first, n_mid, n_last = stage_layers(w, pp, sp.first, sp.last)
     layers_stage = np.where(uneven, np.maximum(np.maximum(n_first, n_mid), n_last),
@@ -894,13 +975,7 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # floor (selective recompute) or taken out of it (tp_comm_overlap) changes neither
     # (tests/test_megatron_solve.py holds the step monotone in the recompute mode, the
     # overlaps and every fitted constant on random layouts).
-    # (own_*: a phase's work but its EP all-to-alls; gpu_*: all of its GPU time)
-    own_f = ly.layer_f + cm.tp_layer_f + cm.cp_layer_f
-    own_b = ly.layer_b + cm.tp_layer_b + cm.cp_layer_b
-    gpu_f, gpu_b = own_f + cm.ep_layer_f, own_b + cm.ep_layer_b
-    floor_b = c["layer_overhead"] * (2.0 + (sp.rc == 2))
-    window_f = np.maximum(gpu_f, c["layer_overhead"])
-    window_b = np.maximum(gpu_b, floor_b)
+    # (:func:`_phases`)
     # Combined 1F1B [35] (overlap_moe_expert_parallel_comm): in the steady state a layer's
     # forward for one microbatch runs beside the backward of a layer of another (layer i
     # beside layer L - 1 - i), the forward's EP all-to-alls hidden behind the backward's
@@ -915,16 +990,21 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # idle host time merges into the pair's: that part of the saving (``a2a_launch``, at
     # most the phases' own launch excess) is launch time, the rest all-to-all. Off,
     # ``paired`` is 0.0 and the same bits.
-    paired = sp.a2a_paired
-    eta = c["overlap_efficiency"]
-    hide = np.minimum(cm.ep_layer_f, eta * own_b) + np.minimum(cm.ep_layer_b, eta * own_f)
-    pair = np.maximum(gpu_f + gpu_b - hide, c["layer_overhead"] + floor_b)
-    alone = window_f + window_b
-    saved = alone - pair
-    a2a_hidden = paired * saved
-    a2a_launch = paired * np.minimum(saved, (window_f - gpu_f) + (window_b - gpu_b))
-    per_layer = alone - a2a_hidden
-    t_layers = layers_stage * per_layer
+    ph = _phases(c, sp.rc, ly, cm, sp.a2a_paired)
+    per_layer, alone = ph["per_layer"], ph["alone"]
+    if plain is None:
+        def mix(n, name):  # a stage of n layers, each the same
+            return n * ph[name]
+    else:
+        # A partial recompute [40]: a stage's recomputed layers at ly's terms, the rest at
+        # plain's (the two times differ only by the recomputed forward, its collectives
+        # and its launches; each phase keeps its own floor).
+        ph0 = _phases(c, sp.plain().rc, plain[0], plain[1], sp.a2a_paired)
+
+        def mix(n, name):
+            r = recomputed(sp, n)
+            return r * ph[name] + (n - r) * ph0[name]
+    t_layers = mix(layers_stage, "per_layer")
     vocab_t = w.vocab / tp
     head_tokens = ly.tokens
     # LM head: the logits GEMM forward and backward in 16 bits (outside FP8 [11]) and the
@@ -937,13 +1017,14 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     t_mtp = sp.mtp * (per_layer + t_head + ly.t_mtp)
     stage_max = t_layers + (t_head + t_mtp)
     t_mtp_alone = sp.mtp * (alone + t_head + ly.t_mtp)  # (the bubble's: unpaired [35])
-    stage_mean = layers_stage * alone + (t_head + t_mtp_alone) / pp
+    stage_mean = mix(layers_stage, "alone") + (t_head + t_mtp_alone) / pp
     # Set first and last stages [13]: the slowest of the first, a middle stage and the last
     # (with the head and MTP) paces the pipeline; the bubble takes their mean. Otherwise the
     # heaviest stage, ceil(layers / pp), is priced with the head on it (an upper bound
     # where the layers do not split evenly).
-    t_last = n_last * per_layer + (t_head + t_mtp)
-    t_other = np.maximum(n_first, n_mid) * per_layer
+    t_last = mix(n_last, "per_layer") + (t_head + t_mtp)
+    # (a stage's time grows with its layers, recomputed or not: the larger count's)
+    t_other = mix(np.maximum(n_first, n_mid), "per_layer")
     last_paced = np.where(uneven, t_last >= t_other, True) * 1.0
     paced_layers = np.where(uneven, np.where(t_last >= t_other, n_last, np.maximum(n_first, n_mid)),
                             layers_stage)
@@ -958,7 +1039,12 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
     # monotonicity test drew, 2026-12-05).
     own = np.where(n_last >= np.maximum(n_first, n_mid), t_last, t_other)
     slack = np.where(uneven, stage_max - own, 0.0)
-    stage_mean = np.where(uneven, w.layers * alone / pp + (t_head + t_mtp_alone) / pp, stage_mean)
+    if plain is None:
+        all_alone = w.layers * alone
+    else:
+        again = recomputed_total(w, sp)
+        all_alone = again * alone + (w.layers - again) * ph0["alone"]
+    stage_mean = np.where(uneven, all_alone / pp + (t_head + t_mtp_alone) / pp, stage_mean)
     bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
     t_pipe = m * stage_max + bubble
     # p2p: microbatch activations, split by TP under SP or scatter/gather (p2p_split); the
@@ -987,6 +1073,20 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication) -> Pip
         ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat) + hw.call_lat, 0.0)
     t_pp = np.where(pp > 1, 2.0 * ((t_ramp + gather) * (pp * v - 1)
                                    + (t_slow + gather) * sp.p2p_steady), 0.0)
+    paced = None
+    windows = {name: ph[name] for name in _PACED_PHASES}
+    if plain is not None:
+        # the priced stage's average layer (data_parallel's windows), and the paced stage's
+        # over its layer-microbatches, its MTP modules' too (recomputed as ly's, [34])
+        windows = {name: mix(layers_stage, name) / layers_stage for name in _PACED_PHASES}
+        n_paced = paced_layers + sp.mtp * last_paced
+        share = (recomputed(sp, paced_layers) + sp.mtp * last_paced * (sp.rc == 2)) / n_paced
+        both = ((ly, plain[0], _PACED_LAYER), (cm, plain[1], _PACED_COMM))
+        paced = {name: share * getattr(a, name) + (1.0 - share) * getattr(b, name)
+                 for a, b, names in both for name in names}
+        paced.update({name: share * ph[name] + (1.0 - share) * ph0[name]
+                      for name in _PACED_PHASES + ("launch",)})
     return Pipeline(layers_stage=layers_stage, paced_layers=paced_layers, last_paced=last_paced,
-                    t_head=t_head, slack=slack, a2a_hidden=a2a_hidden, a2a_launch=a2a_launch, bubble=bubble,
-                    t_pipe=t_pipe, t_pp=t_pp, window_f=window_f, window_b=window_b)
+                    t_head=t_head, slack=slack, a2a_hidden=windows["a2a_hidden"],
+                    a2a_launch=windows["a2a_launch"], bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
+                    window_f=windows["window_f"], window_b=windows["window_b"], paced=paced)
