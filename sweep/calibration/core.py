@@ -433,6 +433,30 @@ def _fit_notes(data, predicted, uncalibrated, measured, fitted, noise) -> list:
     return notes
 
 
+#: Constants that can explain the same few runs as each other: a fixed cost a step and the
+#: host's launch floor a layer (an audit's runs took a 3 s overhead as an 84 ms floor).
+EXPLAIN_ALIKE = (("step_overhead", LAUNCH_FLOOR),)
+
+
+def _with_alone(solution, residuals, base, seen, held, widths, noise, max_nfev):
+    """``solution`` with, among its rivals, a fit of each constant of an
+    :data:`EXPLAIN_ALIKE` pair both fitted with the other held at its start: which of two
+    such explanations a fit lands on depends on its starts (both of a fit's landed on the
+    floor for overheads of 0.5-2 s, on the overhead for 3-4 s), so each is fitted alone
+    and :func:`_rival_notes` names them where both explain the runs."""
+    alone = []
+    for pair in EXPLAIN_ALIKE:
+        if not all(n in seen for n in pair):
+            continue
+        for hold in pair:
+            names = tuple(n for n in seen if n != hold)
+            alone.append(fit_.fit_log(
+                residuals, base, names, megatron.CONSTANT_BOUNDS, held={**held, hold: base[hold]},
+                diff_step=DIFF_STEP, max_nfev=max_nfev, prior_center=base,
+                prior_weight=[float(noise) / widths[n] for n in names]))
+    return dataclasses.replace(solution, rivals=tuple(solution.rivals) + tuple(alone))
+
+
 def _rival_notes(solution, names, runs, noise) -> list:
     """A fit from another start as good on the ``runs`` (its first residuals) as the chosen
     one, with some constant far apart: the runs do not tell those constants apart
@@ -643,7 +667,8 @@ def _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, n
     uncalibrated = predict(data, base)
     notes += _fit_notes(data, predicted, uncalibrated, meas, bool(seen), noise)
     if solution is not None:
-        notes += _rival_notes(solution, seen, len(data), noise)
+        notes += _rival_notes(_with_alone(solution, residuals, base, seen, held, widths, noise,
+                                          max_nfev), seen, len(data), noise)
     if loo is None:
         loo = len(data) <= LOO_MAX_RUNS
         if not loo:
