@@ -56,15 +56,16 @@ def test_recomputing_a_chunks_every_layer_is_full_recompute(workload):
 
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_partial_recompute_lies_between_none_and_full_and_grows_with_its_layers(workload):
-    """More recomputed layers never shorten the step nor grow the stored activations, and a
+    """More recomputed layers never shorten the step nor grow the memory footprint, and a
     partial recompute costs at least no recompute and at most full recompute (random
-    layouts of every knob but set stages, 1 to 3 layers a chunk). With set stages the
-    step can fall (README: the bubble takes the stages' mean, so work on a stage that
-    does not pace the pipeline can hide more DP traffic than it adds to the bubble)."""
+    layouts of every knob, set stages too, 1 to 3 layers a chunk). On set stages a partial
+    recompute adds work to a stage that need not pace the pipeline: its time goes into the
+    bubble whole (the sum of the other stages' times), never less than its longer backward
+    hides of the DP traffic. (A bubble of the stages' mean let the step fall by up to 1 %
+    in these draws.)"""
     rng = np.random.default_rng(41)
     for fleet in FLEETS:
-        k = _full(rng, 1500, num_layers_in_first_pipeline_stage=0,
-                  num_layers_in_last_pipeline_stage=0)
+        k = _full(rng, 1500)
         ok = np.asarray(_solve(workload, fleet, **k)["valid"])
         none = _solve(workload, fleet, **{**k, "recompute": "none"})
         steps = [np.asarray(none["step_latency_total"])]
@@ -72,11 +73,11 @@ def test_partial_recompute_lies_between_none_and_full_and_grows_with_its_layers(
         for n in (1, 2, 3, 0):
             out = _solve(workload, fleet, **k, recompute_num_layers=n)
             steps.append(np.asarray(out["step_latency_total"]))
-            acts.append(np.asarray(out["memory_activations"]))
+            acts.append(np.asarray(out["memory_footprint"]))
         for a, b in zip(steps, steps[1:]):
             assert np.all((a <= b * (1 + 1e-12)) | ~ok), (workload, fleet)
-        # the stored activations fall; the working set of a recomputed layer stays (the
-        # footprint's rank can move, so the part is compared where the footprint falls too)
+        # every rank's stored activations fall and a recomputed layer's working set stays,
+        # so the footprint (the fullest rank's, which can move with set stages) falls
         for a, b in zip(acts, acts[1:]):
             assert np.all((b <= a * (1 + 1e-12)) | ~ok), (workload, fleet)
         assert np.any(steps[1][ok] < steps[-1][ok]) and np.any(acts[0][ok] > acts[-1][ok])

@@ -48,8 +48,8 @@ def test_llama3_405b_on_16_stages_paced_by_a_middle_stage_without_the_head(engin
     for name in ("tp_communication_latency", "cp_communication_latency", "ep_communication_latency"):
         assert _f(set_, name) == _f(even, name), name
     assert _f(set_, "step_latency_total") < _f(even, "step_latency_total")
-    # the bubble takes the mean stage: the model's 126 layers and one head over 16 stages,
-    # not 8 layers and the head on each
+    # the bubble is the other stages' times: 7 + 8 x 14 + 7 layers and the head less the
+    # paced stage's 8, not 15 stages of 8
     assert _f(set_, "pipeline_bubble_latency") < _f(even, "pipeline_bubble_latency")
     # the terms never add up to more than the step (the rest: fixed overhead, launch floor)
     for out in (even, set_):

@@ -403,7 +403,7 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     t_mtp = mtp * (per_layer + t_head + t_mtp_module)
     stage_max = t_layers + (t_head + t_mtp)
     t_mtp_alone = mtp * (alone + t_head + t_mtp_module)  # (the bubble's: unpaired)
-    stage_mean = layers_stage * alone + (t_head + t_mtp_alone) / pp
+    bubble = (pp - 1.0) / (v * 1.0) * (layers_stage * alone)
     t_last = n_last * per_layer + (t_head + t_mtp)
     t_other = _max(n_first, n_mid) * per_layer
     last_paced = 1.0 if (not uneven or t_last >= t_other) else 0.0
@@ -411,10 +411,13 @@ def _pipeline(w, f, c, tp, pp, cp, v, dp, m, rc, act_bytes, layer_f, layer_b, tp
     slack = 0.0
     if uneven:
         stage_max = _max(t_other, t_last)
-        stage_mean = layers * alone / pp + (t_head + t_mtp_alone) / pp
         # the priced stage's wait for the paced one (megatron_steps.pipeline)
         slack = stage_max - (t_last if n_last >= _max(n_first, n_mid) else t_other)
-    bubble = (pp - 1.0) / (v * 1.0) * stage_mean
+        # the other stages' times: the fill and the drain (megatron_steps.pipeline)
+        a_first, a_mid = n_first * alone, n_mid * alone
+        a_last = n_last * alone + (t_head + t_mtp_alone)
+        a_max = _max(_max(a_first, a_mid), a_last)
+        bubble = (a_first + (pp - 2.0) * a_mid + a_last - a_max) / (v * 1.0)
     t_pipe = m * stage_max + bubble
     whole = n_acc <= domain
     stride = tp * cp * dp

@@ -32,7 +32,8 @@ named steps, like pvlib's ModelChain:
    and the host's time to launch its kernels [12].
 3. **pipeline**: heaviest stage (LM head on the last: its GEMMs in 16 bits and
    the FP32 cross-entropy at HBM bandwidth [11]), 1F1B / interleaved bubble
-   ``(p-1)/v`` stage-microbatches [1], p2p activation sends (divided by TP under
+   ``(p-1)/v`` stage-microbatches [1] (the other stages' times over ``v`` where they
+   differ: the head's and set stages' [13]), p2p activation sends (divided by TP under
    sequence parallelism, or legacy Megatron-LM's scatter/gather [26]; the steady
    state's exposed unless the interleaved schedule overlaps them [27]).
 4. **data parallel**: gradient all-reduce or reduce-scatter (distributed

@@ -1017,11 +1017,16 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, plain=
     t_mtp = sp.mtp * (per_layer + t_head + ly.t_mtp)
     stage_max = t_layers + (t_head + t_mtp)
     t_mtp_alone = sp.mtp * (alone + t_head + ly.t_mtp)  # (the bubble's: unpaired [35])
-    stage_mean = mix(layers_stage, "alone") + (t_head + t_mtp_alone) / pp
+    # The fill and the drain: a 1F1B pipeline of stages of times t_s runs its first
+    # microbatch forward through every stage and its last backward back, and the m in
+    # between at the slowest stage's pace: m max t + (sum t - max t), of which the second
+    # term is the bubble [1] (eq. (1): (p - 1) t where the stages are equal), over v with
+    # interleaving [1] (Sec. 2.2). Its stages run unpaired [35]. Evenly split, every stage
+    # holds the heaviest one's layers and the last the head and MTP besides, which it
+    # paces (an upper bound where the layers do not split evenly).
+    bubble = (pp - 1) / (v * 1.0) * mix(layers_stage, "alone")
     # Set first and last stages [13]: the slowest of the first, a middle stage and the last
-    # (with the head and MTP) paces the pipeline; the bubble takes their mean. Otherwise the
-    # heaviest stage, ceil(layers / pp), is priced with the head on it (an upper bound
-    # where the layers do not split evenly).
+    # (with the head and MTP) paces the pipeline, and the others' times make the bubble.
     t_last = mix(n_last, "per_layer") + (t_head + t_mtp)
     # (a stage's time grows with its layers, recomputed or not: the larger count's)
     t_other = mix(np.maximum(n_first, n_mid), "per_layer")
@@ -1039,13 +1044,11 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, plain=
     # monotonicity test drew, 2026-12-05).
     own = np.where(n_last >= np.maximum(n_first, n_mid), t_last, t_other)
     slack = np.where(uneven, stage_max - own, 0.0)
-    if plain is None:
-        all_alone = w.layers * alone
-    else:
-        again = recomputed_total(w, sp)
-        all_alone = again * alone + (w.layers - again) * ph0["alone"]
-    stage_mean = np.where(uneven, all_alone / pp + (t_head + t_mtp_alone) / pp, stage_mean)
-    bubble = (pp - 1) / (v * 1.0) * stage_mean  # eq. (1) and Sec. 2.2 of [1]
+    # (with neither set n_mid is 0 at pp 2, a stage that is not there; its 0.0 changes no max)
+    a_first, a_mid = mix(n_first, "alone"), mix(n_mid, "alone")
+    a_last = mix(n_last, "alone") + (t_head + t_mtp_alone)
+    a_max = np.maximum(np.maximum(a_first, a_mid), a_last)
+    bubble = np.where(uneven, (a_first + (pp - 2.0) * a_mid + a_last - a_max) / (v * 1.0), bubble)
     t_pipe = m * stage_max + bubble
     # p2p: microbatch activations, split by TP under SP or scatter/gather (p2p_split); the
     # first and last send cross all p v - 1 chunk boundaries, and the steady state waits
