@@ -162,11 +162,12 @@ def test_llama3_70b_recomputing_half_of_each_chunk():
     assert act["full"] < act["half"] < act["none"]
 
 
-def test_recompute_num_layers_needs_full_recompute_and_the_numpy_path():
+def test_recompute_num_layers_needs_full_recompute_and_prices_alike_on_either_engine():
     """Megatron-Core refuses recompute_num_layers beside selective recompute [40]; set
     without full recompute the layout is not realizable, and why_unrealizable names the
-    rule. The fused kernel does not price it: engine="fused" says so, "auto" takes the
-    numpy path, the same outputs."""
+    rule. The fused kernel does not read the knob: a call of it prices the layouts that set
+    it under full recompute on the numpy path and the rest itself, the same bits as
+    engine="numpy" (random layouts of every knob, names and codes alike)."""
     kw = dict(batch_size=1024, seq_len=4096, tp_size=8, pp_size=4, micro_batch_size=1,
               sequence_parallel=True)
     wl, fl = catalog.workload("Llama3_70B_MC"), catalog.fleet("HGX_H100_1K_MC")
@@ -175,16 +176,32 @@ def test_recompute_num_layers_needs_full_recompute_and_the_numpy_path():
         assert sorted(M.why_unrealizable(wl, fl, recompute=rc, recompute_num_layers=2, **kw)) == [
             "recompute_layers"]
     assert bool(M.solve(wl, fl, recompute="full", recompute_num_layers=2, **kw)["realizable"])
-    with pytest.raises(ValueError, match="recompute_num_layers is set"):
-        M.solve(wl, fl, recompute="full", recompute_num_layers=2, engine="fused", **kw)
     with pytest.raises(ValueError, match="recompute_num_layers"):
         M.solve(wl, fl, recompute="full", recompute_num_layers=-1, **kw)
-    n = 3 * 4096  # past FUSED_MIN_POINTS: auto would take the fused kernel
+    n = 3 * 4096  # past FUSED_MIN_POINTS: auto takes the fused kernel
+    bad = np.zeros(n, dtype=np.int64)
+    bad[7] = 4096  # past the knob's 4095, checked before the kernel
+    with pytest.raises(ValueError, match="recompute_num_layers"):
+        M.solve(wl, fl, recompute="full", recompute_num_layers=bad, **kw)
     rnl = np.tile(np.array([0, 1, 2, 20]), n // 4)
     auto = M.solve(wl, fl, recompute="full", recompute_num_layers=rnl, **kw)
     _same(auto, M.solve(wl, fl, recompute="full", recompute_num_layers=rnl, engine="numpy", **kw),
           rel=0)
     assert np.unique(np.asarray(auto["step_latency_total"])).size == 3  # 20, a stage of 80 / 4: full
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(44)
+    for workload in ("Llama3_8B_MC", "DeepSeek_V3_MC"):
+        k = _draw(rng, n, dp_given=True)
+        k["recompute_num_layers"] = rng.choice([0, 0, 1, 2, 3, 4095], n)
+        numpy_ = _solve(workload, "HGX_H100_1K_MC", **k)
+        # names as an array (matched in the kernel) and as a list (codes before it)
+        for names in (k["recompute"], list(k["recompute"])):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fused = M.solve(catalog.workload(workload), catalog.fleet("HGX_H100_1K_MC"),
+                                engine="fused", **dict(k, recompute=names))
+            _same(fused, numpy_, rel=0)
+        assert np.any(np.asarray(numpy_["realizable"]))
 
 
 def test_a_cube_sweeps_recompute_num_layers_as_an_axis():

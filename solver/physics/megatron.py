@@ -534,9 +534,10 @@ def _choice_codes(name, value, fk=None):
 
 
 #: Integer knobs the fused kernel receives packed into a byte (megatron_kernel.pipeline_flags),
-#: so their range is checked before it, never left to its first pass.
+#: or does not read (recompute_num_layers: _partial_recompute), so their range is checked
+#: before it, never left to its first pass.
 _PACKED_KNOBS = ("mtp_num_layers", "num_layers_in_first_pipeline_stage",
-                 "num_layers_in_last_pipeline_stage")
+                 "num_layers_in_last_pipeline_stage", "recompute_num_layers")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -875,10 +876,11 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         [40]; the chunk's other layers store their activations as without recompute (no
         selective recompute). More than a chunk's layers: all of them. 0 (default, not
         set): every layer. Set with another ``recompute``, not realizable (Megatron-Core
-        refuses it beside selective). Priced on the numpy path (``engine="fused"``
-        refuses a call that sets it); a chunk that mixes dense and MoE layers is taken to
-        recompute each kind in proportion, where Megatron's are its first layers (the
-        dense ones).
+        refuses it beside selective). The configurations that set it under full
+        recompute are priced on the numpy path, in a call of the fused kernel too (the
+        rest there, the same bits either way); a chunk that mixes dense and MoE layers is
+        taken to recompute each kind in proportion, where Megatron's are its first layers
+        (the dense ones).
     zero_stage : {0, 1, 2, 3}
         0 DDP, 1 distributed optimizer, 2 also gradients, 3 FSDP.
     precision : {"bf16", "fp16", "fp8", "fp4"}
@@ -1172,13 +1174,13 @@ def _price(w, fleet, k, constants, engine, memo):
         raise ValueError("the array knobs must broadcast together, but got "
                          + ", ".join(f"{n} of shape {s}" for n, s in shapes.items())) from None
     if engine != "numpy":
-        why = _array_constant(c) or _unfused_knobs(k)
+        why = _array_constant(c)
         if why is not None and engine == "fused":
             raise ValueError(f"engine='fused' cannot price this call: {why} (engine='numpy' or "
                              f"'auto' can)")
         # the one rule of solver.fused on the knobs' broadcast shape
         if why is None and fused.resolve_engine(engine, {"the broadcast of the knobs": shape}) == "fused":
-            return _solve_fused(w, fleet, k, c, shape, memo)
+            return _partial_recompute(w, fleet, k, c, shape, _solve_fused(w, fleet, k, c, shape, memo))
     _check_deferred(k, memo)
     return _solve(w, fleet, k, c, shape)
 
@@ -1215,12 +1217,36 @@ _KERNEL_BOUNDS = tuple(
 # ENGINES and FUSED_MIN_POINTS: the one rule of solver.fused, shared with mlsysim.
 
 
-def _unfused_knobs(k):
-    """Why the fused kernel cannot price these knobs (None: it can): a partial recompute
-    (``recompute_num_layers`` set), which only the numpy path prices."""
-    if np.any(np.asarray(k.get("recompute_num_layers", 0)) != 0):
-        return "recompute_num_layers is set (a partial recompute)"
-    return None
+def _partial_recompute(w: _Shape, fleet: Fleet, k, c, shape, out):
+    """The fused kernel's outputs ``out`` with the configurations that set
+    ``recompute_num_layers`` made the numpy path's: the kernel prices every layer alike (it
+    does not read the knob), so a partial recompute (under ``recompute="full"``) is priced
+    again by :func:`_solve` on those configurations alone, and elsewhere the knob only
+    breaks a rule (``recompute_layers``), all else the kernel's. The same bits as the
+    numpy path throughout; a call that sets it nowhere passes through."""
+    rnl = np.asarray(k.get("recompute_num_layers", 0))
+    if not np.any(rnl != 0):
+        return out
+    n = int(np.prod(shape)) if shape else 1
+    rc = k["recompute"]
+    if np.asarray(rc).dtype.kind in "UO":  # names the kernel matched (_normalize's unchecked)
+        rc = _codes("recompute", rc)
+    rc = np.broadcast_to(np.asarray(rc), (n,))
+    rnl = np.broadcast_to(rnl, (n,))
+    flat = {name: np.asarray(value).reshape(n) for name, value in out.items()}
+    flat["realizable"][(rnl != 0) & (rc != RECOMPUTE.index("full"))] = False
+    idx = np.flatnonzero((rnl != 0) & (rc == RECOMPUTE.index("full")))
+    if idx.size:
+        sub = {}
+        for name, value in k.items():
+            value = np.asarray(value)
+            if name in _CHOICES and value.dtype.kind in "UO":
+                value = _codes(name, value)
+            sub[name] = value[idx] if value.ndim == 1 and value.shape[0] == n else value
+        priced = _solve(w, fleet, sub, c, (idx.size,))
+        for name in OUTPUTS:
+            flat[name][idx] = priced[name]
+    return out
 
 
 def _array_constant(c):
@@ -1270,7 +1296,8 @@ def _fused_arrays(k, n):
     """The normalized knobs ``k`` as the fused kernel's inputs, each ``n`` long: one array
     a knob, but the pipeline's (``p2p_flags``) and the memory's (``memory_flags``) packed."""
     from ..fused import megatron_kernel as fk
-    packed = _PIPELINE_KNOBS + _MEMORY_KNOBS + ("recompute_num_layers",)  # (0: _unfused_knobs)
+    # (recompute_num_layers: not read by the kernel, see _partial_recompute)
+    packed = _PIPELINE_KNOBS + _MEMORY_KNOBS + ("recompute_num_layers",)
     a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in packed}
     a["p2p_flags"] = _spread(fk.pipeline_flags(*(k[name] for name in _PIPELINE_KNOBS)), n,
                              np.uint32)

@@ -346,7 +346,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         else:
             # the rank's recomputed layers [40], dense and MoE in proportion (see solve)
             r = steps.recomputed(sp, n)
-            r_dense = r * np.where(n > 0, dense_n / np.maximum(n, 1.0), 0.0)
+            r_dense = np.where(r == n, dense_n, r * np.where(n > 0, dense_n / np.maximum(n, 1.0), 0.0))
             r_moe = r - r_dense
             act_d0, work_d0, act_m0, work_m0 = plain
             per_mb = (r_dense * act_dense + (dense_n - r_dense) * act_d0
@@ -483,11 +483,11 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         "optimizer_latency": dpr.t_opt,
         # the host's launches a phase's GPU work does not hide (megatron_steps.pipeline's
         # windows over the same sums): with the terms above, the pipelined step's rest
-        "launch_latency": ms * ((pl.window_f - (ly.layer_f + cm.tp_layer_f + cm.cp_layer_f
-                                                + cm.ep_layer_f))
-                                + (pl.window_b - (ly.layer_b + cm.tp_layer_b + cm.cp_layer_b
-                                                  + cm.ep_layer_b)))
-        - ms * pl.a2a_launch if pl.paced is None else ms * lt["launch"],
+        "launch_latency": ms * ((lt["window_f"] - (lt["layer_f"] + lt["tp_layer_f"]
+                                                   + lt["cp_layer_f"] + lt["ep_layer_f"]))
+                                + (lt["window_b"] - (lt["layer_b"] + lt["tp_layer_b"]
+                                                     + lt["cp_layer_b"] + lt["ep_layer_b"])))
+        - ms * lt["a2a_launch"],
         "memory_footprint": mm.footprint,
         "memory_weights": mm.weights,
         "memory_gradients": mm.grads,
@@ -495,5 +495,10 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         "memory_activations": mm.activations,
         "memory_communication_buffers": mm.buffers,
     }
+    if pl.paced is not None:
+        # a stage of both kinds of layer: each kind's own launch time, in proportion (the
+        # sums above, of means, can round below zero where neither kind has any)
+        mixed = (lt["share"] > 0.0) & (lt["share"] < 1.0)
+        out["launch_latency"] = np.where(mixed, ms * lt["launch"], out["launch_latency"])
     out["feasible"] = mm.footprint <= hw.memory_capacity
     return _mask(out, sp.valid, sp.realizable, shape, order)

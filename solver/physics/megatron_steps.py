@@ -1081,14 +1081,18 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, plain=
     if plain is not None:
         # the priced stage's average layer (data_parallel's windows), and the paced stage's
         # over its layer-microbatches, its MTP modules' too (recomputed as ly's, [34])
-        windows = {name: mix(layers_stage, name) / layers_stage for name in _PACED_PHASES}
+        r = recomputed(sp, layers_stage)
+        # (a stage all of one kind takes that kind's terms as they are: the same bits as a
+        # call without a partial recompute, where the mean would round)
+        windows = {name: np.where(r == layers_stage, ph[name], np.where(
+            r == 0, ph0[name], mix(layers_stage, name) / layers_stage)) for name in _PACED_PHASES}
         n_paced = paced_layers + sp.mtp * last_paced
         share = (recomputed(sp, paced_layers) + sp.mtp * last_paced * (sp.rc == 2)) / n_paced
         both = ((ly, plain[0], _PACED_LAYER), (cm, plain[1], _PACED_COMM))
         paced = {name: share * getattr(a, name) + (1.0 - share) * getattr(b, name)
                  for a, b, names in both for name in names}
         paced.update({name: share * ph[name] + (1.0 - share) * ph0[name]
-                      for name in _PACED_PHASES + ("launch",)})
+                      for name in _PACED_PHASES + ("launch",)}, share=share)
     return Pipeline(layers_stage=layers_stage, paced_layers=paced_layers, last_paced=last_paced,
                     t_head=t_head, slack=slack, a2a_hidden=windows["a2a_hidden"],
                     a2a_launch=windows["a2a_launch"], bubble=bubble, t_pipe=t_pipe, t_pp=t_pp,
