@@ -217,3 +217,20 @@ def test_a_cube_sweeps_recompute_num_layers_as_an_axis():
     step = cube["step_latency_total"].sel(recompute_num_layers=[1, 5, 20, 0]).values.ravel()
     assert np.all(np.diff(step) >= 0) and step[0] < step[-1]
     assert step[-1] == step[-2]  # 20, a stage's layers (80 / 4): every layer, full recompute
+
+
+def test_a_chunks_first_layers_recompute_so_leading_dense_layers_go_first():
+    """DeepSeek-V3 on one stage: its first 3 layers are dense, the rest MoE, so the first
+    3 recomputed layers are dense and the 4th on are MoE [40]: each of the first three
+    saves a dense layer's activations less its checkpoint, each after an MoE layer's (the
+    steps differ; in proportion they would all be the same). The first step also brings a
+    recomputed layer's working set, and the 4th an MoE layer's, so those are left out."""
+    kw = dict(batch_size=64, seq_len=4096, tp_size=8, ep_size=8, etp_size=1, pp_size=1,
+              micro_batch_size=1, sequence_parallel=True, recompute="full", dp_size=8)
+    act = [float(_solve("DeepSeek_V3_MC", "GB200_NVL72_8_MC", recompute_num_layers=n,
+                        **kw)["memory_activations"]) for n in range(1, 8)]
+    step = -np.diff(act)  # saved by recomputing layer n + 1 as well: n = 1 ... 6
+    dense, moe = step[:2], step[3:]  # layers 2, 3; layers 5, 6, 7
+    np.testing.assert_allclose(dense, dense[0], rtol=1e-12)
+    np.testing.assert_allclose(moe, moe[0], rtol=1e-12)
+    assert dense[0] > 0 and moe[0] > 0 and abs(moe[0] / dense[0] - 1.0) > 0.05

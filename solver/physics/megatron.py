@@ -878,9 +878,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         set): every layer. Set with another ``recompute``, not realizable (Megatron-Core
         refuses it beside selective). The configurations that set it under full
         recompute are priced on the numpy path, in a call of the fused kernel too (the
-        rest there, the same bits either way); a chunk that mixes dense and MoE layers is
-        taken to recompute each kind in proportion, where Megatron's are its first layers
-        (the dense ones).
+        rest there, the same bits either way). In a chunk that holds dense and MoE layers
+        the recomputed ones are its first, the dense ones, in memory; in time every layer
+        of a stage is priced at its mix of the two kinds, recomputed or not.
     zero_stage : {0, 1, 2, 3}
         0 DDP, 1 distributed optimizer, 2 also gradients, 3 FSDP.
     precision : {"bf16", "fp16", "fp8", "fp4"}

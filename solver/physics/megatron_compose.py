@@ -329,7 +329,8 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # The last rank: the logits of its one microbatch in flight and each MTP module's [1] [34].
     logits = mem.logits_bytes(mbs, s_local, w.vocab, tp_size=tp) * (1 + sp.mtp)
     best = None
-    for rank, n, dense_n, first, last in pipeline_ranks(w, sp):
+    ranks = pipeline_ranks(w, sp) if plain is None else pipeline_ranks(w, sp, recompute=True)
+    for rank, n, dense_n, first, last, *again in ranks:
         moe_n, mtp = n - dense_n, sp.mtp * last
         # the input embedding on the first rank, the output layer on the last (and a copy
         # of the embedding for the MTP modules [34])
@@ -344,10 +345,9 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
             work = np.maximum(np.where(moe_n > 0, work_moe, 0.0),
                               np.where(dense_n > 0, work_dense, 0.0))
         else:
-            # the rank's recomputed layers [40], dense and MoE in proportion (see solve)
-            r = steps.recomputed(sp, n)
-            r_dense = np.where(r == n, dense_n, r * np.where(n > 0, dense_n / np.maximum(n, 1.0), 0.0))
-            r_moe = r - r_dense
+            # the rank's recomputed layers [40], the dense ones first in each chunk
+            r_dense = again[0]
+            r_moe = steps.recomputed(sp, n) - r_dense
             act_d0, work_d0, act_m0, work_m0 = plain
             per_mb = (r_dense * act_dense + (dense_n - r_dense) * act_d0
                       + r_moe * act_moe + (moe_n - r_moe) * act_m0)

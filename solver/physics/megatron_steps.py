@@ -537,9 +537,11 @@ def stage_layers(w, pp, first, last):
     return uneven, np.where(set_first, first, n_mid), n_mid, np.where(set_last, last, n_mid)
 
 
-def pipeline_ranks(w, sp):
+def pipeline_ranks(w, sp, recompute=False):
     """(rank, layers, dense layers, first, last) of the pipeline ranks whose memory can be
-    the largest, as arrays (first and last: 1.0 on the first and the last rank).
+    the largest, as arrays (first and last: 1.0 on the first and the last rank); with
+    ``recompute``, a sixth: the rank's dense layers that recompute their forward (of its
+    :func:`recomputed` layers, the first of each chunk [40]).
 
     Every rank holds its stage's layers (:func:`stage_layers`; ``ceil(layers / pp)`` each
     where neither stage is set), each of its ``v`` chunks ``layers / v`` of them, chunk
@@ -581,8 +583,10 @@ def pipeline_ranks(w, sp):
         n = np.where(is_first, nf, np.where(is_last, nl, nm))
         if not w.moe:
             dense_n = n
+            again = recomputed(sp, n) if recompute else None
         elif not mixed:
             dense_n = 0.0 * n
+            again = dense_n if recompute else None
         else:
             # Dense layers of its v chunks: chunk j starts at (j held + start) / v, a chunk
             # holds n / v; the first jf chunks are dense throughout, the next in part.
@@ -590,8 +594,18 @@ def pipeline_ranks(w, sp):
             c, period = n / v, held / v
             left = d_layers - start / v
             jf = np.clip(np.floor((left - c) / period) + 1.0, 0.0, v)
-            dense_n = c * jf + np.where(jf < v, np.clip(left - jf * period, 0.0, c), 0.0)
-        yield r, n, dense_n, is_first * 1.0, is_last * 1.0
+            part = np.where(jf < v, np.clip(left - jf * period, 0.0, c), 0.0)
+            dense_n = c * jf + part
+            again = None
+            if recompute:
+                # a chunk's recomputed layers are its first [40], its dense ones where it has both
+                some = jf * np.minimum(sp.rnl, c) + np.minimum(sp.rnl, part)
+                again = np.where(np.asarray(sp.rc) == 2,
+                                 np.where(np.asarray(sp.rnl) > 0, some, dense_n), 0.0)
+        if recompute:
+            yield r, n, dense_n, is_first * 1.0, is_last * 1.0, again
+        else:
+            yield r, n, dense_n, is_first * 1.0, is_last * 1.0
 
 
 def heavy_moe_stage(w, pp, v=1, first=0, last=0):
