@@ -438,22 +438,26 @@ def _fit_notes(data, predicted, uncalibrated, measured, fitted, noise) -> list:
 EXPLAIN_ALIKE = (("step_overhead", LAUNCH_FLOOR),)
 
 
-def _with_alone(solution, residuals, base, seen, held, widths, noise, max_nfev):
+def _with_alone(solution, residuals, base, seen, held, widths, noise, max_nfev, starts):
     """``solution`` with, among its rivals, a fit of each constant of an
     :data:`EXPLAIN_ALIKE` pair both fitted with the other held at its start: which of two
     such explanations a fit lands on depends on its starts (both of a fit's landed on the
-    floor for overheads of 0.5-2 s, on the overhead for 3-4 s), so each is fitted alone
-    and :func:`_rival_notes` names them where both explain the runs."""
+    floor for overheads of 0.5-2 s, on the overhead for 3-4 s), so each is fitted alone,
+    from the main fit's starts of it (``starts``: constant -> more starts), and
+    :func:`_rival_notes` names them where both explain the runs. (Each holds a constant
+    the main fit frees, so it cannot fit the runs and the prior better than the main fit's
+    optimum; it is a rival, not a candidate.)"""
     alone = []
     for pair in EXPLAIN_ALIKE:
         if not all(n in seen for n in pair):
             continue
         for hold in pair:
             names = tuple(n for n in seen if n != hold)
+            more = tuple(start for n in names for start in starts.get(n, ()))
             alone.append(fit_.fit_log(
                 residuals, base, names, megatron.CONSTANT_BOUNDS, held={**held, hold: base[hold]},
                 diff_step=DIFF_STEP, max_nfev=max_nfev, prior_center=base,
-                prior_weight=[float(noise) / widths[n] for n in names]))
+                prior_weight=[float(noise) / widths[n] for n in names], other_starts=more))
     return dataclasses.replace(solution, rivals=tuple(solution.rivals) + tuple(alone))
 
 
@@ -667,8 +671,10 @@ def _calibrate(measurements, physics, free, start, loo, max_nfev, prior_width, n
     uncalibrated = predict(data, base)
     notes += _fit_notes(data, predicted, uncalibrated, meas, bool(seen), noise)
     if solution is not None:
+        starts = {LAUNCH_FLOOR: (floor_start,) if floor_start else ()}
+        starts.update({n: ({n: at},) for n, at in far.items()})
         notes += _rival_notes(_with_alone(solution, residuals, base, seen, held, widths, noise,
-                                          max_nfev), seen, len(data), noise)
+                                          max_nfev, starts), seen, len(data), noise)
     if loo is None:
         loo = len(data) <= LOO_MAX_RUNS
         if not loo:
