@@ -880,7 +880,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         recompute are priced on the numpy path, in a call of the fused kernel too (the
         rest there, the same bits either way). In a chunk that holds dense and MoE layers
         the recomputed ones are its first, the dense ones, in memory; in time every layer
-        of a stage is priced at its mix of the two kinds, recomputed or not.
+        of a stage is priced at its mix of the two kinds, recomputed or not. MTP modules
+        run plain under it (Megatron-Core's block method skips them), and a chunk's plain
+        layers, its last, free their activations before its first recomputed forward.
     zero_stage : {0, 1, 2, 3}
         0 DDP, 1 distributed optimizer, 2 also gradients, 3 FSDP.
     precision : {"bf16", "fp16", "fp8", "fp4"}

@@ -351,13 +351,24 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
             act_d0, work_d0, act_m0, work_m0 = plain
             per_mb = (r_dense * act_dense + (dense_n - r_dense) * act_d0
                       + r_moe * act_moe + (moe_n - r_moe) * act_m0)
+            # A chunk's plain layers are its last: their backward runs first and frees that
+            # microbatch's activations of them before the first recomputed forward takes its
+            # working set (the smaller kind's where the rank holds both).
+            c = n / sp.v
+            plain_c = c - np.minimum(np.where(np.asarray(sp.rnl) > 0, sp.rnl, c), c)
+            freed = plain_c * np.where((moe_n > 0) & (dense_n > 0), np.minimum(act_d0, act_m0),
+                                       np.where(moe_n > 0, act_m0, act_d0))
             work = np.maximum(
-                np.maximum(np.where(r_moe > 0, work_moe, 0.0), np.where(r_dense > 0, work_dense, 0.0)),
+                np.maximum(np.where(r_moe > 0, work_moe, 0.0),
+                           np.where(r_dense > 0, work_dense, 0.0)) - freed,
                 np.maximum(np.where(moe_n - r_moe > 0, work_m0, 0.0),
                            np.where(dense_n - r_dense > 0, work_d0, 0.0)))
+            # the block method leaves MTP modules plain [40]
+            mtp_act = np.where((np.asarray(sp.rc) == 2) & (np.asarray(sp.rnl) > 0), act_m0, act_moe)
         stored = per_mb * mem.in_flight_layers(1.0, pp, sp.v, sp.m, rank) \
             + (sp.a2a_paired > 0.0) * one
-        act = stored + np.maximum(work, last * (act_moe * sp.mtp + logits))
+        act = stored + np.maximum(work, last * ((act_moe if plain is None else mtp_act) * sp.mtp
+                                                + logits))
         # (written as a max, not "+ act + buffers - min(copy, act + buffers)": the same
         # in reals, and in floats the larger act never gives the smaller footprint, so the
         # fused kernel may leave out a rank that cannot hold more; where the copy
@@ -448,7 +459,8 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
     per_flop = 1.0 / model_flops
     full_share = 1.0
     if sp.partial:  # the share of the layers (MTP modules with them) recomputed [40]
-        full_share = (steps.recomputed_total(w, sp) + mtp) / (w.layers + mtp)
+        # (MTP modules are recomputed under full recompute alone, not the block method's)
+        full_share = (steps.recomputed_total(w, sp) + mtp * (np.asarray(sp.rnl) == 0)) / (w.layers + mtp)
     recompute_extra = np.where(rc == 2, full_share * (model_flops - head) * per_flop * (1.0 / 3.0), np.where(
         rc == 1, 4.0 * s * w.heads * w.core_dim * (w.layers + mtp) * (batch * s) * per_flop, 0.0))
     # layer-microbatches of the stage that paces the pipeline, MTP's with them on the last

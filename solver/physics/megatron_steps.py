@@ -1028,9 +1028,16 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, plain=
         + gemm.memory_bound_time(CROSS_ENTROPY_BYTES * head_tokens * vocab_t, hw.hbm)
     # Multi-token prediction [34]: each module a layer (priced as this stage's), its
     # projection and norms, and the output head again, every microbatch, on the last stage.
-    t_mtp = sp.mtp * (per_layer + t_head + ly.t_mtp)
+    # (Megatron-Core's block method does not recompute MTP modules [40]: with
+    # recompute_num_layers set they run plain)
+    mtp_layer, mtp_alone = per_layer, alone
+    if plain is not None:
+        block = (np.asarray(sp.rc) == 2) & (np.asarray(sp.rnl) > 0)
+        mtp_layer = np.where(block, ph0["per_layer"], per_layer)
+        mtp_alone = np.where(block, ph0["alone"], alone)
+    t_mtp = sp.mtp * (mtp_layer + t_head + ly.t_mtp)
     stage_max = t_layers + (t_head + t_mtp)
-    t_mtp_alone = sp.mtp * (alone + t_head + ly.t_mtp)  # (the bubble's: unpaired [35])
+    t_mtp_alone = sp.mtp * (mtp_alone + t_head + ly.t_mtp)  # (the bubble's: unpaired [35])
     # The fill and the drain: a 1F1B pipeline of stages of times t_s runs its first
     # microbatch forward through every stage and its last backward back, and the m in
     # between at the slowest stage's pace: m max t + (sum t - max t), of which the second
@@ -1094,14 +1101,16 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, plain=
     windows = {name: ph[name] for name in _PACED_PHASES}
     if plain is not None:
         # the priced stage's average layer (data_parallel's windows), and the paced stage's
-        # over its layer-microbatches, its MTP modules' too (recomputed as ly's, [34])
+        # over its layer-microbatches, its MTP modules' too (recomputed only under
+        # recompute="full" without recompute_num_layers [40])
         r = recomputed(sp, layers_stage)
         # (a stage all of one kind takes that kind's terms as they are: the same bits as a
         # call without a partial recompute, where the mean would round)
         windows = {name: np.where(r == layers_stage, ph[name], np.where(
             r == 0, ph0[name], mix(layers_stage, name) / layers_stage)) for name in _PACED_PHASES}
         n_paced = paced_layers + sp.mtp * last_paced
-        share = (recomputed(sp, paced_layers) + sp.mtp * last_paced * (sp.rc == 2)) / n_paced
+        share = (recomputed(sp, paced_layers)
+                 + sp.mtp * last_paced * ((sp.rc == 2) & (np.asarray(sp.rnl) == 0))) / n_paced
         both = ((ly, plain[0], _PACED_LAYER), (cm, plain[1], _PACED_COMM))
         paced = {name: share * getattr(a, name) + (1.0 - share) * getattr(b, name)
                  for a, b, names in both for name in names}
