@@ -1162,3 +1162,28 @@ def test_a_workload_that_is_no_transformer_is_refused(key):
     # transformers and MoE pass the check, with and without a stated shape
     for ok in ("Llama3_70B_MC", "Mixtral_8x7B", "BERT_Base"):
         assert bool(M.solve(catalog.workload(ok), FL, **knobs, check_shape=False)["valid"])
+
+
+@pytest.mark.parametrize("engine", ["numpy", "fused"])
+def test_the_vocabulary_is_padded_to_a_multiple_of_128_times_tp(engine):
+    """Megatron pads the vocabulary to a multiple of 128 x TP [41]: Llama 3's 128,256 entries
+    are 129,024 at TP 8, so a model of 129,024 prices every time and byte alike there (its
+    MFU apart: the model FLOPs count the tokenizer's vocabulary), and differs at TP 1, where
+    128,256 is already a multiple of 128."""
+    if engine == "fused":
+        pytest.importorskip("numba")
+    llama = catalog.workload("Llama3_8B_MC")
+    padded = dataclasses.replace(llama, vocab_size=129_024)
+    kw = dict(batch_size=512, seq_len=8192, pp_size=2, dp_size=8, micro_batch_size=1,
+              sequence_parallel=True, engine=engine)
+    same = ("step_latency_total", "compute_latency", "memory_footprint", "memory_weights",
+            "memory_activations", "dp_communication_latency", "optimizer_latency")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        at8 = [M.solve(w, FL, tp_size=8, **kw) for w in (llama, padded)]
+        at1 = [M.solve(w, FL, tp_size=1, **kw) for w in (llama, padded)]
+    for name in same:
+        assert float(at8[0][name]) == float(at8[1][name]), name
+    assert float(at8[0]["mfu"]) < float(at8[1]["mfu"])  # the same step, fewer model FLOPs
+    for name in ("step_latency_total", "memory_weights"):
+        assert float(at1[0][name]) < float(at1[1][name]), name

@@ -165,7 +165,7 @@ def _gemm_flops(w, s, tp, cp, ep, etp, mbs, flash, sp):
     f_moe1, f_moe2 = _mlp_flops(tokens * top_k * (etp / (tp * 1.0)), moe_ffn / etp, h, gated)
     f_sh1, f_sh2 = _mlp_flops(tokens, shared * moe_ffn / tp, h, gated)
     f_router = 2.0 * (tokens / (tp if sp else 1.0)) * h * experts  # the SP slice [31]
-    f_head = 2.0 * tokens * h * (vocab / tp)
+    f_head = 2.0 * tokens * h * _vocab_per_rank(vocab, tp)  # padded [41]
     f_eh = 4.0 * tokens * h * h / tp  # a multi-token prediction module's projection
     return (f_qkv, f_proj, f_core, calls_core, f_fc1, f_fc2, f_moe1, f_moe2, calls_moe, f_sh1, f_sh2,
             f_router, f_head, f_qup, f_kvdown, f_kvup, f_eh)
@@ -351,13 +351,19 @@ def _p2p_steady_sends(v, m, overlap):
 
 
 @njit(**_INLINE)
+def _vocab_per_rank(vocab, tp):
+    """megatron_steps.vocab_per_rank: a TP rank's vocabulary entries, padded [41]."""
+    return np.ceil(vocab / (128.0 * tp)) * 128.0
+
+
+@njit(**_INLINE)
 def _head(w, f, c, tp, tokens, peak16, plateau16, lg_head):
     """megatron_steps.pipeline's LM head time (forward and backward GEMMs, cross entropy)."""
     h, vocab = w[1], w[13]
     hbm = f[4]
     log_shift = c[2]
-    f_head = 2.0 * tokens * h * (vocab / tp)  # as _gemm_flops computes it
-    vocab_t = vocab / tp
+    vocab_t = _vocab_per_rank(vocab, tp)  # padded [41]
+    f_head = 2.0 * tokens * h * vocab_t  # as _gemm_flops computes it
     return 3.0 * _gemm(f_head, 1.0, peak16, plateau16, h, lg_head, log_shift,
                        _tile_cost(c[3], c[0])) \
         + _mbt(_CE_BYTES * tokens * vocab_t, hbm)
@@ -461,11 +467,14 @@ def _combined_1f1b_paired(pp, v, m, on):
 @njit(**_INLINE)
 def _dp_tp_terms(w, f, tp, ep, etp):
     """The terms of megatron_compose.data_parallel that read only knobs of the kernel's
-    step memo, each a division: ``w[22] / tp``, ``emb / tp``, the ranks a domain holds
+    step memo, each a division: the embedding matrices of an unpipelined model's stage
+    and one embedding matrix a TP rank holds, the vocabulary padded (megatron_compose.
+    _stage_params), the ranks a domain holds
     of TP and of expert groups (as :func:`_data_parallel` had them, the same bits), and
     the reciprocals of the DP and expert-DP peers' strides (megatron_compose.straddled_peers)."""
     domain = f[6]
-    return (w[22] / tp, w[16] / tp, _max(np.floor(domain / tp), 1.0),
+    emb_t = _vocab_per_rank(w[13], tp) * w[1]
+    return (emb_t * w[44], emb_t, _max(np.floor(domain / tp), 1.0),
             _max(np.floor(domain / (etp * ep)), 1.0), 1.0 / tp, 1.0 / (etp * ep))
 
 
@@ -739,7 +748,7 @@ def _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec, hidden_mask
             work_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, 0,
                                          flash, low_bits, w[24], latent, w[33], etp / (tp * 1.0),
                                          hidden_masks, score_masks) - act_moe
-    logits_tp = 4.0 * mbs * s_local * vocab / tp  # (memory's logits, before its "* (1 + mtp)")
+    logits_tp = 4.0 * mbs * s_local * _vocab_per_rank(vocab, tp)  # (memory's logits, before its "* (1 + mtp)")
     expert_l = w[36] / (etp * ep * 1.0) if moe != 0.0 else 0.0
     return act_dense, act_moe, logits_tp, 1.0 / tp, expert_l, work_dense, work_moe
 
@@ -752,7 +761,7 @@ def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, exper
     the TP split of a p2p send (:func:`_p2p_split`); ``heavy``, ``expert_stage_params``:
     :func:`_data_parallel`'s."""
     moe, emb_params = w[6], w[16]
-    act_dense, act_moe, logits_tp, per_tp, expert_l, work_dense, work_moe = terms
+    act_dense, act_moe, logits_tp, per_tp, expert_l, work_dense, work_moe, emb = terms
     ranks_extra = (extra, work_dense, work_moe)
     shards = group > 1.0 or expert_group > 1.0  # (a group of one rank: no bucket, no gathers)
     bucket = grad_bytes * _min(_max(4e7, 1e6 * group), params_bytes / _WB) if zero >= 2 and shards else 0.0
@@ -769,7 +778,6 @@ def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, exper
     dense_l = (w[38] - w[42]) * per_tp + w[42]
     moe_l = (w[35] - w[43]) * per_tp + w[43]
     mtp_l = (moe_l if moe != 0.0 else dense_l) + w[40] * per_tp
-    emb = emb_params * per_tp
     one_stage = w[22] / emb_params if emb_params != 0.0 else 1.0
     logits = logits_tp * (1 + mtp)
     tail = act_moe * mtp + logits

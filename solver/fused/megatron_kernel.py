@@ -98,7 +98,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "354eeced206cc7d5"
+SOURCES_DIGEST = "728e41940f22e644"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -352,7 +352,8 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         # 7. memory
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, expert_group, params_bytes,
-            heavy_params, expert_stage_params, send2, mtp, first, last, 1.0 if paired > 0.0 else 0.0, mem_terms)
+            heavy_params, expert_stage_params, send2, mtp, first, last, 1.0 if paired > 0.0 else 0.0,
+            mem_terms + (tp_terms[1],))
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
         model_flops = _model_flops(w, batch, s) + mtp * batch * mtp_flops_sequence
@@ -843,7 +844,9 @@ def workload_scalars(w):
         # weights whole on every TP rank a layer (megatron._Shape.dense_dup, moe_dup), and
         # their mix as megatron_compose._stage_params takes it
         float(w.dense_dup * w.dense_layers / w.layers + w.moe_dup * w.moe_layers / w.layers),
-        float(w.dense_dup), float(w.moe_dup)))
+        float(w.dense_dup), float(w.moe_dup),
+        # the embedding matrices of an unpipelined model's one stage (megatron._Shape)
+        float(w.embedding_copies)))
 
 
 def fleet_scalars(fleet, total_accelerators=None, constants=None):

@@ -297,6 +297,12 @@ References
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
     rack's NVLink, is not modelled.
+[41] Megatron-LM ``megatron/training/tokenizer/tokenizer.py`` (``_vocab_size_with_padding``):
+    the vocabulary is padded to a multiple of ``make_vocab_size_divisible_by`` (128 by
+    default, NeMo's and Megatron-Bridge's too) times the TP size, the embedding, the output
+    layer and its logits are that wide (Llama 3's 128,256 entries are 129,024 at TP 8);
+    Megatron-LM's own FLOP count takes the padded vocabulary, the model FLOPs here the
+    tokenizer's.
 [40] Megatron-Core ``transformer/transformer_block.py`` (``_checkpointed_forward``) and
     ``TransformerConfig.__post_init__``: under ``recompute_granularity="full"`` with
     ``recompute_method="block"``, each model chunk (a ``TransformerBlock``: a pipeline
@@ -808,6 +814,9 @@ class _Shape:
         # One pipeline stage holds the input embedding and, untied, the output layer too [22].
         tied = True if w.tied_embeddings is None else bool(w.tied_embeddings)
         self.single_stage_embedding = self.embedding_params * (1.0 if tied else 2.0)
+        #: embedding matrices on the one stage of an unpipelined model (the output layer's too
+        #: where untied)
+        self.embedding_copies = 1.0 if tied else 2.0
 
     def parameter_counts(self):
         """(total, active) parameters of the shape: its layers, dense and MoE (every expert;

@@ -54,11 +54,13 @@ def _stage_params(w, sp: Split, layers_stage):
     # embedding's copy the last stage builds for them.
     mtp = sp.mtp
     layers_mtp = layers_stage + mtp
+    # (an embedding matrix a TP rank holds, its vocabulary padded [41])
+    emb_t = steps.vocab_per_rank(w, tp) * float(w.hidden)
     dense_stage_params = ((dense_scale - dup_scale) * layers_mtp + mtp * w.mtp_module_params) / tp \
-        + dup_scale * layers_mtp + w.single_stage_embedding / tp * (pp == 1)
+        + dup_scale * layers_mtp + emb_t * w.embedding_copies * (pp == 1)
     expert_stage_params = expert_scale * layers_mtp / (sp.etp * sp.ep * 1.0) if w.moe else 0.0
     # + LM head on last (and the MTP modules' embedding copy)
-    heavy_params = dense_stage_params + w.embedding_params / tp * ((pp > 1) * (1.0 + (mtp > 0)))
+    heavy_params = dense_stage_params + emb_t * ((pp > 1) * (1.0 + (mtp > 0)))
     return dense_stage_params, expert_stage_params, heavy_params
 
 
@@ -322,12 +324,13 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     moe_l = (w.moe_layer_nonexpert - w.moe_dup) * per_tp + w.moe_dup
     expert_l = w.expert_params * w.experts / (sp.etp * sp.ep * 1.0) if w.moe else 0.0
     mtp_l = (moe_l if w.moe else dense_l) + w.mtp_module_params * per_tp
-    emb = w.embedding_params * per_tp
+    vocab_t = steps.vocab_per_rank(w, tp)  # padded [41]
+    emb = vocab_t * float(w.hidden)
     # One stage holds both embedding matrices where untied [22] (its MTP modules share them).
     # (a workload without a shape has no embedding apart: 1.0, any factor of its 0.0)
     one_stage = w.single_stage_embedding / w.embedding_params if w.embedding_params else 1.0
     # The last rank: the logits of its one microbatch in flight and each MTP module's [1] [34].
-    logits = mem.logits_bytes(mbs, s_local, w.vocab, tp_size=tp) * (1 + sp.mtp)
+    logits = mem.logits_bytes(mbs, s_local, vocab_t, tp_size=1.0) * (1 + sp.mtp)
     best = None
     ranks = pipeline_ranks(w, sp) if plain is None else pipeline_ranks(w, sp, recompute=True)
     for rank, n, dense_n, first, last, *again in ranks:

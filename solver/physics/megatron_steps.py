@@ -65,6 +65,15 @@ DEFAULT_FLASH_ATTENTION_EFFICIENCY = 0.33
 #: the backward (4 + 4); backward: scale the softmax by the loss gradient (4 + 4) and
 #: cast to 16 bits for the logits GEMM's backward (4 + 2).
 CROSS_ENTROPY_BYTES = 52.0
+#: Megatron pads the vocabulary to a multiple of this times the TP size
+#: (``make_vocab_size_divisible_by``'s default) [41].
+VOCAB_DIVISOR = 128.0
+
+
+def vocab_per_rank(w, tp):
+    """The vocabulary entries a TP rank holds, padded as Megatron pads the vocabulary to a
+    multiple of :data:`VOCAB_DIVISOR` x TP [41] (0.0 for a workload with no shape)."""
+    return np.ceil(w.vocab / (VOCAB_DIVISOR * tp)) * VOCAB_DIVISOR
 #: A multi-token prediction module's memory-bound work, bytes per token over h, forward
 #: [34]: three RMSNorms (embedding, hidden state, output: 2 + 2 each) and the
 #: concatenation of the two normed inputs (2h read, 2h written, 2 bytes).
@@ -1019,7 +1028,7 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, plain=
             r = recomputed(sp, n)
             return r * ph[name] + (n - r) * ph0[name]
     t_layers = mix(layers_stage, "per_layer")
-    vocab_t = w.vocab / tp
+    vocab_t = vocab_per_rank(w, tp)  # padded [41]
     head_tokens = ly.tokens
     # LM head: the logits GEMM forward and backward in 16 bits (outside FP8 [11]) and the
     # FP32 vocabulary-parallel cross-entropy at HBM bandwidth [11].
