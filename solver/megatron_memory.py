@@ -287,3 +287,12 @@ def logits_bytes(micro_batch, seq_len, vocab, *, tp_size):
     """FP32 logits (and their gradient buffer) of one microbatch on the last stage [B]."""
     # 4 bytes per vocabulary entry per token, vocabulary split by TP [1] (Sec. 4.1, output layer).
     return 4.0 * micro_batch * np.asarray(seq_len, dtype=np.float64) * vocab / tp_size
+
+
+def head_input_bytes(micro_batch, seq_len, hidden, *, norm_split):
+    """The 16-bit inputs the final norm and the output layer keep for their backward, one
+    microbatch on the last stage [B]: the last layer's output (the norm's input) and the
+    norm's output (the output layer's, kept as its sequence-parallel slice and gathered
+    again in the backward under SP), 2 bytes an element each, split by TP under SP
+    (``norm_split``). FP8 does not reach the output layer."""
+    return 4.0 * micro_batch * np.asarray(seq_len, dtype=np.float64) * hidden / norm_split

@@ -124,7 +124,8 @@ def test_a_recomputed_layer_holds_its_forward_while_its_backward_runs(engine):
                                    **k)["memory_activations"])
            for rc in ("none", "selective") for fa in (True, False)}
     scores = (act["none", False] - act["none", True]) / LLAMA8.layers  # one layer's, stored without recompute
-    logits = float(logits_bytes(1, 8192, LLAMA8.vocab_size, tp_size=1))
+    # the logits and, beside them, the final norm's and the output layer's inputs (4 s h)
+    logits = float(logits_bytes(1, 8192, LLAMA8.vocab_size, tp_size=1)) + 4.0 * 8192 * LLAMA8.hidden_dim
     assert scores > logits > 0
     assert act["selective", False] - act["selective", True] == pytest.approx(scores - logits, rel=1e-9)
     # full recompute: every layer's input (2 s b h, the checkpoint) and one layer's whole

@@ -1021,7 +1021,9 @@ def test_combined_1f1b_holds_one_layer_more(engine):
     from solver import megatron_memory as mem
 
     wl = catalog.workload("Mixtral_8x7B_MC")
-    logits = mem.logits_bytes(1, 4096.0, wl.vocab_size, tp_size=1)
+    # the logits and the final norm's and the output layer's inputs beside them
+    logits = mem.logits_bytes(1, 4096.0, wl.vocab_size, tp_size=1) \
+        + mem.head_input_bytes(1, 4096.0, wl.hidden_dim, norm_split=1)
     for batch, more in ((512, 1.0 / wl.layers), (64, 0.0)):
         base = dict(batch_size=batch, seq_len=4096, tp_size=1, pp_size=1, ep_size=8, dp_size=64,
                     micro_batch_size=1, engine=engine)

@@ -49,7 +49,8 @@ def _rank_layer_params(w, tp):
 def test_the_last_rank_holds_the_logits_of_its_one_microbatch(engine):
     """Llama 3 8B on 16 stages of 2 layers, full recompute, TP 1, 8,192 tokens: the first
     rank keeps 16 microbatches of its 2 layers' inputs (2 s h bytes each: 2.1 GB), the last
-    one microbatch's and its FP32 logits (4 s V bytes: 4.2 GB), so the last counts. The
+    one microbatch's and its FP32 logits (4 s V bytes: 4.2 GB) beside the final norm's and
+    the output layer's 16-bit inputs (4 s h bytes), so the last counts. The
     weights are 2 layers and one embedding-sized matrix (the first rank's input embedding,
     the last's output layer: untied, the same size)."""
     if engine == "fused":
@@ -59,7 +60,8 @@ def test_the_last_rank_holds_the_logits_of_its_one_microbatch(engine):
               recompute="full", zero_stage=0, precision="bf16")
     out = _solve(L8, engine, pp_size=16, **kw)
     assert bool(out["realizable"])
-    last = 2 * 2.0 * s * h + 4.0 * s * vocab
+    head = 4.0 * s * vocab + 4.0 * s * h  # the logits and the head's two inputs
+    last = 2 * 2.0 * s * h + head
     first = 16 * 2 * 2.0 * s * h
     assert first < last
     assert _f(out, "memory_activations") == pytest.approx(last, rel=1e-12)
@@ -69,11 +71,17 @@ def test_the_last_rank_holds_the_logits_of_its_one_microbatch(engine):
     # the last rank's 8 or 16 and the logits (4.8 and 5.3 GB)
     for pp, layers in ((4, 8), (2, 16)):
         o = _solve(L8, engine, pp_size=pp, **kw)
-        want = max(pp * layers * 2.0 * s * h, layers * 2.0 * s * h + 4.0 * s * vocab)
+        want = max(pp * layers * 2.0 * s * h, layers * 2.0 * s * h + head)
         assert _f(o, "memory_activations") == pytest.approx(want, rel=1e-12), pp
     # one stage: the whole model's inputs and the logits, as before
     one = _solve(L8, engine, pp_size=1, **kw)
-    assert _f(one, "memory_activations") == pytest.approx(32 * 2.0 * s * h + 4.0 * s * vocab, rel=1e-12)
+    assert _f(one, "memory_activations") == pytest.approx(32 * 2.0 * s * h + head, rel=1e-12)
+    # TP 2 under SP: the layers' inputs and the head's two inputs are each rank's sequence
+    # slice, the logits its half of the vocabulary (128,256 is a multiple of 256: unpadded)
+    sp = _solve(L8, engine, pp_size=16, **{**kw, "tp_size": 2, "dp_size": 1},
+                sequence_parallel=True)
+    assert _f(sp, "memory_activations") == pytest.approx(
+        2 * 2.0 * s * h / 2 + 4.0 * s * vocab / 2 + 4.0 * s * h / 2, rel=1e-12)
 
 
 @pytest.mark.parametrize("engine", ["numpy", "fused"])
@@ -87,7 +95,8 @@ def test_without_recompute_the_first_rank_still_counts(engine):
               zero_stage=0, precision="bf16")
     none = _solve(L8, engine, pp_size=16, recompute="none", **kw)
     one = _solve(L8, engine, pp_size=1, recompute="none", **kw)
-    per_layer = (_f(one, "memory_activations") - 4.0 * 8192 * L8.vocab_size) / 32
+    head = 4.0 * 8192 * L8.vocab_size + 4.0 * 8192 * L8.hidden_dim  # logits, the head's inputs
+    per_layer = (_f(one, "memory_activations") - head) / 32
     assert _f(none, "memory_activations") == pytest.approx(16 * 2 * per_layer, rel=1e-12)
 
 

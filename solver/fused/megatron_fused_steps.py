@@ -748,7 +748,9 @@ def _memory_terms(w, s_local, tp, etp, ep, mbs, sp, rc, flash, prec, hidden_mask
             work_moe = _activation_bytes(mbs, s_local, h, heads, attention0, mlp_moe, top_k, tp, sp, 0,
                                          flash, low_bits, w[24], latent, w[33], etp / (tp * 1.0),
                                          hidden_masks, score_masks) - act_moe
-    logits_tp = 4.0 * mbs * s_local * _vocab_per_rank(vocab, tp)  # (memory's logits, before its "* (1 + mtp)")
+    # (memory's logits and the head's inputs, before its "* (1 + mtp)")
+    logits_tp = 4.0 * mbs * s_local * _vocab_per_rank(vocab, tp) \
+        + 4.0 * mbs * s_local * h / (tp if sp else 1.0)
     expert_l = w[36] / (etp * ep * 1.0) if moe != 0.0 else 0.0
     return act_dense, act_moe, logits_tp, 1.0 / tp, expert_l, work_dense, work_moe
 

@@ -329,8 +329,10 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # One stage holds both embedding matrices where untied [22] (its MTP modules share them).
     # (a workload without a shape has no embedding apart: 1.0, any factor of its 0.0)
     one_stage = w.single_stage_embedding / w.embedding_params if w.embedding_params else 1.0
-    # The last rank: the logits of its one microbatch in flight and each MTP module's [1] [34].
-    logits = mem.logits_bytes(mbs, s_local, vocab_t, tp_size=1.0) * (1 + sp.mtp)
+    # The last rank: the logits of its one microbatch in flight and each MTP module's [1] [34],
+    # and the final norm's and the output layer's inputs beside each.
+    logits = (mem.logits_bytes(mbs, s_local, vocab_t, tp_size=1.0)
+              + mem.head_input_bytes(mbs, s_local, h, norm_split=ly.norm_split)) * (1 + sp.mtp)
     best = None
     ranks = pipeline_ranks(w, sp) if plain is None else pipeline_ranks(w, sp, recompute=True)
     for rank, n, dense_n, first, last, *again in ranks:
