@@ -223,7 +223,9 @@ class Workload:
         Diffusion: forward passes per sample.
     kv_heads, ffn_hidden_dim, vocab_size, head_dim : int, optional
         Megatron physics: key/value heads (GQA; default ``heads``), MLP width
-        (default 4 * hidden), vocabulary (padded), attention head width
+        (default 4 * hidden), vocabulary (the tokenizer's: the megatron physics pads it to
+        a multiple of 128 x TP as Megatron-LM does; an already padded size is padded again
+        only where it is no such multiple), attention head width
         (default hidden / heads).
     gated_mlp : bool, optional
         SwiGLU-style MLP with 3 matrices (default False: GELU, 2 matrices).

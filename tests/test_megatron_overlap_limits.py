@@ -103,10 +103,11 @@ def test_norms_and_router_weights_are_whole_on_every_tp_rank(name):
     per_param = state_bytes(8, 0)[0]
     replicated = (4 * weights[4] - 2 * weights[2]) / (4 - 2) / per_param
     h = shape.hidden
-    # less the embedding matrices', whose vocabulary Megatron pads to a multiple of 128 x TP
-    # [41], so that they are not A / t either: 2 E(4) - E(2)
-    from solver.physics.megatron_steps import vocab_per_rank
-    emb = {t: vocab_per_rank(shape, t) * h * shape.embedding_copies for t in (2, 4)}
+    # less the two (untied) embedding matrices', whose vocabulary Megatron pads to a multiple
+    # of 128 x TP [41], so that they are not A / t either: 2 E(4) - E(2), a rank's entries
+    # at TP 2 and 4 (Llama 3's 128,256: 64,128 and 32,128; Qwen3's 151,936: 76,032, 38,016)
+    per_rank = {"Llama3_8B_MC": {2: 64_128, 4: 32_128}, "Qwen3_30B_A3B_MC": {2: 76_032, 4: 38_016}}
+    emb = {t: per_rank[name][t] * h * 2 for t in (2, 4)}
     replicated -= 2 * emb[4] - emb[2]
     expected = shape.layers * 2 * h + (shape.moe_layers * h * shape.experts if shape.moe else 0)
     assert replicated == pytest.approx(expected, rel=1e-9)

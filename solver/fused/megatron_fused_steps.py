@@ -13,7 +13,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .megatron_primitives import (_ASB, _CE_BYTES, _FLASH_BWD, _FP16, _INLINE, _MAX_INTEGER, _MGB,
+from .megatron_primitives import (_ASB, _CE_BYTES, _VOCAB_DIVISOR, _FLASH_BWD, _FP16, _INLINE, _MAX_INTEGER, _MGB,
     _MTP_BYTES, _OPT_BYTES, _PRIM, _SOFTMAX, _WB, _coll_1, _coll_ar, _divides, _exposed, _exposed_idle, _gemm, _gemm_nok,
     _max, _mbt, _min, _mlp_flops, _mlp_time, _model_flops_one, _pick, _tile_cost, _two_level, _within,
     _a2a_split, _flex, _DEEPEP_NVL)
@@ -353,7 +353,7 @@ def _p2p_steady_sends(v, m, overlap):
 @njit(**_INLINE)
 def _vocab_per_rank(vocab, tp):
     """megatron_steps.vocab_per_rank: a TP rank's vocabulary entries, padded [41]."""
-    return np.ceil(vocab / (128.0 * tp)) * 128.0
+    return np.ceil(vocab / (_VOCAB_DIVISOR * tp)) * _VOCAB_DIVISOR
 
 
 @njit(**_INLINE)

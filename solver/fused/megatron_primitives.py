@@ -27,6 +27,7 @@ _CE_BYTES = float(_steps.CROSS_ENTROPY_BYTES)
 _OPT_BYTES = float(_steps.OPTIMIZER_BYTES_TOUCHED)
 _MTP_BYTES = float(_steps.MTP_ELEMENTWISE_BYTES)
 _DEEPEP_NVL = float(_steps.DEEPEP_NVL_PEERS)
+_VOCAB_DIVISOR = float(_steps.VOCAB_DIVISOR)
 _FP16 = int(_steps._FP16)  # the precision code expert parallelism refuses [15]
 # The GEMM size curve (gemm._LOG_KNOTS, GEMM_CURVE_EFFICIENCY) and np.interp's slopes.
 _LK = tuple(float(x) for x in _gemm_module._LOG_KNOTS)
@@ -42,7 +43,8 @@ _SL0, _SL1, _SL2 = _SL
 #: Every value above, read as a global by the compiled steps (so frozen into numba's cached
 #: kernel): part of solver.fused.megatron_kernel.SOURCES_DIGEST.
 COMPILED_CONSTANTS = (_MAX_INTEGER, _REF_PEAK, _MEM_EFF, _WB, _MGB, _ASB, _SOFTMAX, _FLASH_BWD,
-                      _CE_BYTES, _OPT_BYTES, _FP16, _LK, _FP, _SL, _MTP_BYTES)
+                      _CE_BYTES, _OPT_BYTES, _FP16, _LK, _FP, _SL, _MTP_BYTES, _VOCAB_DIVISOR,
+                      _DEEPEP_NVL)
 
 _INLINE = dict(inline="always", error_model="numpy")
 _PRIM = dict(error_model="numpy")

@@ -299,10 +299,14 @@ References
     rack's NVLink, is not modelled.
 [41] Megatron-LM ``megatron/training/tokenizer/tokenizer.py`` (``_vocab_size_with_padding``):
     the vocabulary is padded to a multiple of ``make_vocab_size_divisible_by`` (128 by
-    default, NeMo's and Megatron-Bridge's too) times the TP size, the embedding, the output
-    layer and its logits are that wide (Llama 3's 128,256 entries are 129,024 at TP 8);
-    Megatron-LM's own FLOP count takes the padded vocabulary, the model FLOPs here the
-    tokenizer's.
+    default, NeMo's too) times the TP size, the embedding, the output layer and its logits
+    are that wide (Llama 3's 128,256 entries are 129,024 at TP 8); Megatron-LM's own FLOP
+    count takes the padded vocabulary, the model FLOPs here the workload's ``vocab_size``
+    (the tokenizer's, or a size a paper states padded: GPT-3's 51,200, which the padding
+    keeps where it is a multiple of 128 x TP). Megatron-Bridge pads only a vocabulary it
+    takes from the tokenizer: its models converted from Hugging Face configs keep the
+    config's size (``should_pad_vocab`` off), which the padding here prices up to 128 x TP
+    entries wider (0.6 % of Llama 3's head at TP 8).
 [40] Megatron-Core ``transformer/transformer_block.py`` (``_checkpointed_forward``) and
     ``TransformerConfig.__post_init__``: under ``recompute_granularity="full"`` with
     ``recompute_method="block"``, each model chunk (a ``TransformerBlock``: a pipeline

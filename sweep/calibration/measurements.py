@@ -12,7 +12,8 @@ sweep catalog workloads``), or its shape:
 ``heads``                  attention heads (required with a shape)
 ``kv_heads``               key/value heads (GQA; default ``heads``)
 ``ffn_hidden_dim``         MLP width (default ``4 * hidden_dim``)
-``vocab_size``             vocabulary, padded (default 51200)
+``vocab_size``             vocabulary, the tokenizer's (padded to 128 x TP by the
+                           physics, as Megatron-LM does; default 51200)
 ``head_dim``               attention head width (default ``hidden_dim / heads``)
 ``gated_mlp``              SwiGLU-style MLP of 3 matrices (default false)
 ``tied_embeddings``        output layer shares the embedding's weights (default true,
