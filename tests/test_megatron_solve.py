@@ -876,8 +876,9 @@ def test_dropout_zero_stores_no_masks_and_changes_memory_only(engine):
     out = M.solve(WL, FL, engine=engine, hidden_dropout=hid, attention_dropout=att, **flat)
     act = out["memory_activations"]
     # two masks, a byte each, split by SP, per layer-microbatch in flight on the peak rank
+    # (rank 0), and the embedding dropout's mask there for each of its 4 microbatches in flight
     s, h, t = 8192, WL.hidden_dim, 8
-    in_flight = (act[0] - act[1]) / (2 * s * h / t)
+    in_flight = (act[0] - act[1] - 4 * s * h / t) / (2 * s * h / t)
     assert in_flight == pytest.approx(round(in_flight)) and round(in_flight) >= 20
     assert act[2] == act[0] and act[3] == act[1]  # selective recompute: no scores stored
     # Megatron-Core's defaults (0.1 each) are the solve's
@@ -1021,9 +1022,10 @@ def test_combined_1f1b_holds_one_layer_more(engine):
     from solver import megatron_memory as mem
 
     wl = catalog.workload("Mixtral_8x7B_MC")
-    # the logits and the final norm's and the output layer's inputs beside them
+    # the logits and the final norm's and the output layer's inputs beside them, and the
+    # embedding dropout's mask (a byte an element, one microbatch in flight)
     logits = mem.logits_bytes(1, 4096.0, wl.vocab_size, tp_size=1) \
-        + mem.head_input_bytes(1, 4096.0, wl.hidden_dim, norm_split=1)
+        + mem.head_input_bytes(1, 4096.0, wl.hidden_dim, norm_split=1) + 4096.0 * wl.hidden_dim
     for batch, more in ((512, 1.0 / wl.layers), (64, 0.0)):
         base = dict(batch_size=batch, seq_len=4096, tp_size=1, pp_size=1, ep_size=8, dp_size=64,
                     micro_batch_size=1, engine=engine)

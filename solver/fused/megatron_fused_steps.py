@@ -696,7 +696,7 @@ def _rank(moe, pp, v, rank, n, dense_n, first, last, dense_l, moe_l, expert_l, h
     pairs, and the recompute working sets, dense and MoE). Without experts (``moe`` 0.0, a constant
     in :func:`~.megatron_kernel._price_block_dense_even`) the terms that are 0.0 are left out, the
     same bits: numpy adds exact zeros."""
-    paired, work_dense, work_moe = extra
+    paired, work_dense, work_moe, mask = extra
     mtp = mtp_all * last
     copies = one_stage if pp == 1.0 else first + last * head
     chunks = pp * v + pp - 1 - 2.0 * rank if v > 1.0 else pp - rank
@@ -706,15 +706,16 @@ def _rank(moe, pp, v, rank, n, dense_n, first, last, dense_l, moe_l, expert_l, h
         experts = (moe_n + mtp) * expert_l
         one = _max(act_moe if moe_n > 0.0 else 0.0, act_dense if dense_n > 0.0 else 0.0)
         work = _max(work_moe if moe_n > 0.0 else 0.0, work_dense if dense_n > 0.0 else 0.0)
-        act = (dense_n * act_dense + moe_n * act_moe) * (inv_v * _min(chunks, mv)) + paired * one \
-            + _max(work, last * tail)
+        act = (dense_n * act_dense + moe_n * act_moe + first * mask) * (inv_v * _min(chunks, mv)) \
+            + paired * one + _max(work, last * tail)
         foot = params * state + experts * state_e + _max(act + buffers - (params * sc + experts * sce), 0.0)
     else:
         params = dense_n * dense_l + mtp * mtp_l + emb * copies
         experts = 0.0
         one = _max(0.0, act_dense if dense_n > 0.0 else 0.0)
         work = _max(0.0, work_dense if dense_n > 0.0 else 0.0)
-        act = dense_n * act_dense * (inv_v * _min(chunks, mv)) + paired * one + _max(work, last * tail)
+        act = (dense_n * act_dense + first * mask) * (inv_v * _min(chunks, mv)) + paired * one \
+            + _max(work, last * tail)
         foot = params * state + _max(act + buffers - params * sc, 0.0)
     return (params, experts, act, foot) if foot > best[3] else best
 
@@ -763,8 +764,8 @@ def _memory(w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, exper
     the TP split of a p2p send (:func:`_p2p_split`); ``heavy``, ``expert_stage_params``:
     :func:`_data_parallel`'s."""
     moe, emb_params = w[6], w[16]
-    act_dense, act_moe, logits_tp, per_tp, expert_l, work_dense, work_moe, emb = terms
-    ranks_extra = (extra, work_dense, work_moe)
+    act_dense, act_moe, logits_tp, per_tp, expert_l, work_dense, work_moe, emb, mask = terms
+    ranks_extra = (extra, work_dense, work_moe, mask)
     shards = group > 1.0 or expert_group > 1.0  # (a group of one rank: no bucket, no gathers)
     bucket = grad_bytes * _min(_max(4e7, 1e6 * group), params_bytes / _WB) if zero >= 2 and shards else 0.0
     gathered = (heavy if group > 1.0 else 0.0) + (expert_stage_params if expert_group > 1.0 else 0.0)

@@ -98,7 +98,7 @@ BOOL_OUTPUTS = ("valid", "realizable", "feasible")
 #: tests/test_fused_megatron.py holds current: update it with every change to them.
 COMPILED_FROM = tuple(Path(__file__).with_name(name)
                       for name in ("megatron_fused_steps.py", "megatron_primitives.py"))
-SOURCES_DIGEST = "f31a0435f7a9ee1f"
+SOURCES_DIGEST = "4d5042f996d2cd10"
 _CACHE = cache_is_current(__name__, SOURCES_DIGEST, COMPILED_FROM, COMPILED_CONSTANTS)
 
 #: The step memo: slots of its open-addressing key table (a power of two) and the most
@@ -353,7 +353,7 @@ def _price_steps(w, f, c, has_dp, batch_a, s_a, tp_a, pp_a, cp_a, ep_a, etp_a, d
         weights, grads, optim, activations, buffers, footprint = _memory(
             w, pp, v, m, group, zero, grad_bytes, act_bytes, layers_stage, expert_group, params_bytes,
             heavy_params, expert_stage_params, send2, mtp, first, last, 1.0 if paired > 0.0 else 0.0,
-            mem_terms + (tp_terms[1],))
+            mem_terms + (tp_terms[1], act_bytes / 2.0 / (tp if sp else 1.0) if (mem & 2) != 0 else 0.0))
         # 8. compose (megatron_compose.compose and _mask)
         total = t_pipe + t_pp + t_dp + t_opt + step_overhead
         model_flops = _model_flops(w, batch, s) + mtp * batch * mtp_flops_sequence

@@ -962,7 +962,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         ``torch.compile`` fuses Megatron-Core's bias-dropout-add; before, TorchScript kept
         the masks at 0 too). The step's time does not move: the dropout kernels' HBM
         traffic stays counted at 0 (in ``elementwise_bytes`` and, unfused, the scores').
-        The input embedding's dropout mask on the first stage is not counted at any p.
+        The input embedding's dropout on the first rank keeps its mask (a byte an element
+        of its output, its SP slice) for each microbatch in flight where
+        ``hidden_dropout > 0``.
     mtp_num_layers : int [1]
         Multi-token prediction modules (Megatron-Core's ``--mtp-num-layers``; DeepSeek-V3
         trains with 1), 0 to 63 [34]: each adds, on the last stage, a transformer layer

@@ -334,6 +334,9 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     logits = (mem.logits_bytes(mbs, s_local, vocab_t, tp_size=1.0)
               + mem.head_input_bytes(mbs, s_local, h, norm_split=ly.norm_split)) * (1 + sp.mtp)
     best = None
+    # The first rank's embedding dropout keeps its mask, a byte an element of the embedding's
+    # output (its SP slice), for each microbatch in flight, where hidden_dropout > 0.
+    mask = np.where(np.asarray(k["hidden_dropout"]) > 0.0, ly.act_bytes / 2.0 / ly.norm_split, 0.0)
     ranks = pipeline_ranks(w, sp) if plain is None else pipeline_ranks(w, sp, recompute=True)
     for rank, n, dense_n, first, last, *again in ranks:
         moe_n, mtp = n - dense_n, sp.mtp * last
@@ -346,7 +349,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         # while its backward frees one of another: one layer more than 1F1B at the peak.
         one = np.maximum(np.where(moe_n > 0, act_moe, 0.0), np.where(dense_n > 0, act_dense, 0.0))
         if plain is None:
-            per_mb = dense_n * act_dense + moe_n * act_moe
+            per_mb = dense_n * act_dense + moe_n * act_moe + first * mask
             work = np.maximum(np.where(moe_n > 0, work_moe, 0.0),
                               np.where(dense_n > 0, work_dense, 0.0))
         else:
@@ -355,7 +358,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
             r_moe = steps.recomputed(sp, n) - r_dense
             act_d0, work_d0, act_m0, work_m0 = plain
             per_mb = (r_dense * act_dense + (dense_n - r_dense) * act_d0
-                      + r_moe * act_moe + (moe_n - r_moe) * act_m0)
+                      + r_moe * act_moe + (moe_n - r_moe) * act_m0 + first * mask)
             # A chunk's plain layers are its last: their backward runs first and frees that
             # microbatch's activations of them before the first recomputed forward takes its
             # working set (the smaller kind's where the rank holds both).
