@@ -548,7 +548,7 @@ def _data_parallel(w, f, c, tp, pp, v, heavy_stage, ep, etp, group, zero, m, ogr
     combined 1F1B schedule takes off a paired backward's window, :func:`_pipeline`'s;
     ``tp_terms``: :func:`_dp_tp_terms`; ``own_nic``: the ``fsdp_own_nic`` knob)."""
     window_b = window_b_alone - a2a_hidden
-    moe, emb = w[6], w[16]
+    moe = w[6]
     dense_scale, expert_scale = (w[35], w[36]) if heavy_stage else (w[14], w[15])
     hbm, domain, up_lat, out_lat = f[4], f[6], f[9], f[10]
     eta = c[9]

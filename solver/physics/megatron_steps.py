@@ -196,9 +196,7 @@ def recomputed_total(w, sp: Split):
     ``ceil(layers / pp)`` each where none is set), at most its layers; all of them under
     full recompute without ``recompute_num_layers``, whether or not the stages split."""
     pp = np.asarray(sp.pp) * 1.0
-    uneven, n_first, n_mid, n_last = stage_layers(w, pp, sp.first, sp.last)
-    n_even = np.ceil(w.layers / pp)
-    nf, nm, nl = (np.where(uneven, n, n_even) for n in (n_first, n_mid, n_last))
+    nf, nm, nl = held_layers(w, pp, sp.first, sp.last)
     some = np.where(pp > 1, recomputed(sp, nf) + (pp - 2.0) * recomputed(sp, nm)
                     + recomputed(sp, nl), recomputed(sp, float(w.layers)))
     rc2 = np.asarray(sp.rc) == 2
@@ -546,6 +544,14 @@ def stage_layers(w, pp, first, last):
     return uneven, np.where(set_first, first, n_mid), n_mid, np.where(set_last, last, n_mid)
 
 
+def held_layers(w, pp, first, last):
+    """The layers the first, a middle and the last stage hold: :func:`stage_layers`' where
+    the stages are set, else ``ceil(layers / pp)`` each (the even split's heaviest)."""
+    uneven, n_first, n_mid, n_last = stage_layers(w, pp, first, last)
+    n_even = np.ceil(w.layers / pp)
+    return tuple(np.where(uneven, n, n_even) for n in (n_first, n_mid, n_last))
+
+
 def pipeline_ranks(w, sp, recompute=False):
     """(rank, layers, dense layers, first, last) of the pipeline ranks whose memory can be
     the largest, as arrays (first and last: 1.0 on the first and the last rank); with
@@ -567,9 +573,7 @@ def pipeline_ranks(w, sp, recompute=False):
     between these hold more; its memory is then a lower bound.
     """
     pp, v = np.asarray(sp.pp) * 1.0, np.asarray(sp.v) * 1.0
-    uneven, n_first, n_mid, n_last = stage_layers(w, pp, sp.first, sp.last)
-    n_even = np.ceil(w.layers / pp)
-    nf, nm, nl = (np.where(uneven, n, n_even) for n in (n_first, n_mid, n_last))
+    nf, nm, nl = held_layers(w, pp, sp.first, sp.last)
     held = nf + (pp - 2.0) * nm + nl  # the layers the stages hold (the model's where realizable)
     last_rank = pp - 1.0
     d_layers = float(w.dense_layers)
