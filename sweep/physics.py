@@ -35,9 +35,9 @@ __all__ = ["DEFAULT_PHYSICS", "MODELS", "knobs_of", "choices", "knobs_for", "uni
 #: The physics model names (:data:`solver.physics.PHYSICS`).
 MODELS = tuple(PHYSICS)
 
-#: Values of the knobs of kind ``"choice"`` (megatron's ``recompute`` and ``precision``).
-_CHOICES = {("megatron", "recompute"): megatron.RECOMPUTE,
-            ("megatron", "precision"): megatron.PRECISIONS}
+#: Values of the knobs of kind ``"choice"`` (megatron's ``recompute``, ``precision`` and
+#: ``cp_comm_type``).
+_CHOICES = {("megatron", name): values for name, values in megatron.CHOICES.items()}
 
 
 def check_name(name) -> str:

@@ -307,6 +307,21 @@ References
     takes from the tokenizer: its models converted from Hugging Face configs keep the
     config's size (``should_pad_vocab`` off), which the padding here prices up to 128 x TP
     entries wider (0.6 % of Llama 3's head at TP 8).
+[42] Transformer Engine ``pytorch/attention/dot_product_attention/context_parallel.py``
+    (NVIDIA/TransformerEngine 9c61cd7, 2025), the kinds Megatron-Core's ``cp_comm_type``
+    selects (``TEDotProductAttention``; "p2p" when unset): ``AttnFuncWithCPAndKVP2P``
+    sends K and V around the ring, cp - 1 times, each step's send beside the step's
+    attention; ``AttnFuncWithCPAndKVAllGather`` ("KV all-gather between CP ranks is
+    exposed", after Llama 3, Sec. 3.3.2) gathers K and V (``gather_along_first_dim``),
+    saves only the local ones, gathers them again in the backward and reduce-scatters
+    full-length dK and dV; ``AttnFuncWithCPAndQKVOA2A`` ("Like Ulysses, applying A2A to
+    QKVO") runs all-to-alls of Q, K and V before one whole-sequence attention on
+    heads / cp heads and of the output after it, in the backward of the output and its
+    gradient and then of dQ, dK and dV, and asserts "The number of attention heads needs
+    to be divisible by CP size!" of the query heads and the KV groups a TP rank holds.
+    TE's tests skip MLA with the other kinds: "MLA CP currently only support KV P2P!".
+    Megatron-Bridge, "Hybrid / Hierarchical Context Parallel": p2p overlaps, all_gather
+    and a2a do not; "a2a+p2p" (hierarchical groups) is not modelled here.
 [40] Megatron-Core ``transformer/transformer_block.py`` (``_checkpointed_forward``) and
     ``TransformerConfig.__post_init__``: under ``recompute_granularity="full"`` with
     ``recompute_method="block"``, each model chunk (a ``TransformerBlock``: a pipeline
@@ -336,10 +351,11 @@ from . import megatron_steps as steps
 from .common import caller_stacklevel
 
 __all__ = ["solve", "prepare", "why_unrealizable", "check_shape", "ShapeWarning", "OUTPUTS",
-           "KNOBS", "DEFAULTS", "CONSTANTS", "CONSTANTS_PROVENANCE", "RECOMPUTE", "PRECISIONS", "load_constants"]
+           "KNOBS", "DEFAULTS", "CONSTANTS", "CONSTANTS_PROVENANCE", "RECOMPUTE", "PRECISIONS", "CP_COMM_TYPES", "CHOICES",
+           "load_constants"]
 
 #: The model's sourced constants, kept in the steps module (documented there).
-RECOMPUTE, PRECISIONS = steps.RECOMPUTE, steps.PRECISIONS
+RECOMPUTE, PRECISIONS, CP_COMM_TYPES = steps.RECOMPUTE, steps.PRECISIONS, steps.CP_COMM_TYPES
 SCALE_UP_STEP_LATENCY, SCALE_OUT_STEP_LATENCY = steps.SCALE_UP_STEP_LATENCY, steps.SCALE_OUT_STEP_LATENCY
 GEMM_REFERENCE_PEAK, DEFAULT_GEMM_PLATEAU = steps.GEMM_REFERENCE_PEAK, steps.DEFAULT_GEMM_PLATEAU
 OPTIMIZER_BYTES_TOUCHED, SOFTMAX_BYTES = steps.OPTIMIZER_BYTES_TOUCHED, steps.SOFTMAX_BYTES
@@ -415,6 +431,10 @@ KNOBS = {k.name: k for k in (
     _K("tp_size", "int", 1, low=1, why="tensor-parallel degree"),
     _K("pp_size", "int", 1, low=1, why="pipeline-parallel degree"),
     _K("cp_size", "int", 1, low=1, why="context-parallel degree"),
+    _K("cp_comm_type", "choice", "p2p",
+       why="how the context-parallel ranks exchange the attention's inputs (Megatron-Core's "
+           "cp_comm_type): 'p2p' the K/V ring overlapped with the attention, 'all_gather' "
+           "K and V gathered whole, 'a2a' Ulysses' all-to-alls of Q, K, V and the output"),
     _K("ep_size", "int", 1, low=1, why="expert-parallel degree (folded into DP x CP)"),
     _K("etp_size", "int", None, low=1,
        why="expert tensor-parallel degree (Megatron-Core's expert_tensor_parallel_size; "
@@ -470,7 +490,8 @@ REALIZABLE_RULES = (
     "interleaved schedule's microbatches by pp_size (and, without overlap_p2p_comm, more "
     "than two stages); tp_comm_overlap and MoE with tp_size > 1 "
     "need sequence_parallel, tp_comm_overlap every TP group inside one NVLink domain, "
-    "cp_size > 1 flash_attention, overlap_param_gather "
+    "cp_size > 1 flash_attention, cp_comm_type 'a2a' cp_size dividing each TP rank's heads "
+    "and KV heads, 'p2p' for a multi-head latent attention, overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, recompute_num_layers recompute='full', "
     "overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
@@ -480,7 +501,9 @@ REALIZABLE_RULES = (
     "precision its accelerator has (fp8 and fp4 only where the catalog states their peak)")
 #: Knob name -> default.
 DEFAULTS = {name: knob.default for name, knob in KNOBS.items()}
-_CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS}
+_CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS, "cp_comm_type": CP_COMM_TYPES}
+#: The values of each knob of kind ``"choice"`` (name -> tuple, the codes their indices).
+CHOICES = dict(_CHOICES)
 
 #: Output name -> (CF units, long name).
 OUTPUTS = {
@@ -496,7 +519,7 @@ OUTPUTS = {
     "hfu": ("1", "hardware FLOPs utilization (recomputation included)"),
     "compute_latency": ("s", "busy time of the heaviest stage (GEMMs, attention, memory-bound kernels)"),
     "tp_communication_latency": ("s", "exposed tensor-parallel collectives"),
-    "cp_communication_latency": ("s", "exposed context-parallel K/V exchange"),
+    "cp_communication_latency": ("s", "exposed context-parallel exchange: the K/V ring, the all-gathers of K and V, or the all-to-alls of Q, K, V and the output (cp_comm_type)"),
     "ep_communication_latency": ("s", "expert dispatch left exposed: the expert-parallel all-to-all and, with expert tensor parallelism (etp_size > 1, by default tp_size), the dispatcher's all-gather and reduce-scatter over the expert TP group, so nonzero at ep_size 1 where etp_size > 1 (all of it but what overlap_moe_expert_parallel_comm hides behind the paired microbatch's work)"),
     "pp_communication_latency": ("s", "exposed pipeline p2p sends"),
     "dp_communication_latency": ("s", "exposed data-parallel gradient reduction and parameter gather"),
@@ -544,10 +567,13 @@ def _choice_codes(name, value, fk=None):
 
 
 #: Integer knobs the fused kernel receives packed into a byte (megatron_kernel.pipeline_flags),
-#: or does not read (recompute_num_layers: _partial_recompute), so their range is checked
+#: or does not read (recompute_num_layers: _beside_kernel), so their range is checked
 #: before it, never left to its first pass.
 _PACKED_KNOBS = ("mtp_num_layers", "num_layers_in_first_pipeline_stage",
                  "num_layers_in_last_pipeline_stage", "recompute_num_layers")
+#: Knobs the fused kernel does not read: the configurations that set them where they
+#: matter are priced on the numpy path beside it (:func:`_beside_kernel`).
+_BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -572,7 +598,7 @@ def _normalize(values, fast=False, unchecked=None):
         big = fk is not None and isinstance(value, np.ndarray) and value.ndim == 1 \
             and value.size >= FUSED_MIN_POINTS
         if knob.kind == "choice" and big and unchecked is not None \
-                and fk.name_characters(value) is not None:
+                and name not in _BESIDE_KERNEL and fk.name_characters(value) is not None:
             out[name] = value  # matched exactly in the fused kernel's first pass
             unchecked.append(name)
         elif knob.kind == "choice":
@@ -835,6 +861,7 @@ class _Shape:
 
 def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_size=1, pp_size=1,
           cp_size=1, ep_size=1, dp_size=None, etp_size=None, v_stages=1, micro_batch_size=1,
+          cp_comm_type="p2p",
           sequence_parallel=False, recompute="none", recompute_num_layers=0, zero_stage=1,
           precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
@@ -865,6 +892,17 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         Tensor, pipeline, context and expert-parallel degrees. EP is folded
         into DP x CP [6]: it must divide ``dp_size * cp_size`` (with ``etp_size``, ``etp_size
         * ep_size`` must divide ``tp_size * cp_size * dp_size``).
+    cp_comm_type : {"p2p", "all_gather", "a2a"}
+        How the ``cp_size`` ranks of a context-parallel group exchange the attention's
+        inputs, Megatron-Core's ``cp_comm_type`` [42]: ``"p2p"`` (default, Megatron's)
+        passes K and V around a ring, each step beside a step's attention; ``"all_gather"``
+        gathers K and V whole before it (Llama 3's way), exposed; ``"a2a"`` trades the
+        sequence's slice for the heads' with all-to-alls of Q, K, V and the output
+        (Ulysses), exposed, and needs ``cp_size`` to divide each TP rank's heads and KV
+        heads. A multi-head latent attention runs ``"p2p"`` only. Nothing at
+        ``cp_size=1``. Configurations that set another at ``cp_size > 1`` are priced on
+        the numpy path, in a call of the fused kernel too (the same bits either way).
+        ``"a2a+p2p"`` (hierarchical CP) is not modelled.
     etp_size : int [1], optional
         Expert tensor-parallel degree, Megatron-Core's ``expert_tensor_parallel_size``
         (``--expert-tensor-parallel-size``) [6]: the routed experts split over ``etp_size``
@@ -1024,7 +1062,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     """
     _check_inputs(workload, fleet, engine)
     values = dict(batch_size=batch_size, seq_len=seq_len, tp_size=tp_size, pp_size=pp_size,
-                  cp_size=cp_size, ep_size=ep_size, v_stages=v_stages,
+                  cp_size=cp_size, cp_comm_type=cp_comm_type, ep_size=ep_size, v_stages=v_stages,
                   micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
                   recompute=recompute, recompute_num_layers=recompute_num_layers,
                   zero_stage=zero_stage, precision=precision,
@@ -1197,7 +1235,7 @@ def _price(w, fleet, k, constants, engine, memo):
                              f"'auto' can)")
         # the one rule of solver.fused on the knobs' broadcast shape
         if why is None and fused.resolve_engine(engine, {"the broadcast of the knobs": shape}) == "fused":
-            return _partial_recompute(w, fleet, k, c, shape, _solve_fused(w, fleet, k, c, shape, memo))
+            return _beside_kernel(w, fleet, k, c, shape, _solve_fused(w, fleet, k, c, shape, memo))
     _check_deferred(k, memo)
     return _solve(w, fleet, k, c, shape)
 
@@ -1234,15 +1272,18 @@ _KERNEL_BOUNDS = tuple(
 # ENGINES and FUSED_MIN_POINTS: the one rule of solver.fused, shared with mlsysim.
 
 
-def _partial_recompute(w: _Shape, fleet: Fleet, k, c, shape, out):
-    """The fused kernel's outputs ``out`` with the configurations that set
-    ``recompute_num_layers`` made the numpy path's: the kernel prices every layer alike (it
-    does not read the knob), so a partial recompute (under ``recompute="full"``) is priced
-    again by :func:`_solve` on those configurations alone, and elsewhere the knob only
-    breaks a rule (``recompute_layers``), all else the kernel's. The same bits as the
-    numpy path throughout; a call that sets it nowhere passes through."""
+def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out):
+    """The fused kernel's outputs ``out`` with the configurations whose knobs it does not
+    read (:data:`_BESIDE_KERNEL`) made the numpy path's: it prices every layer alike and
+    the K/V ring only, so a partial recompute (``recompute_num_layers`` under
+    ``recompute="full"``) and a context-parallel exchange other than the ring
+    (``cp_comm_type`` at ``cp_size > 1``) are priced again by :func:`_solve` on those
+    configurations alone; elsewhere ``recompute_num_layers`` only breaks a rule
+    (``recompute_layers``) and ``cp_comm_type`` changes nothing, all else the kernel's.
+    The same bits as the numpy path throughout; a call that sets neither passes through."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
-    if not np.any(rnl != 0):
+    cpc = np.asarray(k.get("cp_comm_type", 0))
+    if not (np.any(rnl != 0) or np.any(cpc != 0)):
         return out
     n = int(np.prod(shape)) if shape else 1
     rc = k["recompute"]
@@ -1250,9 +1291,10 @@ def _partial_recompute(w: _Shape, fleet: Fleet, k, c, shape, out):
         rc = _codes("recompute", rc)
     rc = np.broadcast_to(np.asarray(rc), (n,))
     rnl = np.broadcast_to(rnl, (n,))
+    other = np.broadcast_to(cpc != 0, (n,)) & np.broadcast_to(np.asarray(k["cp_size"]) > 1, (n,))
     flat = {name: np.asarray(value).reshape(n) for name, value in out.items()}
     flat["realizable"][(rnl != 0) & (rc != RECOMPUTE.index("full"))] = False
-    idx = np.flatnonzero((rnl != 0) & (rc == RECOMPUTE.index("full")))
+    idx = np.flatnonzero(((rnl != 0) & (rc == RECOMPUTE.index("full"))) | other)
     if idx.size:
         sub = {}
         for name, value in k.items():
@@ -1313,8 +1355,8 @@ def _fused_arrays(k, n):
     """The normalized knobs ``k`` as the fused kernel's inputs, each ``n`` long: one array
     a knob, but the pipeline's (``p2p_flags``) and the memory's (``memory_flags``) packed."""
     from ..fused import megatron_kernel as fk
-    # (recompute_num_layers: not read by the kernel, see _partial_recompute)
-    packed = _PIPELINE_KNOBS + _MEMORY_KNOBS + ("recompute_num_layers",)
+    # (recompute_num_layers, cp_comm_type: not read by the kernel, see _beside_kernel)
+    packed = _PIPELINE_KNOBS + _MEMORY_KNOBS + _BESIDE_KERNEL
     a = {name: _flat(name, k[name], n) for name in KNOBS if name in k and name not in packed}
     a["p2p_flags"] = _spread(fk.pipeline_flags(*(k[name] for name in _PIPELINE_KNOBS)), n,
                              np.uint32)

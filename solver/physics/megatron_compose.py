@@ -306,6 +306,8 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         dpr.expert_group > 1, dpr.expert_stage_params, 0.0)
     buffers = (bucket + 2.0 * ly.act_bytes / sp.p2p_split * (pp > 1)
                + (zero == 3) * 2.0 * mem.WEIGHT_BYTES * (gathered / layers_stage))
+    if np.any(np.asarray(sp.cpc) != 0):  # cp_comm_type's all-gathered K and V [42]
+        buffers = buffers + steps.cp_collective_memory(w, sp, ly)
     # Bytes a parameter: weights, gradients, optimizer state, and the optimizer's FP32 copy
     # of 16-bit gradients (in the optimizer state), which is never held beside the
     # activations and buffers (megatron_memory [5]): the larger of them counts.

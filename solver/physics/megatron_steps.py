@@ -31,6 +31,9 @@ from .common import even_splits
 
 #: Recompute modes, coded 0, 1, 2.
 RECOMPUTE = ("none", "selective", "full")
+#: Context-parallel communication kinds (Megatron-Core's ``cp_comm_type``), coded 0..2 [42].
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
+_CP_ALL_GATHER, _CP_A2A = CP_COMM_TYPES.index("all_gather"), CP_COMM_TYPES.index("a2a")
 #: Precisions of the GEMMs (weights stay 16-bit), coded 0..3.
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 _FP16 = PRECISIONS.index("fp16")
@@ -169,6 +172,8 @@ class Split:
     a2a_paired: object = 0.0
     #: recompute_num_layers: under full recompute, each chunk's recomputed layers (0: all) [40]
     rnl: object = 0
+    #: cp_comm_type's code (CP_COMM_TYPES; 0, the K/V ring, by default) [42]
+    cpc: object = 0
 
     @property
     def partial(self):
@@ -227,6 +232,10 @@ REALIZABLE_CONDITIONS = {
     "cp_sequence": "seq_len divides by 2 * cp_size",
     "cp_flash": "context parallelism runs with flash attention [18]",
     "sp_sequence": "under sequence parallelism seq_len divides by tp_size * cp_size [19]",
+    "cp_a2a_heads": "cp_comm_type='a2a' (Ulysses) needs cp_size to divide each TP rank's "
+                    "attention heads and its KV heads [42]",
+    "cp_comm_mla": "a multi-head latent attention runs context parallelism with cp_comm_type "
+                   "'p2p' only [42]",
     "ep_precision": "expert parallelism does not run in fp16 [15]",
     "expert_width": "etp_size divides an expert's width [6]",
     "moe_tp_needs_sp": "an MoE model with tp_size > 1 needs sequence_parallel [20]",
@@ -290,6 +299,12 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         "cp_sequence": (cp == 1) | (s % (2 * cp) == 0),
         "cp_flash": (cp == 1) | k["flash_attention"],  # [18]
         "sp_sequence": ~sp | (s % (tp * cp) == 0),  # [19]
+        # "The number of attention heads needs to be divisible by CP size!", of the query
+        # heads and KV groups a TP rank holds [42]
+        "cp_a2a_heads": (cp == 1) | (k.get("cp_comm_type", 0) != _CP_A2A) | (
+            (w.heads % (tp * cp) == 0) & (w.kv_heads % (tp * cp) == 0)),
+        # "MLA CP currently only support KV P2P!" [42]
+        "cp_comm_mla": (cp == 1) | (k.get("cp_comm_type", 0) == 0) | (not w.mla),
         "ep_precision": (ep == 1) | (prec != _FP16),  # [15]
         # an expert's width splits evenly over its TP ranks [6]
         "expert_width": (not w.moe) | (w.moe_ffn % etp == 0),
@@ -353,7 +368,7 @@ def split(w, fleet, k) -> Split:
                  p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]),
                  mtp=k["mtp_num_layers"], first=first, last=last,
                  a2a_paired=combined_1f1b_paired(pp, v, m, k["overlap_moe_expert_parallel_comm"]),
-                 rnl=k.get("recompute_num_layers", 0))
+                 rnl=k.get("recompute_num_layers", 0), cpc=k.get("cp_comm_type", 0))
 
 
 def combined_1f1b_paired(pp, v, m, on):
@@ -867,6 +882,9 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     ring_f = (cp - 1) * _exposed(cp_step, ly.t_core_f / cp, 1.0)
     cp_layer_f = ring_f
     cp_layer_b = (cp - 1) * _exposed(2.0 * cp_step, ly.t_core_b / cp, 1.0) + again * ring_f
+    if np.any((np.asarray(sp.cpc) != 0) & (np.asarray(cp) > 1)):
+        cp_total, cp_layer_f, cp_layer_b = _cp_collectives(
+            w, sp, hw, ly, again, (cp_total, cp_layer_f, cp_layer_b))
     cp_layer = cp_layer_f + cp_layer_b
     # EP: dispatch + combine forward and backward per MoE layer, top-k copies of each token
     # (the rank's sequence slice under SP), over the EP group (ranks tp apart in the expert
@@ -917,6 +935,71 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
                          tp_layer_b=tp_layer_b, cp_total=cp_total,
                          cp_layer=cp_layer, ep_layer=ep_layer, cp_layer_f=cp_layer_f,
                          cp_layer_b=cp_layer_b, ep_layer_f=ep_layer_f, ep_layer_b=ep_layer_b)
+
+
+def cp_peers_near(hw: Hardware, sp: Split):
+    """The ranks of a CP group (``tp`` apart, spanning ``tp cp`` [6]) in the sender's NVLink
+    domain: all ``cp`` where the groups lie inside domains (:meth:`Hardware.within`), a
+    domain's worth where they cover whole domains the stride divides, else the fewest a
+    straddling group holds (:func:`.megatron_compose.straddled_peers`), as the DP groups'."""
+    from .megatron_compose import straddled_peers  # (that module imports this one)
+    tp, cp = sp.tp, sp.cp
+    span = tp * cp
+    whole = (np.mod(span, hw.domain) == 0) & (np.mod(hw.domain, tp) == 0)
+    near = np.where(hw.within(span, sp.n_acc) | whole, np.clip(hw.domain // tp, 1, None),
+                    straddled_peers(hw.domain, span, tp, sp.n_acc))
+    return np.minimum(near, cp)
+
+
+def cp_collective_memory(w, sp: Split, ly: Layer):
+    """Bytes a layer's CP exchange holds beyond the ring's (0 for ``p2p``, whose buffers are
+    not counted) [42]: under ``all_gather`` the backward's K and V gathered whole again
+    beside their full-length gradients before the reduce-scatter, 16 bits, ``2 cp`` times
+    the rank's K and V; under ``a2a`` nothing more (the heads' slice of the whole sequence
+    the attention keeps is as large as the sequence's slice of every head)."""
+    kv_bytes = 2.0 * 2.0 * ly.tokens * ly.kv_t * w.core_dim
+    return np.where((np.asarray(sp.cpc) == _CP_ALL_GATHER) & (sp.cp > 1), 2.0 * sp.cp * kv_bytes, 0.0)
+
+
+def _cp_collectives(w, sp: Split, hw: Hardware, ly: Layer, again, ring):
+    """(cp_total, cp_layer_f, cp_layer_b) of a layer where ``cp_comm_type`` is not the ring
+    (``ring``: the ring's three, kept where it is) [42]. Neither overlaps the attention:
+    - ``all_gather`` (Transformer Engine's ``AttnFuncWithCPAndKVAllGather``, "KV all-gather
+      between CP ranks is exposed", as Llama 3 runs it): forward, K and V gathered whole
+      over the CP group, two all-gathers; backward, gathered again (the forward keeps only
+      the local ones) and their gradients reduce-scattered, four collectives;
+    - ``a2a`` (``AttnFuncWithCPAndQKVOA2A``, Ulysses-style): forward, all-to-alls of Q, K
+      and V from the sequence's slice to the heads' slice, the attention on the whole
+      sequence, the output's all-to-all back (four); backward, the output and its gradient
+      (the saved output is the one after the exchange), then dQ, dK and dV (five).
+    16 bits each, over the CP group's links (in the domain, across it for the peers
+    outside, :func:`cp_peers_near`); a recomputed core (selective or full) runs the
+    forward's again, as the ring does."""
+    cp = np.asarray(sp.cp) * 1.0
+    call_lat = hw.call_lat
+    near = cp_peers_near(hw, sp)
+    links = dict(scale_up_bandwidth=hw.up_bw, scale_up_latency=hw.up_lat,
+                 scale_out_bandwidth=hw.out_bw, scale_out_latency=hw.out_lat)
+    # a head of this rank's tokens, 16 bits (the core's width: QK^T's and PV's mean)
+    head = 2.0 * ly.tokens * w.core_dim
+
+    def gathered(kind):  # K or V, the whole sequence's (cp of the rank's) [42]
+        return net.two_level_time(kind, cp * ly.kv_t * head, cp, near, **links) + call_lat
+
+    def a2a(heads):
+        return net.split_all_to_all_time(heads * head, cp, near, **links) + call_lat
+
+    heads_t = w.heads / (sp.tp * 1.0)
+    ag_f = 2.0 * gathered("all_gather")
+    ag_b = ag_f + 2.0 * gathered("reduce_scatter")
+    a2a_f = 2.0 * a2a(heads_t) + 2.0 * a2a(ly.kv_t)
+    a2a_b = 3.0 * a2a(heads_t) + 2.0 * a2a(ly.kv_t)
+    cpc = np.asarray(sp.cpc)
+    f = np.where(cpc == _CP_A2A, a2a_f, ag_f)
+    b = np.where(cpc == _CP_A2A, a2a_b, ag_b) + again * f
+    use = (cpc != 0) & (cp > 1)
+    total, ring_f, ring_b = ring
+    return (np.where(use, f + b, total), np.where(use, f, ring_f), np.where(use, b, ring_b))
 
 
 # --------------------------------------------------------------- 5. pipeline

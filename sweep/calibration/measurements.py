@@ -335,8 +335,7 @@ def _knobs(where, row):
         elif knob.kind == "float":
             knobs[name] = _number(where, name, text, knob.low, knob.high)
         else:
-            choices = megatron.RECOMPUTE if name == "recompute" else megatron.PRECISIONS
-            knobs[name] = _choice(where, name, text, choices)
+            knobs[name] = _choice(where, name, text, megatron.CHOICES[name])
     if knobs.get("etp_size") is None:  # Megatron-Core's default: the dense TP (stated, so
         knobs["etp_size"] = knobs["tp_size"]  # a group's runs stack into one int array)
     model_parallel = knobs["tp_size"] * knobs["pp_size"] * knobs["cp_size"]
