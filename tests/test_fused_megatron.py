@@ -77,9 +77,6 @@ def _draw(rng, n, *, dp_given, etp_given=False):
         knobs["dp_size"] = pick([1, 2, 4, 8, 16, 64])
     if etp_given:
         knobs["etp_size"] = pick([1, 2, 3, 4, 8, 200])  # 200: past the memo key's 7 bits
-    # the ring (the kernel's), or another exchange priced on the numpy path beside it (drawn
-    # last: the other knobs' draws are those of the seeds before it was a knob)
-    knobs["cp_comm_type"] = pick(["p2p", "p2p", "all_gather", "a2a"])
     return knobs
 
 

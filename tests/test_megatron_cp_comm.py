@@ -102,6 +102,18 @@ def test_each_kind_is_its_collectives_in_closed_form(rc):
         np.testing.assert_allclose(a2a.cp_layer_f, forward, rtol=1e-12)
         np.testing.assert_allclose(a2a.cp_layer_b, 3 * x(heads_t) + 2 * x(kv_t) + again * forward,
                                    rtol=1e-12)
+        # across the fabric: TP 8 fills a node, one CP rank a node, every peer far
+        w8, sp8, hw8, ly8, gather8 = _chain(workload, "HGX_H100_1K_MC", cp_comm_type="all_gather",
+                                            **{**kw, "tp_size": 8})
+        *_, a2a8 = _chain(workload, "HGX_H100_1K_MC", cp_comm_type="a2a", **{**kw, "tp_size": 8})
+        assert not hw8.within(8 * 4, sp8.n_acc)
+        out = dict(bus_bandwidth=hw8.out_bw, latency=hw8.out_lat)
+        kv8 = max(wl.kv_heads / 8, 1.0)
+        ag8 = net.all_gather_time(4 * kv8 * head, 4, **out) + lat
+        np.testing.assert_allclose(gather8.cp_layer_f, 2 * ag8, rtol=1e-12)
+        np.testing.assert_allclose(
+            a2a8.cp_layer_f, 2 * (net.all_to_all_time(wl.heads / 8 * head, 4, **out) + lat)
+            + 2 * (net.all_to_all_time(kv8 * head, 4, **out) + lat), rtol=1e-12)
         # the ring: cp - 1 sends of K and V, three times that in all (four recomputed)
         *_, ring = _chain(workload, "HGX_H100_1K_MC", cp_comm_type="p2p", **kw)
         send = net.p2p_time(2 * kv_t * head, bandwidth=hw.up_bw, latency=hw.up_lat) + lat
@@ -166,9 +178,10 @@ def test_transformer_engines_rules():
 
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_all_gather_holds_the_gathered_keys_and_values(workload):
-    """all_gather's backward holds K and V gathered whole again beside their full-length
-    gradients: 2 cp times the rank's K and V, 8 mbs s kv_t d bytes whatever the CP degree,
-    on top of the ring's buffers; a2a holds what the ring holds (random layouts with
+    """all_gather's backward holds K and V gathered whole again, the chunks' gradients
+    (the second chunk's spanning the sequence on CP rank 0) and the full-length ones: 3 cp
+    times the rank's K and V, 12 mbs s kv_t d bytes whatever the CP degree, on top of the
+    ring's buffers; a2a holds what the ring holds (random layouts with
     cp_size > 1 of every other knob; K/V heads kv / tp, at least one)."""
     rng = np.random.default_rng(421)
     wl = catalog.workload(workload)
@@ -178,7 +191,7 @@ def test_all_gather_holds_the_gathered_keys_and_values(workload):
         ok = np.asarray(ring["valid"])
         assert ok.sum() > 100
         kv_t = np.maximum((wl.kv_heads or wl.heads) / k["tp_size"], 1.0)
-        extra = 8.0 * k["micro_batch_size"] * k["seq_len"] * kv_t * (wl.hidden_dim / wl.heads)
+        extra = 12.0 * k["micro_batch_size"] * k["seq_len"] * kv_t * (wl.hidden_dim / wl.heads)
         gather = _solve(workload, fleet, **{**k, "cp_comm_type": "all_gather"})
         got = np.asarray(gather["memory_communication_buffers"]) - np.asarray(
             ring["memory_communication_buffers"])
@@ -198,7 +211,8 @@ def test_the_fused_kernel_prices_the_other_kinds_beside_it(workload):
     pytest.importorskip("numba")
     rng = np.random.default_rng(422)
     n = 3 * 4096
-    k = {**_draw(rng, n, dp_given=True), "cp_size": rng.choice([1, 2, 4, 8], n)}
+    k = {**_draw(rng, n, dp_given=True), "cp_size": rng.choice([1, 2, 4, 8], n),
+         "cp_comm_type": rng.choice(list(KINDS), n)}
     numpy_ = _solve(workload, "HGX_H100_1K_MC", **k)
     for names in (k["cp_comm_type"], list(k["cp_comm_type"])):
         with warnings.catch_warnings():

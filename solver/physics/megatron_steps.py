@@ -954,11 +954,15 @@ def cp_peers_near(hw: Hardware, sp: Split):
 def cp_collective_memory(w, sp: Split, ly: Layer):
     """Bytes a layer's CP exchange holds beyond the ring's (0 for ``p2p``, whose buffers are
     not counted) [42]: under ``all_gather`` the backward's K and V gathered whole again
-    beside their full-length gradients before the reduce-scatter, 16 bits, ``2 cp`` times
-    the rank's K and V; under ``a2a`` nothing more (the heads' slice of the whole sequence
-    the attention keeps is as large as the sequence's slice of every head)."""
+    (``k_ag``, ``v_ag``, held to its end), the two chunks' gradients against their key
+    ranges (``dk_per_step``: on CP rank 0 the second chunk's spans the sequence) and the
+    full-length dK and dV they add into before the reduce-scatter, 16 bits: ``3 cp`` times
+    the rank's K and V on the rank that holds the most (the reorder's copy of dK and dV
+    before the reduce-scatter is not counted); under ``a2a`` nothing more (the heads' slice
+    of the whole sequence the attention keeps is as large as the sequence's slice of every
+    head)."""
     kv_bytes = 2.0 * 2.0 * ly.tokens * ly.kv_t * w.core_dim
-    return np.where((np.asarray(sp.cpc) == _CP_ALL_GATHER) & (sp.cp > 1), 2.0 * sp.cp * kv_bytes, 0.0)
+    return np.where((np.asarray(sp.cpc) == _CP_ALL_GATHER) & (sp.cp > 1), 3.0 * sp.cp * kv_bytes, 0.0)
 
 
 def _cp_collectives(w, sp: Split, hw: Hardware, ly: Layer, again, ring):
