@@ -37,9 +37,9 @@ def _same(a, b):
 
 
 def test_the_choices_are_megatron_cores_names():
-    assert KINDS == ("p2p", "all_gather", "a2a")
+    assert KINDS == ("p2p", "all_gather", "a2a", "a2a+p2p")
     assert M.DEFAULTS["cp_comm_type"] == "p2p"
-    with pytest.raises(ValueError, match="cp_comm_type must be one of 'p2p', 'all_gather', 'a2a'"):
+    with pytest.raises(ValueError, match="cp_comm_type must be one of 'p2p', 'all_gather', 'a2a', 'a2a[+]p2p'"):
         M.solve(catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC"),
                 cp_size=2, cp_comm_type="allgather")
 
@@ -50,7 +50,7 @@ def test_without_context_parallelism_the_kind_changes_nothing(workload):
     named (random layouts of every other knob, three fleets)."""
     rng = np.random.default_rng(420)
     for fleet in FLEETS:
-        k = {**_draw(rng, 1500, dp_given=True), "cp_size": 1}
+        k = {**_draw(rng, 1500, dp_given=True), "cp_size": 1, "cp_a2a_size": rng.choice([0, 1, 2], 1500)}
         ring = _solve(workload, fleet, **{**k, "cp_comm_type": "p2p"})
         assert np.asarray(ring["valid"]).any()
         for kind in KINDS[1:]:
@@ -126,7 +126,7 @@ def test_the_groups_outside_a_domain_cross_the_fabric():
     than inside one NVLink rack of 72 (GB200 NVL72), where the same group shares NVLink."""
     kw = dict(batch_size=64, seq_len=65536, tp_size=8, cp_size=4, sequence_parallel=True,
               micro_batch_size=1, dp_size=1)
-    for kind in KINDS[1:]:
+    for kind in ("all_gather", "a2a"):
         *_, hgx = _chain("Llama3_70B_MC", "HGX_H100_1K_MC", cp_comm_type=kind, **kw)
         w, sp, hw, ly, nvl = _chain("Llama3_70B_MC", "GB200_NVL72_8_MC", cp_comm_type=kind, **kw)
         assert hw.within(32, sp.n_acc)
@@ -136,16 +136,68 @@ def test_the_groups_outside_a_domain_cross_the_fabric():
     assert not bool(out["realizable"]) and float(out["cp_communication_latency"]) > 0
 
 
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_hierarchical_cp_is_the_ring_or_the_all_to_all_at_its_ends(workload):
+    """a2a+p2p with an all-to-all group of one rank is TE's plain ring, and with the whole CP
+    group one all-to-all group is plain a2a: every output the same bits (random layouts of
+    every other knob, CP 2 to 8, three fleets; no MLA here, which runs a2a+p2p but not a2a)."""
+    rng = np.random.default_rng(423)
+    for fleet in FLEETS:
+        k = {**_draw(rng, 1500, dp_given=True), "cp_size": rng.choice([2, 4, 8], 1500)}
+        ring = _solve(workload, fleet, **{**k, "cp_comm_type": "p2p"})
+        assert np.asarray(ring["valid"]).sum() > 100
+        _same(_solve(workload, fleet, **{**k, "cp_comm_type": "a2a+p2p", "cp_a2a_size": 1}), ring)
+        a2a = _solve(workload, fleet, **{**k, "cp_comm_type": "a2a"})
+        _same(_solve(workload, fleet, **{**k, "cp_comm_type": "a2a+p2p",
+                                         "cp_a2a_size": k["cp_size"]}), a2a)
+
+
+@pytest.mark.parametrize("rc", ["none", "full"])
+def test_hierarchical_cp_in_closed_form(rc):
+    """Llama 3 8B at CP 16 over two HGX nodes, in all-to-all groups of 8 (one a node, as
+    Megatron-Bridge's hierarchical CP puts a2a "on intra-node links"): the four and five
+    all-to-alls over NVLink, then a ring of two groups over the fabric, one send a direction
+    (three in all, four recomputed) of the rank's K and V, as large as without the groups."""
+    kw = dict(batch_size=32, seq_len=32768, tp_size=1, cp_size=16, dp_size=1, micro_batch_size=1,
+              recompute=rc)
+    wl = catalog.workload("Llama3_8B_MC")
+    w, sp, hw, ly, cm = _chain("Llama3_8B_MC", "HGX_H100_1K_MC", cp_comm_type="a2a+p2p",
+                               cp_a2a_size=8, **kw)
+    assert not hw.within(16, sp.n_acc)
+    head = 2.0 * 32768 / 16 * (wl.hidden_dim / wl.heads)
+    lat = float(hw.call_lat)
+    up = dict(bus_bandwidth=hw.up_bw, latency=hw.up_lat)
+
+    def x(heads):
+        return net.all_to_all_time(heads * head, 8, **up) + lat
+    again = rc != "none"
+    forward = 2 * x(wl.heads) + 2 * x(wl.kv_heads)
+    backward = 3 * x(wl.heads) + 2 * x(wl.kv_heads) + again * forward
+    send = net.p2p_time(2 * wl.kv_heads * head, bandwidth=hw.out_bw, latency=hw.out_lat) + lat
+    np.testing.assert_allclose(cm.cp_total, forward + backward + (3 + again) * send, rtol=1e-12)
+    # the ring's part is exposed only where the attention is shorter than its send
+    assert forward <= float(cm.cp_layer_f) <= forward + send
+    out = _solve("Llama3_8B_MC", "HGX_H100_1K_MC", cp_comm_type="a2a+p2p", cp_a2a_size=8, **kw)
+    assert bool(out["realizable"])
+    ring = _solve("Llama3_8B_MC", "HGX_H100_1K_MC", cp_comm_type="p2p", **kw)
+    assert float(out["step_latency_total"]) < float(ring["step_latency_total"])
+    # one all-to-all group of 16 (plain a2a, refused: 8 KV heads) is slower too
+    whole = _solve("Llama3_8B_MC", "HGX_H100_1K_MC", cp_comm_type="a2a+p2p", cp_a2a_size=16, **kw)
+    assert float(out["step_latency_total"]) < float(whole["step_latency_total"])
+    assert not bool(whole["realizable"])
+
+
 def test_only_the_ring_hides_behind_the_attention():
     """Megatron-Bridge's table [42]: p2p overlaps, all_gather and a2a do not. At 128k tokens
     on one NVLink domain the ring's sends hide whole behind the attention (nothing exposed),
     while the other two are exposed whole: their cp_communication_latency is their traffic."""
     kw = dict(batch_size=16, seq_len=131072, tp_size=1, cp_size=8, micro_batch_size=1,
               recompute="selective", dp_size=1)
-    out = {kind: _solve("Llama3_8B_MC", "HGX_H100_1K_MC", cp_comm_type=kind, **kw) for kind in KINDS}
+    out = {kind: _solve("Llama3_8B_MC", "HGX_H100_1K_MC", cp_comm_type=kind, **kw)
+           for kind in KINDS[:3]}
     assert all(bool(o["realizable"]) for o in out.values())
     assert float(out["p2p"]["cp_communication_latency"]) == 0.0
-    for kind in KINDS[1:]:
+    for kind in KINDS[1:3]:
         *_, cm = _chain("Llama3_8B_MC", "HGX_H100_1K_MC", cp_comm_type=kind, **kw)
         o = out[kind]
         # the one stage's 32 layers, 16 microbatches, exposed whole
@@ -169,11 +221,20 @@ def test_transformer_engines_rules():
         assert M.why_unrealizable(wl, fl, tp_size=2, cp_size=8, cp_comm_type="all_gather", **kw) == {}
         ds, dkw = catalog.workload("DeepSeek_V3_MC"), dict(kw, ep_size=8, etp_size=1, tp_size=2,
                                                           dp_size=4)
-        for kind in KINDS[1:]:
+        for kind in KINDS[1:3]:
             assert sorted(M.why_unrealizable(ds, fl, cp_size=2, cp_comm_type=kind, **dkw)) == [
                 "cp_comm_mla"]
             assert M.why_unrealizable(ds, fl, cp_size=1, cp_comm_type=kind, **dkw) == {}
         assert M.why_unrealizable(ds, fl, cp_size=2, cp_comm_type="p2p", **dkw) == {}
+        # hierarchical CP: its all-to-all group set, dividing CP and the heads; MLA may run it
+        assert M.why_unrealizable(ds, fl, cp_size=2, cp_comm_type="a2a+p2p", cp_a2a_size=2,
+                                  **dkw) == {}
+        for size in (0, 3, 16):  # not set; not dividing cp_size 8; past each rank's 8 heads
+            assert sorted(M.why_unrealizable(wl, fl, tp_size=1, cp_size=8 if size != 16 else 16,
+                                             cp_comm_type="a2a+p2p", cp_a2a_size=size,
+                                             **kw)) == ["cp_hierarchy"], size
+        assert M.why_unrealizable(wl, fl, tp_size=1, cp_size=8, cp_comm_type="a2a+p2p",
+                                  cp_a2a_size=4, **kw) == {}
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)
@@ -212,7 +273,7 @@ def test_the_fused_kernel_prices_the_other_kinds_beside_it(workload):
     rng = np.random.default_rng(422)
     n = 3 * 4096
     k = {**_draw(rng, n, dp_given=True), "cp_size": rng.choice([1, 2, 4, 8], n),
-         "cp_comm_type": rng.choice(list(KINDS), n)}
+         "cp_comm_type": rng.choice(list(KINDS), n), "cp_a2a_size": rng.choice([0, 1, 2, 4], n)}
     numpy_ = _solve(workload, "HGX_H100_1K_MC", **k)
     for names in (k["cp_comm_type"], list(k["cp_comm_type"])):
         with warnings.catch_warnings():

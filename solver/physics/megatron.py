@@ -321,7 +321,10 @@ References
     to be divisible by CP size!" of the query heads and the KV groups a TP rank holds.
     TE's tests skip MLA with the other kinds: "MLA CP currently only support KV P2P!".
     Megatron-Bridge, "Hybrid / Hierarchical Context Parallel": p2p overlaps, all_gather
-    and a2a do not; "a2a+p2p" (hierarchical groups) is not modelled here.
+    and a2a do not; "a2a+p2p" runs a2a "within inner group, p2p across outer group"
+    (``hierarchical_context_parallel_sizes``, "must be set when a2a+p2p is used"; its
+    product the CP size), TE's ring with the all-to-alls of Q, K, V and the output, and in
+    the backward of the output and its gradient, over the first group before and after it.
 [40] Megatron-Core ``transformer/transformer_block.py`` (``_checkpointed_forward``) and
     ``TransformerConfig.__post_init__``: under ``recompute_granularity="full"`` with
     ``recompute_method="block"``, each model chunk (a ``TransformerBlock``: a pipeline
@@ -434,7 +437,12 @@ KNOBS = {k.name: k for k in (
     _K("cp_comm_type", "choice", "p2p",
        why="how the context-parallel ranks exchange the attention's inputs (Megatron-Core's "
            "cp_comm_type): 'p2p' the K/V ring overlapped with the attention, 'all_gather' "
-           "K and V gathered whole, 'a2a' Ulysses' all-to-alls of Q, K, V and the output"),
+           "K and V gathered whole, 'a2a' Ulysses' all-to-alls of Q, K, V and the output, "
+           "'a2a+p2p' all-to-alls in groups of cp_a2a_size and the ring between them"),
+    _K("cp_a2a_size", "int", 0, low=0, high=4095,
+       why="the all-to-all group of cp_comm_type 'a2a+p2p', consecutive CP ranks (the first "
+           "of Megatron-Core's hierarchical_context_parallel_sizes, the ring's cp_size over "
+           "it); 0: not set"),
     _K("ep_size", "int", 1, low=1, why="expert-parallel degree (folded into DP x CP)"),
     _K("etp_size", "int", None, low=1,
        why="expert tensor-parallel degree (Megatron-Core's expert_tensor_parallel_size; "
@@ -491,7 +499,8 @@ REALIZABLE_RULES = (
     "than two stages); tp_comm_overlap and MoE with tp_size > 1 "
     "need sequence_parallel, tp_comm_overlap every TP group inside one NVLink domain, "
     "cp_size > 1 flash_attention, cp_comm_type 'a2a' cp_size dividing each TP rank's heads "
-    "and KV heads, 'p2p' for a multi-head latent attention, overlap_param_gather "
+    "and KV heads, 'a2a+p2p' cp_a2a_size set, dividing cp_size and each TP rank's heads and "
+    "KV heads, 'p2p' or 'a2a+p2p' for a multi-head latent attention, overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, recompute_num_layers recompute='full', "
     "overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
@@ -570,10 +579,10 @@ def _choice_codes(name, value, fk=None):
 #: or does not read (recompute_num_layers: _beside_kernel), so their range is checked
 #: before it, never left to its first pass.
 _PACKED_KNOBS = ("mtp_num_layers", "num_layers_in_first_pipeline_stage",
-                 "num_layers_in_last_pipeline_stage", "recompute_num_layers")
+                 "num_layers_in_last_pipeline_stage", "recompute_num_layers", "cp_a2a_size")
 #: Knobs the fused kernel does not read: the configurations that set them where they
 #: matter are priced on the numpy path beside it (:func:`_beside_kernel`).
-_BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type")
+_BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -861,7 +870,7 @@ class _Shape:
 
 def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_size=1, pp_size=1,
           cp_size=1, ep_size=1, dp_size=None, etp_size=None, v_stages=1, micro_batch_size=1,
-          cp_comm_type="p2p",
+          cp_comm_type="p2p", cp_a2a_size=0,
           sequence_parallel=False, recompute="none", recompute_num_layers=0, zero_stage=1,
           precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
@@ -892,17 +901,23 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         Tensor, pipeline, context and expert-parallel degrees. EP is folded
         into DP x CP [6]: it must divide ``dp_size * cp_size`` (with ``etp_size``, ``etp_size
         * ep_size`` must divide ``tp_size * cp_size * dp_size``).
-    cp_comm_type : {"p2p", "all_gather", "a2a"}
+    cp_comm_type : {"p2p", "all_gather", "a2a", "a2a+p2p"}
         How the ``cp_size`` ranks of a context-parallel group exchange the attention's
         inputs, Megatron-Core's ``cp_comm_type`` [42]: ``"p2p"`` (default, Megatron's)
         passes K and V around a ring, each step beside a step's attention; ``"all_gather"``
         gathers K and V whole before it (Llama 3's way), exposed; ``"a2a"`` trades the
         sequence's slice for the heads' with all-to-alls of Q, K, V and the output
         (Ulysses), exposed, and needs ``cp_size`` to divide each TP rank's heads and KV
-        heads. A multi-head latent attention runs ``"p2p"`` only. Nothing at
-        ``cp_size=1``. Configurations that set another at ``cp_size > 1`` are priced on
-        the numpy path, in a call of the fused kernel too (the same bits either way).
-        ``"a2a+p2p"`` (hierarchical CP) is not modelled.
+        heads. ``"a2a+p2p"`` (hierarchical CP) runs the all-to-alls in groups of
+        ``cp_a2a_size`` consecutive CP ranks and the ring between the groups. A multi-head
+        latent attention runs ``"p2p"`` or ``"a2a+p2p"`` only. Nothing at ``cp_size=1``.
+        Configurations that set another at ``cp_size > 1`` are priced on the numpy path, in
+        a call of the fused kernel too (the same bits either way).
+    cp_a2a_size : int [1]
+        Under ``cp_comm_type="a2a+p2p"``, the all-to-all group's CP ranks, the first of
+        Megatron-Core's ``hierarchical_context_parallel_sizes`` (the ring's, the second,
+        is ``cp_size`` over it): it must be set, divide ``cp_size`` and each TP rank's heads
+        and KV heads [42]. Read under that kind only; 0 (default): not set.
     etp_size : int [1], optional
         Expert tensor-parallel degree, Megatron-Core's ``expert_tensor_parallel_size``
         (``--expert-tensor-parallel-size``) [6]: the routed experts split over ``etp_size``
@@ -1062,7 +1077,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     """
     _check_inputs(workload, fleet, engine)
     values = dict(batch_size=batch_size, seq_len=seq_len, tp_size=tp_size, pp_size=pp_size,
-                  cp_size=cp_size, cp_comm_type=cp_comm_type, ep_size=ep_size, v_stages=v_stages,
+                  cp_size=cp_size, cp_comm_type=cp_comm_type, cp_a2a_size=cp_a2a_size,
+                  ep_size=ep_size, v_stages=v_stages,
                   micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
                   recompute=recompute, recompute_num_layers=recompute_num_layers,
                   zero_stage=zero_stage, precision=precision,

@@ -32,8 +32,8 @@ from .common import even_splits
 #: Recompute modes, coded 0, 1, 2.
 RECOMPUTE = ("none", "selective", "full")
 #: Context-parallel communication kinds (Megatron-Core's ``cp_comm_type``), coded 0..2 [42].
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
-_CP_ALL_GATHER, _CP_A2A = CP_COMM_TYPES.index("all_gather"), CP_COMM_TYPES.index("a2a")
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+_CP_ALL_GATHER, _CP_A2A, _CP_HIER = (CP_COMM_TYPES.index(kind) for kind in CP_COMM_TYPES[1:])
 #: Precisions of the GEMMs (weights stay 16-bit), coded 0..3.
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
 _FP16 = PRECISIONS.index("fp16")
@@ -174,6 +174,8 @@ class Split:
     rnl: object = 0
     #: cp_comm_type's code (CP_COMM_TYPES; 0, the K/V ring, by default) [42]
     cpc: object = 0
+    #: cp_a2a_size: the all-to-all group of hierarchical CP ("a2a+p2p"; 0: not set) [42]
+    cpa: object = 0
 
     @property
     def partial(self):
@@ -234,8 +236,10 @@ REALIZABLE_CONDITIONS = {
     "sp_sequence": "under sequence parallelism seq_len divides by tp_size * cp_size [19]",
     "cp_a2a_heads": "cp_comm_type='a2a' (Ulysses) needs cp_size to divide each TP rank's "
                     "attention heads and its KV heads [42]",
+    "cp_hierarchy": "cp_comm_type='a2a+p2p' needs cp_a2a_size set, dividing cp_size and each "
+                    "TP rank's attention heads and KV heads [42]",
     "cp_comm_mla": "a multi-head latent attention runs context parallelism with cp_comm_type "
-                   "'p2p' only [42]",
+                   "'p2p' or 'a2a+p2p' only [42]",
     "ep_precision": "expert parallelism does not run in fp16 [15]",
     "expert_width": "etp_size divides an expert's width [6]",
     "moe_tp_needs_sp": "an MoE model with tp_size > 1 needs sequence_parallel [20]",
@@ -303,8 +307,13 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # heads and KV groups a TP rank holds [42]
         "cp_a2a_heads": (cp == 1) | (k.get("cp_comm_type", 0) != _CP_A2A) | (
             (w.heads % (tp * cp) == 0) & (w.kv_heads % (tp * cp) == 0)),
-        # "MLA CP currently only support KV P2P!" [42]
-        "cp_comm_mla": (cp == 1) | (k.get("cp_comm_type", 0) == 0) | (not w.mla),
+        # "--hierarchical-context-parallel-sizes must be set when a2a+p2p is used", its
+        # product the CP size; TE's all-to-all over the first group asserts as above [42]
+        "cp_hierarchy": (cp == 1) | (k.get("cp_comm_type", 0) != _CP_HIER) | _hierarchy(
+            w, tp, cp, k.get("cp_a2a_size", 0)),
+        # "MLA CP currently only support KV P2P!" (the kinds with a ring) [42]
+        "cp_comm_mla": (cp == 1) | (k.get("cp_comm_type", 0) == 0)
+                       | (k.get("cp_comm_type", 0) == _CP_HIER) | (not w.mla),
         "ep_precision": (ep == 1) | (prec != _FP16),  # [15]
         # an expert's width splits evenly over its TP ranks [6]
         "expert_width": (not w.moe) | (w.moe_ffn % etp == 0),
@@ -368,7 +377,16 @@ def split(w, fleet, k) -> Split:
                  p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]),
                  mtp=k["mtp_num_layers"], first=first, last=last,
                  a2a_paired=combined_1f1b_paired(pp, v, m, k["overlap_moe_expert_parallel_comm"]),
-                 rnl=k.get("recompute_num_layers", 0), cpc=k.get("cp_comm_type", 0))
+                 rnl=k.get("recompute_num_layers", 0), cpc=k.get("cp_comm_type", 0),
+                 cpa=k.get("cp_a2a_size", 0))
+
+
+def _hierarchy(w, tp, cp, a2a):
+    """Where hierarchical CP's all-to-all group of ``a2a`` ranks is set and splits the CP
+    group and each TP rank's heads and KV heads [42]."""
+    size = np.maximum(a2a, 1)  # (no division by 0 where it is not set)
+    return ((a2a >= 1) & (cp % size == 0) & (w.heads % (tp * size) == 0)
+            & (w.kv_heads % (tp * size) == 0))
 
 
 def combined_1f1b_paired(pp, v, m, on):
@@ -873,15 +891,8 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     # (3x in all), each step's send beside that step's share of the attention core, one
     # cp-th (load-balanced chunks), the last step's core with no send beside it [4] [37];
     # a recomputed core (selective or full) runs its ring again.
-    kv_bytes = 2.0 * 2.0 * ly.tokens * ly.kv_t * w.core_dim
-    cp_bw, cp_lat = hw.link(hw.within(tp * cp, sp.n_acc))
-    cp_step = net.p2p_time(kv_bytes, bandwidth=cp_bw, latency=cp_lat) + call_lat
-    cp_f = (cp - 1) * cp_step
     again = rc >= 1
-    cp_total = (3.0 + again) * cp_f
-    ring_f = (cp - 1) * _exposed(cp_step, ly.t_core_f / cp, 1.0)
-    cp_layer_f = ring_f
-    cp_layer_b = (cp - 1) * _exposed(2.0 * cp_step, ly.t_core_b / cp, 1.0) + again * ring_f
+    cp_total, cp_layer_f, cp_layer_b = _kv_ring(w, sp, hw, ly, cp, again)
     if np.any((np.asarray(sp.cpc) != 0) & (np.asarray(cp) > 1)):
         cp_total, cp_layer_f, cp_layer_b = _cp_collectives(
             w, sp, hw, ly, again, (cp_total, cp_layer_f, cp_layer_b))
@@ -937,13 +948,29 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
                          cp_layer_b=cp_layer_b, ep_layer_f=ep_layer_f, ep_layer_b=ep_layer_b)
 
 
-def cp_peers_near(hw: Hardware, sp: Split):
-    """The ranks of a CP group (``tp`` apart, spanning ``tp cp`` [6]) in the sender's NVLink
-    domain: all ``cp`` where the groups lie inside domains (:meth:`Hardware.within`), a
+def _kv_ring(w, sp: Split, hw: Hardware, ly: Layer, n, again):
+    """(total, forward, backward) of the K/V ring over ``n`` ranks of the CP group [4] [42]:
+    ``n - 1`` sends of the rank's K and V forward, of K, V and their gradients backward
+    (3x in all), each beside that step's share of the attention core, one ``n``-th
+    (load-balanced chunks); a recomputed core runs its ring again. Over NVLink where the
+    CP group (spanning ``tp cp``) lies in a domain, else the fabric."""
+    kv_bytes = 2.0 * 2.0 * ly.tokens * ly.kv_t * w.core_dim
+    cp_bw, cp_lat = hw.link(hw.within(sp.tp * sp.cp, sp.n_acc))
+    step = net.p2p_time(kv_bytes, bandwidth=cp_bw, latency=cp_lat) + hw.call_lat
+    total = (3.0 + again) * ((n - 1) * step)
+    ring_f = (n - 1) * _exposed(step, ly.t_core_f / n, 1.0)
+    return total, ring_f, (n - 1) * _exposed(2.0 * step, ly.t_core_b / n, 1.0) + again * ring_f
+
+
+def cp_peers_near(hw: Hardware, sp: Split, size=None):
+    """The ranks of a CP group (``tp`` apart, spanning ``tp cp`` [6]; of ``size`` of them,
+    consecutive, where given: hierarchical CP's all-to-all group) in the sender's NVLink
+    domain: all of them where the groups lie inside domains (:meth:`Hardware.within`), a
     domain's worth where they cover whole domains the stride divides, else the fewest a
     straddling group holds (:func:`.megatron_compose.straddled_peers`), as the DP groups'."""
     from .megatron_compose import straddled_peers  # (that module imports this one)
-    tp, cp = sp.tp, sp.cp
+    tp = sp.tp
+    cp = sp.cp if size is None else size
     span = tp * cp
     whole = (np.mod(span, hw.domain) == 0) & (np.mod(hw.domain, tp) == 0)
     near = np.where(hw.within(span, sp.n_acc) | whole, np.clip(hw.domain // tp, 1, None),
@@ -967,7 +994,8 @@ def cp_collective_memory(w, sp: Split, ly: Layer):
 
 def _cp_collectives(w, sp: Split, hw: Hardware, ly: Layer, again, ring):
     """(cp_total, cp_layer_f, cp_layer_b) of a layer where ``cp_comm_type`` is not the ring
-    (``ring``: the ring's three, kept where it is) [42]. Neither overlaps the attention:
+    (``ring``: the ring's three, kept where it is) [42]. The first two do not overlap the
+    attention:
     - ``all_gather`` (Transformer Engine's ``AttnFuncWithCPAndKVAllGather``, "KV all-gather
       between CP ranks is exposed", as Llama 3 runs it): forward, K and V gathered whole
       over the CP group, two all-gathers; backward, gathered again (the forward keeps only
@@ -975,7 +1003,11 @@ def _cp_collectives(w, sp: Split, hw: Hardware, ly: Layer, again, ring):
     - ``a2a`` (``AttnFuncWithCPAndQKVOA2A``, Ulysses-style): forward, all-to-alls of Q, K
       and V from the sequence's slice to the heads' slice, the attention on the whole
       sequence, the output's all-to-all back (four); backward, the output and its gradient
-      (the saved output is the one after the exchange), then dQ, dK and dV (five).
+      (the saved output is the one after the exchange), then dQ, dK and dV (five);
+    - ``a2a+p2p`` (hierarchical CP, ``AttnFuncWithCPAndKVP2P`` with two groups): the
+      all-to-alls of ``a2a`` over the first ``cp_a2a_size`` consecutive CP ranks, then the
+      K/V ring (:func:`_kv_ring`) over the ``cp / cp_a2a_size`` groups, its K and V as large
+      as the rank's (the group's tokens, its heads' share), overlapped as the ring is.
     16 bits each, over the CP group's links (in the domain, across it for the peers
     outside, :func:`cp_peers_near`); a recomputed core (selective or full) runs the
     forward's again, as the ring does."""
@@ -1001,9 +1033,24 @@ def _cp_collectives(w, sp: Split, hw: Hardware, ly: Layer, again, ring):
     cpc = np.asarray(sp.cpc)
     f = np.where(cpc == _CP_A2A, a2a_f, ag_f)
     b = np.where(cpc == _CP_A2A, a2a_b, ag_b) + again * f
+    total = f + b
+    if np.any(cpc == _CP_HIER):
+        # (a group of one: TE's plain ring, no all-to-all; the whole CP group: plain a2a)
+        a = np.clip(np.asarray(sp.cpa) * 1.0, 1.0, cp)
+        near_a = cp_peers_near(hw, sp, a)
+
+        def inner(heads):
+            return (net.split_all_to_all_time(heads * head, a, near_a, **links)
+                    + call_lat * (a > 1))
+        in_f = 2.0 * inner(heads_t) + 2.0 * inner(ly.kv_t)
+        in_b = 3.0 * inner(heads_t) + 2.0 * inner(ly.kv_t) + again * in_f
+        r_total, r_f, r_b = _kv_ring(w, sp, hw, ly, cp / a, again)
+        hier = cpc == _CP_HIER
+        f, b = np.where(hier, in_f + r_f, f), np.where(hier, in_b + r_b, b)
+        total = np.where(hier, in_f + in_b + r_total, total)
     use = (cpc != 0) & (cp > 1)
-    total, ring_f, ring_b = ring
-    return (np.where(use, f + b, total), np.where(use, f, ring_f), np.where(use, b, ring_b))
+    ring_total, ring_f, ring_b = ring
+    return (np.where(use, total, ring_total), np.where(use, f, ring_f), np.where(use, b, ring_b))
 
 
 # --------------------------------------------------------------- 5. pipeline
