@@ -171,7 +171,8 @@ MEGATRON_ONLY: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
        "busy time of the heaviest stage (GEMMs, attention, memory-bound kernels)", _MIN,
        physics=_MG),
     _o("cp_communication_latency", "s",
-       "exposed context-parallel exchange (K/V ring, all-gather or all-to-all: cp_comm_type)",
+       "exposed context-parallel exchange (K/V ring, all-gather, all-to-all or both: "
+       "cp_comm_type)",
        _MIN, physics=_MG),
     _o("pp_communication_latency", "s", "exposed pipeline point-to-point sends", _MIN,
        physics=_MG),

@@ -187,6 +187,26 @@ def test_hierarchical_cp_in_closed_form(rc):
     assert not bool(whole["realizable"])
 
 
+def test_cp_a2a_size_is_read_under_the_hierarchical_kind_only():
+    """Under the other kinds cp_a2a_size changes nothing, at any CP degree (random layouts of
+    every knob, sizes past the CP degree and not dividing it too); out of its range it is
+    refused by name on either engine."""
+    rng = np.random.default_rng(424)
+    n = 3 * 4096
+    k = {**_draw(rng, n, dp_given=True), "cp_size": rng.choice([1, 2, 4, 8, 16], n)}
+    for kind in KINDS[:3]:
+        unset = _solve("Mixtral_8x7B_MC", "GB200_NVL72_8_MC", **{**k, "cp_comm_type": kind})
+        for size in (1, 3, rng.choice([2, 4, 8, 4095], n)):
+            _same(_solve("Mixtral_8x7B_MC", "GB200_NVL72_8_MC",
+                         **{**k, "cp_comm_type": kind, "cp_a2a_size": size}), unset)
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    for engine in ("numpy", "auto"):
+        for bad in (-1, 4096, np.full(n, 4096, dtype=np.int64)):
+            with pytest.raises(ValueError, match="cp_a2a_size"):
+                M.solve(wl, fl, cp_size=2, cp_comm_type="a2a+p2p", cp_a2a_size=bad,
+                        seq_len=np.full(n, 4096), engine=engine)
+
+
 def test_only_the_ring_hides_behind_the_attention():
     """Megatron-Bridge's table [42]: p2p overlaps, all_gather and a2a do not. At 128k tokens
     on one NVLink domain the ring's sends hide whole behind the attention (nothing exposed),
@@ -226,9 +246,12 @@ def test_transformer_engines_rules():
                 "cp_comm_mla"]
             assert M.why_unrealizable(ds, fl, cp_size=1, cp_comm_type=kind, **dkw) == {}
         assert M.why_unrealizable(ds, fl, cp_size=2, cp_comm_type="p2p", **dkw) == {}
-        # hierarchical CP: its all-to-all group set, dividing CP and the heads; MLA may run it
-        assert M.why_unrealizable(ds, fl, cp_size=2, cp_comm_type="a2a+p2p", cp_a2a_size=2,
+        # hierarchical CP: its all-to-all group set, dividing CP and the heads; MLA may run
+        # it where a ring is left (one group of all the CP ranks is TE's a2a, refused)
+        assert M.why_unrealizable(ds, fl, cp_size=4, cp_comm_type="a2a+p2p", cp_a2a_size=2,
                                   **dkw) == {}
+        assert sorted(M.why_unrealizable(ds, fl, cp_size=4, cp_comm_type="a2a+p2p",
+                                         cp_a2a_size=4, **dkw)) == ["cp_comm_mla"]
         for size in (0, 3, 16):  # not set; not dividing cp_size 8; past each rank's 8 heads
             assert sorted(M.why_unrealizable(wl, fl, tp_size=1, cp_size=8 if size != 16 else 16,
                                              cp_comm_type="a2a+p2p", cp_a2a_size=size,
@@ -272,8 +295,10 @@ def test_the_fused_kernel_prices_the_other_kinds_beside_it(workload):
     pytest.importorskip("numba")
     rng = np.random.default_rng(422)
     n = 3 * 4096
+    # (the ring half the time: the kernel's own rows, the rest priced beside it)
     k = {**_draw(rng, n, dp_given=True), "cp_size": rng.choice([1, 2, 4, 8], n),
-         "cp_comm_type": rng.choice(list(KINDS), n), "cp_a2a_size": rng.choice([0, 1, 2, 4], n)}
+         "cp_comm_type": rng.choice(list(KINDS), n, p=[0.5, 0.5 / 3, 0.5 / 3, 0.5 / 3]),
+         "cp_a2a_size": rng.choice([0, 1, 2, 4], n)}
     numpy_ = _solve(workload, "HGX_H100_1K_MC", **k)
     for names in (k["cp_comm_type"], list(k["cp_comm_type"])):
         with warnings.catch_warnings():

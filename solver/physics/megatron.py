@@ -500,7 +500,8 @@ REALIZABLE_RULES = (
     "need sequence_parallel, tp_comm_overlap every TP group inside one NVLink domain, "
     "cp_size > 1 flash_attention, cp_comm_type 'a2a' cp_size dividing each TP rank's heads "
     "and KV heads, 'a2a+p2p' cp_a2a_size set, dividing cp_size and each TP rank's heads and "
-    "KV heads, 'p2p' or 'a2a+p2p' for a multi-head latent attention, overlap_param_gather "
+    "KV heads, 'p2p', or 'a2a+p2p' with a ring (cp_a2a_size below cp_size), for a multi-head "
+    "latent attention, overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, recompute_num_layers recompute='full', "
     "overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
@@ -528,7 +529,7 @@ OUTPUTS = {
     "hfu": ("1", "hardware FLOPs utilization (recomputation included)"),
     "compute_latency": ("s", "busy time of the heaviest stage (GEMMs, attention, memory-bound kernels)"),
     "tp_communication_latency": ("s", "exposed tensor-parallel collectives"),
-    "cp_communication_latency": ("s", "exposed context-parallel exchange: the K/V ring, the all-gathers of K and V, or the all-to-alls of Q, K, V and the output (cp_comm_type)"),
+    "cp_communication_latency": ("s", "exposed context-parallel exchange: the K/V ring, the all-gathers of K and V, the all-to-alls of Q, K, V and the output, or both of the hierarchical kind (cp_comm_type)"),
     "ep_communication_latency": ("s", "expert dispatch left exposed: the expert-parallel all-to-all and, with expert tensor parallelism (etp_size > 1, by default tp_size), the dispatcher's all-gather and reduce-scatter over the expert TP group, so nonzero at ep_size 1 where etp_size > 1 (all of it but what overlap_moe_expert_parallel_comm hides behind the paired microbatch's work)"),
     "pp_communication_latency": ("s", "exposed pipeline p2p sends"),
     "dp_communication_latency": ("s", "exposed data-parallel gradient reduction and parameter gather"),
@@ -910,7 +911,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         (Ulysses), exposed, and needs ``cp_size`` to divide each TP rank's heads and KV
         heads. ``"a2a+p2p"`` (hierarchical CP) runs the all-to-alls in groups of
         ``cp_a2a_size`` consecutive CP ranks and the ring between the groups. A multi-head
-        latent attention runs ``"p2p"`` or ``"a2a+p2p"`` only. Nothing at ``cp_size=1``.
+        latent attention runs ``"p2p"``, or ``"a2a+p2p"`` with a ring (``cp_a2a_size`` below
+        ``cp_size``; TE runs one group of all the CP ranks as ``"a2a"``), only. Nothing at ``cp_size=1``.
         Configurations that set another at ``cp_size > 1`` are priced on the numpy path, in
         a call of the fused kernel too (the same bits either way).
     cp_a2a_size : int [1]

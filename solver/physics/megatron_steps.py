@@ -31,7 +31,7 @@ from .common import even_splits
 
 #: Recompute modes, coded 0, 1, 2.
 RECOMPUTE = ("none", "selective", "full")
-#: Context-parallel communication kinds (Megatron-Core's ``cp_comm_type``), coded 0..2 [42].
+#: Context-parallel communication kinds (Megatron-Core's ``cp_comm_type``), coded 0..3 [42].
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 _CP_ALL_GATHER, _CP_A2A, _CP_HIER = (CP_COMM_TYPES.index(kind) for kind in CP_COMM_TYPES[1:])
 #: Precisions of the GEMMs (weights stay 16-bit), coded 0..3.
@@ -239,7 +239,7 @@ REALIZABLE_CONDITIONS = {
     "cp_hierarchy": "cp_comm_type='a2a+p2p' needs cp_a2a_size set, dividing cp_size and each "
                     "TP rank's attention heads and KV heads [42]",
     "cp_comm_mla": "a multi-head latent attention runs context parallelism with cp_comm_type "
-                   "'p2p' or 'a2a+p2p' only [42]",
+                   "'p2p', or 'a2a+p2p' with a ring (cp_a2a_size below cp_size), only [42]",
     "ep_precision": "expert parallelism does not run in fp16 [15]",
     "expert_width": "etp_size divides an expert's width [6]",
     "moe_tp_needs_sp": "an MoE model with tp_size > 1 needs sequence_parallel [20]",
@@ -311,9 +311,11 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # product the CP size; TE's all-to-all over the first group asserts as above [42]
         "cp_hierarchy": (cp == 1) | (k.get("cp_comm_type", 0) != _CP_HIER) | _hierarchy(
             w, tp, cp, k.get("cp_a2a_size", 0)),
-        # "MLA CP currently only support KV P2P!" (the kinds with a ring) [42]
-        "cp_comm_mla": (cp == 1) | (k.get("cp_comm_type", 0) == 0)
-                       | (k.get("cp_comm_type", 0) == _CP_HIER) | (not w.mla),
+        # "MLA CP currently only support KV P2P!": the kinds with a ring, where TE's check
+        # follows its fallback of a2a+p2p with one all-to-all group of all the CP ranks to
+        # a2a [42]
+        "cp_comm_mla": (cp == 1) | (k.get("cp_comm_type", 0) == 0) | (
+            (k.get("cp_comm_type", 0) == _CP_HIER) & (k.get("cp_a2a_size", 0) < cp)) | (not w.mla),
         "ep_precision": (ep == 1) | (prec != _FP16),  # [15]
         # an expert's width splits evenly over its TP ranks [6]
         "expert_width": (not w.moe) | (w.moe_ffn % etp == 0),
