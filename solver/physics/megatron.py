@@ -297,6 +297,12 @@ References
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
     rack's NVLink, is not modelled.
+[43] Megatron-LM ``megatron/training/arguments.py``: ``--fp8-param-gather``, "Keep the
+    compute param in fp8 (do not use any other intermediate dtype) and perform the param
+    all-gather in fp8", asserted "only supported with distributed optimizer, torch fsdp2,
+    megatron fsdp, or inference mode"; ``pretrain_gpt.model_provider`` builds the model
+    under Transformer Engine's ``fp8_model_init`` where it is set (the linear layers'
+    weights FP8 tensors; the embedding, output layer and norms are no TE linear layers).
 [41] Megatron-LM ``megatron/training/tokenizer/tokenizer.py`` (``_vocab_size_with_padding``):
     the vocabulary is padded to a multiple of ``make_vocab_size_divisible_by`` (128 by
     default, NeMo's too) times the TP size, the embedding, the output layer and its logits
@@ -462,6 +468,10 @@ KNOBS = {k.name: k for k in (
     _K("overlap_grad_reduce", "bool", True),
     _K("overlap_param_gather", "bool", True),
     _K("flash_attention", "bool", True),
+    _K("fp8_param_gather", "bool", False,
+       why="FP8 parameters gathered in FP8 (Megatron-Core's --fp8-param-gather): under "
+           "precision='fp8' with the distributed optimizer or FSDP, the parameter all-gathers "
+           "move a byte a transformer-layer parameter, not two"),
     _K("grad_reduce_in_bf16", "bool", False),
     _K("fsdp_own_nic", "bool", False,
        why="ZeRO-3's collectives at one NIC's rate, as DeepSpeed's ZeRO-3 of 2021 ran them "
@@ -499,7 +509,7 @@ REALIZABLE_RULES = (
     "than two stages); tp_comm_overlap and MoE with tp_size > 1 "
     "need sequence_parallel, tp_comm_overlap every TP group inside one NVLink domain, "
     "cp_size > 1 flash_attention, cp_comm_type 'a2a' cp_size dividing each TP rank's heads "
-    "and KV heads, 'a2a+p2p' cp_a2a_size set, dividing cp_size and each TP rank's heads and "
+    "and KV heads, fp8_param_gather precision='fp8' and zero_stage >= 1, 'a2a+p2p' cp_a2a_size set, dividing cp_size and each TP rank's heads and "
     "KV heads, 'p2p', or 'a2a+p2p' with a ring (cp_a2a_size below cp_size), for a multi-head "
     "latent attention, overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
@@ -583,7 +593,7 @@ _PACKED_KNOBS = ("mtp_num_layers", "num_layers_in_first_pipeline_stage",
                  "num_layers_in_last_pipeline_stage", "recompute_num_layers", "cp_a2a_size")
 #: Knobs the fused kernel does not read: the configurations that set them where they
 #: matter are priced on the numpy path beside it (:func:`_beside_kernel`).
-_BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size")
+_BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_param_gather")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -875,7 +885,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           sequence_parallel=False, recompute="none", recompute_num_layers=0, zero_stage=1,
           precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
-          flash_attention=True, grad_reduce_in_bf16=False, fsdp_own_nic=False,
+          flash_attention=True, fp8_param_gather=False, grad_reduce_in_bf16=False,
+          fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
           overlap_moe_expert_parallel_comm=False, moe_enable_deepep=False, hidden_dropout=0.1,
           attention_dropout=0.1, mtp_num_layers=0,
@@ -962,6 +973,15 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     flash_attention : bool
         Fused causal attention kernel (False: unfused softmax, as Megatron-LM
         ran before 2023).
+    fp8_param_gather : bool
+        Megatron-Core's ``--fp8-param-gather`` [43]: the transformer layers' weights built as
+        FP8 tensors and all-gathered in FP8, a byte a parameter, by the distributed
+        optimizer (``zero_stage`` 1, 2) and FSDP (3); the embedding and output matrices stay
+        16-bit. Needs ``precision="fp8"`` and ``zero_stage >= 1`` (else not realizable). The
+        weights' memory is priced as without it, two bytes a parameter: the FP8 weight and
+        the FP8 transpose Transformer Engine keeps for its backward (where the 16-bit
+        weights are kept without it, and their FP8 casts are not counted). Configurations
+        that set it are priced on the numpy path, in a call of the fused kernel too.
     grad_reduce_in_bf16 : bool
         Gradients accumulated and reduced in BF16 (Megatron-LM's
         ``--grad-reduce-in-bf16``, ``grad_reduce_in_fp32=False`` in Megatron-Core,
@@ -1086,6 +1106,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   zero_stage=zero_stage, precision=precision,
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
+                  fp8_param_gather=fp8_param_gather,
                   grad_reduce_in_bf16=grad_reduce_in_bf16, fsdp_own_nic=fsdp_own_nic,
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
                   overlap_p2p_comm=overlap_p2p_comm,
@@ -1298,10 +1319,12 @@ def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out):
     (``cp_comm_type`` at ``cp_size > 1``) are priced again by :func:`_solve` on those
     configurations alone; elsewhere ``recompute_num_layers`` only breaks a rule
     (``recompute_layers``) and ``cp_comm_type`` changes nothing, all else the kernel's.
-    The same bits as the numpy path throughout; a call that sets neither passes through."""
+    ``fp8_param_gather`` (its gathers' bytes, its rule) is priced there wherever it is set.
+    The same bits as the numpy path throughout; a call that sets none passes through."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
     cpc = np.asarray(k.get("cp_comm_type", 0))
-    if not (np.any(rnl != 0) or np.any(cpc != 0)):
+    fp8_params = np.asarray(k.get("fp8_param_gather", False))
+    if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params)):
         return out
     n = int(np.prod(shape)) if shape else 1
     rc = k["recompute"]
@@ -1309,7 +1332,8 @@ def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out):
         rc = _codes("recompute", rc)
     rc = np.broadcast_to(np.asarray(rc), (n,))
     rnl = np.broadcast_to(rnl, (n,))
-    other = np.broadcast_to(cpc != 0, (n,)) & np.broadcast_to(np.asarray(k["cp_size"]) > 1, (n,))
+    other = (np.broadcast_to(cpc != 0, (n,)) & np.broadcast_to(np.asarray(k["cp_size"]) > 1, (n,))
+             | np.broadcast_to(fp8_params, (n,)))
     flat = {name: np.asarray(value).reshape(n) for name, value in out.items()}
     flat["realizable"][(rnl != 0) & (rc != RECOMPUTE.index("full"))] = False
     idx = np.flatnonzero(((rnl != 0) & (rc == RECOMPUTE.index("full"))) | other)

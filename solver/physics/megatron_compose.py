@@ -91,6 +91,25 @@ def straddled_peers(domain, span, stride, world):
     return np.where(np.mod(domain, stride) == 0, np.maximum(fewest * (1.0 / stride), 1.0), 1.0)
 
 
+def _gathered_bytes(w, k, sp: Split, heavy_params, expert_stage_params):
+    """Bytes a rank's parameter all-gathers move, dense and expert: 16 bits a parameter, but
+    with ``fp8_param_gather`` under FP8 one byte for every parameter of the transformer
+    layers (their linear layers' weights: Transformer Engine builds them as FP8 tensors,
+    ``fp8_model_init``, and the distributed optimizer gathers those [43]); the embedding and
+    output matrices stay 16-bit (the norms' and the router's weights, well under 0.1 % of
+    a layer's, are counted at one byte too)."""
+    dense, expert = mem.WEIGHT_BYTES * heavy_params, mem.WEIGHT_BYTES * expert_stage_params
+    fp8_params = np.asarray(k.get("fp8_param_gather", False))
+    if not np.any(fp8_params):
+        return dense, expert
+    on = fp8_params & (np.asarray(sp.prec) == steps.PRECISIONS.index("fp8"))
+    # the embedding matrices the heaviest stage holds (_stage_params' last two terms)
+    emb = steps.vocab_per_rank(w, sp.tp) * float(w.hidden) * (
+        w.embedding_copies * (sp.pp == 1) + (sp.pp > 1) * (1.0 + (sp.mtp > 0)))
+    return (np.where(on, heavy_params + emb, dense),
+            np.where(on, expert_stage_params * 1.0, expert))
+
+
 def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication,
                   pl: Pipeline) -> DataParallel:
     """Bucketed gradient reduction and parameter gathers [7], FSDP [9], Adam at HBM bandwidth."""
@@ -132,8 +151,9 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
         dp_coll("all_reduce", grads_dense, group) + (
             dp_coll("all_reduce", grads_expert, expert_group, ranks_up_expert) if w.moe else 0.0))
     params_bytes = mem.WEIGHT_BYTES * (heavy_params + expert_stage_params)
-    t_gather = np.where(sharded, dp_coll("all_gather", mem.WEIGHT_BYTES * heavy_params, group)
-                        + (dp_coll("all_gather", mem.WEIGHT_BYTES * expert_stage_params,
+    gather_dense, gather_expert = _gathered_bytes(w, k, sp, heavy_params, expert_stage_params)
+    t_gather = np.where(sharded, dp_coll("all_gather", gather_dense, group)
+                        + (dp_coll("all_gather", gather_expert,
                                    expert_group, ranks_up_expert) if w.moe else 0.0), 0.0)
     # Last microbatch's backward hides the bucketed gradient reduction; the first forward
     # hides the parameter all-gather [7]. With interleaved stages each model chunk's are
@@ -197,7 +217,7 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # (one rank gathers nothing: no call at all, as for the other stages' collectives)
     steps_lat = np.where(flat, (group - 1.0) * fsdp_lat, two_lat)
     fsdp_call = (layers_stage - 1.0) * (steps_lat + c["collective_latency"]) * (group > 1)
-    t_fsdp_gather = m * (2.0 * fsdp_coll("all_gather", mem.WEIGHT_BYTES * heavy_params, group,
+    t_fsdp_gather = m * (2.0 * fsdp_coll("all_gather", gather_dense, group,
                                          per_byte, two_lat)
                          + 2.0 * fsdp_call)
     t_fsdp_rs = m * (fsdp_coll("reduce_scatter", heavy_params * grad_bytes, group, per_byte, two_lat)
@@ -212,7 +232,7 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
         fsdp_call_e = (layers_stage * ly.moe_share - 1.0) * (steps_lat_e
                                                              + c["collective_latency"]) * (expert_group > 1)
         t_fsdp_gather = t_fsdp_gather + m * (2.0 * fsdp_coll(
-            "all_gather", mem.WEIGHT_BYTES * expert_stage_params, expert_group, per_byte_e, two_lat_e)
+            "all_gather", gather_expert, expert_group, per_byte_e, two_lat_e)
             + 2.0 * fsdp_call_e)
         t_fsdp_rs = t_fsdp_rs + m * (fsdp_coll(
             "reduce_scatter", expert_stage_params * grad_bytes, expert_group, per_byte_e, two_lat_e)

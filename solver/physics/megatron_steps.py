@@ -36,7 +36,7 @@ CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 _CP_ALL_GATHER, _CP_A2A, _CP_HIER = (CP_COMM_TYPES.index(kind) for kind in CP_COMM_TYPES[1:])
 #: Precisions of the GEMMs (weights stay 16-bit), coded 0..3.
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4")
-_FP16 = PRECISIONS.index("fp16")
+_FP16, _FP8 = PRECISIONS.index("fp16"), PRECISIONS.index("fp8")
 
 #: Network latency per algorithm step [s], NVLink and scale-out [8] (a fabric's
 #: own stated latency is used for scale-out when it states one).
@@ -258,6 +258,8 @@ REALIZABLE_CONDITIONS = {
                     "ep_size > 1 [39]",
     "deepep_domain": "DeepEP runs on NVLink domains of at most 8 GPUs (not GB200/GB300 NVL72 "
                      "racks, whose flex dispatcher is HybridEP) [39]",
+    "fp8_param_gather": "fp8_param_gather needs precision='fp8' and the distributed optimizer "
+                        "or FSDP (zero_stage >= 1) [43]",
     "precision": "the accelerator has the precision [21]",
 }
 
@@ -337,6 +339,10 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # DeepEP reaches 8 NVLink peers; Megatron-Bridge refuses it on GB200/GB300 [39]
         "deepep_domain": ~k["moe_enable_deepep"] | (not w.moe) | (
             (fleet.node.scale_up_domain or fleet.node.accelerators_per_node) <= DEEPEP_NVL_PEERS),
+        # "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron
+        # fsdp, or inference mode"; FP8 parameters need FP8 GEMMs [43]
+        "fp8_param_gather": ~np.asarray(k.get("fp8_param_gather", False)) | (
+            (prec == _FP8) & (k["zero_stage"] >= 1)),
         "precision": np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec],
     }
 

@@ -1,0 +1,124 @@
+"""fp8_param_gather in the megatron physics ([43] of solver.physics.megatron): under FP8 the
+distributed optimizer's and FSDP's parameter all-gathers move a byte a transformer-layer
+parameter, not two; the embedding and output matrices stay 16-bit; memory as without it.
+Held against a closed form of the collective, Megatron-LM's rule, and random layouts of
+every knob (the fused kernel prices it beside it, the same bits)."""
+
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from solver import catalog
+from solver.physics import megatron as M
+from solver.physics import megatron_compose as after
+from solver.physics import megatron_steps as steps
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_fused_megatron import _draw  # noqa: E402
+
+FLEETS = ("HGX_H100_1K_MC", "GB200_NVL72_8_MC")
+WORKLOADS = ("Llama3_8B_MC", "Llama3_70B_MC", "Mixtral_8x7B_MC", "DeepSeek_V3_MC")
+MEMORY = ("memory_footprint", "memory_weights", "memory_gradients", "memory_optimizer_state",
+          "memory_activations", "memory_communication_buffers", "feasible")
+
+
+def _solve(workload, fleet, engine="numpy", **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return M.solve(catalog.workload(workload), catalog.fleet(fleet), engine=engine, **kw)
+
+
+def test_megatron_lms_rule():
+    """"--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron
+    fsdp, or inference mode", and FP8 parameters need FP8 GEMMs [43]."""
+    wl, fl = catalog.workload("Llama3_70B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    kw = dict(batch_size=512, seq_len=8192, tp_size=4, pp_size=4, sequence_parallel=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert M.why_unrealizable(wl, fl, precision="fp8", zero_stage=1, fp8_param_gather=True,
+                                  **kw) == {}
+        for bad in (dict(precision="bf16", zero_stage=1), dict(precision="fp8", zero_stage=0)):
+            assert sorted(M.why_unrealizable(wl, fl, fp8_param_gather=True, **bad, **kw)) == [
+                "fp8_param_gather"], bad
+            assert M.why_unrealizable(wl, fl, fp8_param_gather=False, **bad, **kw) == {}
+
+
+def _dp(workload, fleet, **knobs):
+    wl, fl = catalog.workload(workload), catalog.fleet(fleet)
+    w = M._Shape(wl)
+    k = M._account_stages(w, M._normalize(M._knob_values(knobs, "_dp")))
+    c = M._constants({})
+    sp = steps.split(w, fl, k)
+    hw = steps.hardware(fl, c, sp.prec, k["grad_reduce_in_bf16"])
+    ly = steps.layer_times(w, k, c, sp, hw)
+    cm = steps.communication(w, k, c, sp, hw, ly)
+    pl = steps.pipeline(w, c, sp, hw, ly, cm)
+    return w, hw, after.data_parallel(w, k, c, sp, hw, ly, cm, pl)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_gather_moves_a_byte_a_layer_parameter(pp):
+    """Llama 3 8B, DP 8 in one HGX node (TP 1, ZeRO-1): the parameter all-gather of the
+    heaviest stage moves (n - 1) / n of its bytes over NVLink; with FP8 parameters its
+    layers' parameters go at one byte, its embedding matrices (two untied ones on one stage;
+    the input one on the first of two stages, the output one on the last) at two, so it is
+    shorter by 7/8 of the layers' parameters over the bus bandwidth, the latency alike."""
+    kw = dict(batch_size=256, seq_len=8192, tp_size=1, pp_size=pp, dp_size=8 // pp,
+              precision="fp8", zero_stage=1)
+    wl = catalog.workload("Llama3_8B_MC")
+    w, hw, off = _dp("Llama3_8B_MC", "HGX_H100_1K_MC", **kw)
+    *_, on = _dp("Llama3_8B_MC", "HGX_H100_1K_MC", fp8_param_gather=True, **kw)
+    n = 8 // pp
+    embedding = wl.vocab_size * wl.hidden_dim  # 128,256 is a multiple of 128: no padding
+    held = 2 if pp == 1 else 1
+    layers = float(off.heavy_params) - held * embedding
+    assert layers > 0.8 * float(off.heavy_params)
+    np.testing.assert_allclose(float(off.t_dp_total) - float(on.t_dp_total),
+                               (n - 1) / n * layers / hw.up_bw, rtol=1e-9)
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_fp8_parameters_never_slow_a_step_nor_move_its_memory(workload):
+    """On random layouts of every knob under FP8 with the distributed optimizer or FSDP: the
+    step and the exposed DP traffic never grow, the memory outputs are the same bits (the
+    FP8 weight and its transpose, two bytes as the 16-bit weight priced without it), and
+    FSDP's layouts gain at least as much as the others. Outside FP8 or without sharding only
+    `realizable` moves."""
+    rng = np.random.default_rng(430)
+    for fleet in FLEETS:
+        k = {**_draw(rng, 2000, dp_given=True), "precision": "fp8",
+             "zero_stage": rng.choice([1, 2, 3], 2000)}
+        off = _solve(workload, fleet, **k)
+        on = _solve(workload, fleet, **{**k, "fp8_param_gather": True})
+        ok = np.asarray(off["valid"])
+        assert ok.sum() > 200
+        for name in MEMORY:
+            np.testing.assert_array_equal(np.asarray(on[name]), np.asarray(off[name]), err_msg=name)
+        step_off, step_on = np.asarray(off["step_latency_total"]), np.asarray(on["step_latency_total"])
+        assert np.all(step_on[ok] <= step_off[ok])
+        assert np.all(np.asarray(on["dp_communication_latency"])[ok]
+                      <= np.asarray(off["dp_communication_latency"])[ok])
+        assert np.any(step_on[ok] < step_off[ok])
+        k2 = {**k, "precision": rng.choice(["bf16", "fp16"], 2000), "zero_stage": rng.choice([0, 1, 3], 2000)}
+        off2, on2 = _solve(workload, fleet, **k2), _solve(workload, fleet, **{**k2, "fp8_param_gather": True})
+        for name in M.OUTPUTS:
+            if name != "realizable":
+                np.testing.assert_array_equal(np.asarray(on2[name]), np.asarray(off2[name]), err_msg=name)
+        assert not np.asarray(on2["realizable"]).any()
+
+
+@pytest.mark.parametrize("workload", ("Llama3_70B_MC", "Mixtral_8x7B_MC"))
+def test_the_fused_kernel_prices_it_beside_it(workload):
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(431)
+    n = 3 * 4096
+    k = {**_draw(rng, n, dp_given=True), "fp8_param_gather": rng.random(n) < 0.5}
+    numpy_ = _solve(workload, "HGX_H100_1K_MC", **k)
+    fused = _solve(workload, "HGX_H100_1K_MC", engine="fused", **k)
+    for name in M.OUTPUTS:
+        np.testing.assert_array_equal(np.asarray(fused[name]), np.asarray(numpy_[name]), err_msg=name)
+    assert np.asarray(numpy_["realizable"])[k["fp8_param_gather"]].any() or \
+        np.asarray(numpy_["valid"])[k["fp8_param_gather"]].sum() > 100
