@@ -303,6 +303,10 @@ References
     megatron fsdp, or inference mode"; ``pretrain_gpt.model_provider`` builds the model
     under Transformer Engine's ``fp8_model_init`` where it is set (the linear layers'
     weights FP8 tensors; the embedding, output layer and norms are no TE linear layers).
+    Not modelled: Megatron-Bridge's Blackwell MXFP8 recipes pair it with
+    ``reuse_grad_buf_for_mxfp8_param_ag``, which gathers BF16 through the gradient buffer
+    and casts to MXFP8 on copy ("The parameters are cast from bf16 to MXFP8 during copy",
+    ``param_and_grad_buffer.py``): there the one-byte gather here is optimistic.
 [41] Megatron-LM ``megatron/training/tokenizer/tokenizer.py`` (``_vocab_size_with_padding``):
     the vocabulary is padded to a multiple of ``make_vocab_size_divisible_by`` (128 by
     default, NeMo's too) times the TP size, the embedding, the output layer and its logits
@@ -509,9 +513,10 @@ REALIZABLE_RULES = (
     "than two stages); tp_comm_overlap and MoE with tp_size > 1 "
     "need sequence_parallel, tp_comm_overlap every TP group inside one NVLink domain, "
     "cp_size > 1 flash_attention, cp_comm_type 'a2a' cp_size dividing each TP rank's heads "
-    "and KV heads, fp8_param_gather precision='fp8' and zero_stage >= 1, 'a2a+p2p' cp_a2a_size set, dividing cp_size and each TP rank's heads and "
+    "and KV heads, 'a2a+p2p' cp_a2a_size set, dividing cp_size and each TP rank's heads and "
     "KV heads, 'p2p', or 'a2a+p2p' with a ring (cp_a2a_size below cp_size), for a multi-head "
-    "latent attention, overlap_param_gather "
+    "latent attention, fp8_param_gather precision='fp8' and zero_stage >= 1, "
+    "overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, recompute_num_layers recompute='full', "
     "overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
@@ -1319,23 +1324,32 @@ def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out):
     (``cp_comm_type`` at ``cp_size > 1``) are priced again by :func:`_solve` on those
     configurations alone; elsewhere ``recompute_num_layers`` only breaks a rule
     (``recompute_layers``) and ``cp_comm_type`` changes nothing, all else the kernel's.
-    ``fp8_param_gather`` (its gathers' bytes, its rule) is priced there wherever it is set.
-    The same bits as the numpy path throughout; a call that sets none passes through."""
+    ``fp8_param_gather`` is priced there where its gathers run in FP8 (``precision="fp8"``,
+    ``zero_stage >= 1``); elsewhere it only breaks its rule. The same bits as the numpy
+    path throughout; a call that sets none passes through."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
     cpc = np.asarray(k.get("cp_comm_type", 0))
     fp8_params = np.asarray(k.get("fp8_param_gather", False))
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params)):
         return out
     n = int(np.prod(shape)) if shape else 1
-    rc = k["recompute"]
-    if np.asarray(rc).dtype.kind in "UO":  # names the kernel matched (_normalize's unchecked)
-        rc = _codes("recompute", rc)
-    rc = np.broadcast_to(np.asarray(rc), (n,))
+
+    def codes(name):  # (names the kernel matched: _normalize's unchecked)
+        value = k[name]
+        return np.broadcast_to(np.asarray(_codes(name, value) if np.asarray(value).dtype.kind
+                                          in "UO" else value), (n,))
+    rc = codes("recompute")
     rnl = np.broadcast_to(rnl, (n,))
+    fp8_params = np.broadcast_to(fp8_params, (n,))
+    gathers_fp8 = np.zeros(n, dtype=bool)
+    if np.any(fp8_params):
+        gathers_fp8 = ((codes("precision") == PRECISIONS.index("fp8"))
+                       & (np.broadcast_to(np.asarray(k["zero_stage"]), (n,)) >= 1))
     other = (np.broadcast_to(cpc != 0, (n,)) & np.broadcast_to(np.asarray(k["cp_size"]) > 1, (n,))
-             | np.broadcast_to(fp8_params, (n,)))
+             | (fp8_params & gathers_fp8))
     flat = {name: np.asarray(value).reshape(n) for name, value in out.items()}
     flat["realizable"][(rnl != 0) & (rc != RECOMPUTE.index("full"))] = False
+    flat["realizable"][fp8_params & ~gathers_fp8] = False
     idx = np.flatnonzero(((rnl != 0) & (rc == RECOMPUTE.index("full"))) | other)
     if idx.size:
         sub = {}
