@@ -297,6 +297,16 @@ References
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
     rack's NVLink, is not modelled.
+[44] Megatron-Core ``models/common/language_module/language_module.py``
+    (``compute_language_model_loss``): with ``cross_entropy_loss_fusion`` (default False;
+    Megatron-Bridge's ``GPTModelProvider``: True) and ``cross_entropy_fusion_impl`` "te",
+    Transformer Engine's ``parallel_cross_entropy`` on the 16-bit logits; "native" (the
+    default), ``fusions/fused_cross_entropy.py``, which casts them to FP32 and saves the FP32
+    softmax as the unfused ``tensor_parallel.vocab_parallel_cross_entropy`` does. TE
+    (``pytorch/triton/cross_entropy.py``): ``online_softmax_kernel`` reads each row once (in
+    FP32 registers), ``cross_entropy_kernel`` reads it again and stores the gradient in
+    place (``tl.store(X_ptr + X_offsets, X_block.to(grad_dtype))``), ``save_for_backward``
+    keeps that buffer, and the backward's ``element_mul_kernel`` scales it in place.
 [43] Megatron-LM ``megatron/training/arguments.py``: ``--fp8-param-gather``, "Keep the
     compute param in fp8 (do not use any other intermediate dtype) and perform the param
     all-gather in fp8", asserted "only supported with distributed optimizer, torch fsdp2,
@@ -472,6 +482,13 @@ KNOBS = {k.name: k for k in (
     _K("overlap_grad_reduce", "bool", True),
     _K("overlap_param_gather", "bool", True),
     _K("flash_attention", "bool", True),
+    _K("cross_entropy_loss_fusion", "bool", False,
+       why="a fused vocabulary-parallel cross-entropy (Megatron-Core's; its kind "
+           "cross_entropy_fusion_impl)"),
+    _K("cross_entropy_fusion_impl", "choice", "native",
+       why="the fused cross-entropy under cross_entropy_loss_fusion: 'native' (Megatron-Core's "
+           "torch.compile fusion, priced as the unfused one) or 'te' (Transformer Engine's, on "
+           "the 16-bit logits, its gradient written into them)"),
     _K("fp8_param_gather", "bool", False,
        why="FP8 parameters gathered in FP8 (Megatron-Core's --fp8-param-gather): under "
            "precision='fp8' with the distributed optimizer or FSDP, the parameter all-gathers "
@@ -526,7 +543,8 @@ REALIZABLE_RULES = (
     "precision its accelerator has (fp8 and fp4 only where the catalog states their peak)")
 #: Knob name -> default.
 DEFAULTS = {name: knob.default for name, knob in KNOBS.items()}
-_CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS, "cp_comm_type": CP_COMM_TYPES}
+_CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS, "cp_comm_type": CP_COMM_TYPES,
+            "cross_entropy_fusion_impl": steps.CROSS_ENTROPY_IMPLS}
 #: The values of each knob of kind ``"choice"`` (name -> tuple, the codes their indices).
 CHOICES = dict(_CHOICES)
 
@@ -598,7 +616,8 @@ _PACKED_KNOBS = ("mtp_num_layers", "num_layers_in_first_pipeline_stage",
                  "num_layers_in_last_pipeline_stage", "recompute_num_layers", "cp_a2a_size")
 #: Knobs the fused kernel does not read: the configurations that set them where they
 #: matter are priced on the numpy path beside it (:func:`_beside_kernel`).
-_BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_param_gather")
+_BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_param_gather",
+                  "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -890,7 +909,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           sequence_parallel=False, recompute="none", recompute_num_layers=0, zero_stage=1,
           precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
-          flash_attention=True, fp8_param_gather=False, grad_reduce_in_bf16=False,
+          flash_attention=True, cross_entropy_loss_fusion=False,
+          cross_entropy_fusion_impl="native", fp8_param_gather=False, grad_reduce_in_bf16=False,
           fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
           overlap_moe_expert_parallel_comm=False, moe_enable_deepep=False, hidden_dropout=0.1,
@@ -978,6 +998,17 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     flash_attention : bool
         Fused causal attention kernel (False: unfused softmax, as Megatron-LM
         ran before 2023).
+    cross_entropy_loss_fusion : bool
+    cross_entropy_fusion_impl : {"native", "te"}
+        Megatron-Core's fused vocabulary-parallel cross-entropy [44] (Megatron-Bridge's
+        ``GPTModelProvider`` turns the fusion on; its Llama 3 recipes pick ``"te"``).
+        ``"te"``: Transformer Engine's, on the 16-bit logits, 10 bytes through HBM a logit
+        (an online-softmax pass, a loss pass writing the gradient into the logits, the
+        backward's scaling in place) against the unfused one's 52, and the last rank holds
+        the 16-bit logits, its gradient in them, not an FP32 copy. ``"native"``
+        (Megatron-Core's ``torch.compile`` fusion) keeps the FP32 softmax as the unfused one
+        does, and is priced as it (its bytes depend on what the compiler fuses). Layouts
+        with TE's are priced on the numpy path, in a call of the fused kernel too.
     fp8_param_gather : bool
         Megatron-Core's ``--fp8-param-gather`` [43]: the transformer layers' weights built as
         FP8 tensors and all-gathered in FP8, a byte a parameter, by the distributed
@@ -1112,6 +1143,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
                   fp8_param_gather=fp8_param_gather,
+                  cross_entropy_loss_fusion=cross_entropy_loss_fusion,
+                  cross_entropy_fusion_impl=cross_entropy_fusion_impl,
                   grad_reduce_in_bf16=grad_reduce_in_bf16, fsdp_own_nic=fsdp_own_nic,
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
                   overlap_p2p_comm=overlap_p2p_comm,
@@ -1325,12 +1358,16 @@ def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out):
     configurations alone; elsewhere ``recompute_num_layers`` only breaks a rule
     (``recompute_layers``) and ``cp_comm_type`` changes nothing, all else the kernel's.
     ``fp8_param_gather`` is priced there where its gathers run in FP8 (``precision="fp8"``,
-    ``zero_stage >= 1``); elsewhere it only breaks its rule. The same bits as the numpy
-    path throughout; a call that sets none passes through."""
+    ``zero_stage >= 1``); elsewhere it only breaks its rule. Transformer Engine's fused
+    cross-entropy (``cross_entropy_fusion_impl="te"`` under ``cross_entropy_loss_fusion``)
+    is priced there too. The same bits as the numpy path throughout; a call that sets none
+    passes through."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
     cpc = np.asarray(k.get("cp_comm_type", 0))
     fp8_params = np.asarray(k.get("fp8_param_gather", False))
-    if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params)):
+    ce_te = np.asarray(k.get("cross_entropy_loss_fusion", False)) & (
+        np.asarray(k.get("cross_entropy_fusion_impl", 0)) == 1)
+    if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)):
         return out
     n = int(np.prod(shape)) if shape else 1
 
@@ -1346,7 +1383,7 @@ def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out):
         gathers_fp8 = ((codes("precision") == PRECISIONS.index("fp8"))
                        & (np.broadcast_to(np.asarray(k["zero_stage"]), (n,)) >= 1))
     other = (np.broadcast_to(cpc != 0, (n,)) & np.broadcast_to(np.asarray(k["cp_size"]) > 1, (n,))
-             | (fp8_params & gathers_fp8))
+             | (fp8_params & gathers_fp8) | np.broadcast_to(ce_te, (n,)))
     flat = {name: np.asarray(value).reshape(n) for name, value in out.items()}
     flat["realizable"][(rnl != 0) & (rc != RECOMPUTE.index("full"))] = False
     flat["realizable"][fp8_params & ~gathers_fp8] = False

@@ -353,7 +353,10 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     one_stage = w.single_stage_embedding / w.embedding_params if w.embedding_params else 1.0
     # The last rank: the logits of its one microbatch in flight and each MTP module's [1] [34],
     # and the final norm's and the output layer's inputs beside each.
-    logits = (mem.logits_bytes(mbs, s_local, vocab_t, tp_size=1.0)
+    held_logits = mem.logits_bytes(mbs, s_local, vocab_t, tp_size=1.0)
+    if np.any(sp.ce_te):  # TE's fused cross-entropy: the 16-bit logits, their gradient in place [44]
+        held_logits = np.where(sp.ce_te, 0.5 * held_logits, held_logits)
+    logits = (held_logits
               + mem.head_input_bytes(mbs, s_local, h, norm_split=ly.norm_split)) * (1 + sp.mtp)
     best = None
     # The first rank's embedding dropout keeps its mask, a byte an element of the embedding's

@@ -68,6 +68,13 @@ DEFAULT_FLASH_ATTENTION_EFFICIENCY = 0.33
 #: the backward (4 + 4); backward: scale the softmax by the loss gradient (4 + 4) and
 #: cast to 16 bits for the logits GEMM's backward (4 + 2).
 CROSS_ENTROPY_BYTES = 52.0
+#: Bytes through HBM per 16-bit logit element of Transformer Engine's fused cross-entropy
+#: (``cross_entropy_fusion_impl="te"``) [44]: forward, its online-softmax pass reads the
+#: logits (2) and its loss pass reads them again and writes the gradient into them in
+#: place (2 + 2); backward, the gradient scaled by the loss gradient in place (2 + 2).
+TE_CROSS_ENTROPY_BYTES = 10.0
+#: Knob codes of ``cross_entropy_fusion_impl`` (Megatron-Core's) [44].
+CROSS_ENTROPY_IMPLS = ("native", "te")
 #: Megatron pads the vocabulary to a multiple of this times the TP size
 #: (``make_vocab_size_divisible_by``'s default) [41].
 VOCAB_DIVISOR = 128.0
@@ -176,6 +183,9 @@ class Split:
     cpc: object = 0
     #: cp_a2a_size: the all-to-all group of hierarchical CP ("a2a+p2p"; 0: not set) [42]
     cpa: object = 0
+    #: where Transformer Engine's fused cross-entropy runs (cross_entropy_loss_fusion with
+    #: cross_entropy_fusion_impl "te") [44]
+    ce_te: object = False
 
     @property
     def partial(self):
@@ -386,7 +396,9 @@ def split(w, fleet, k) -> Split:
                  mtp=k["mtp_num_layers"], first=first, last=last,
                  a2a_paired=combined_1f1b_paired(pp, v, m, k["overlap_moe_expert_parallel_comm"]),
                  rnl=k.get("recompute_num_layers", 0), cpc=k.get("cp_comm_type", 0),
-                 cpa=k.get("cp_a2a_size", 0))
+                 cpa=k.get("cp_a2a_size", 0),
+                 ce_te=np.asarray(k.get("cross_entropy_loss_fusion", False))
+                 & (np.asarray(k.get("cross_entropy_fusion_impl", 0)) == 1))
 
 
 def _hierarchy(w, tp, cp, a2a):
@@ -1177,10 +1189,15 @@ def pipeline(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, plain=
     vocab_t = vocab_per_rank(w, tp)  # padded [41]
     head_tokens = ly.tokens
     # LM head: the logits GEMM forward and backward in 16 bits (outside FP8 [11]) and the
-    # FP32 vocabulary-parallel cross-entropy at HBM bandwidth [11].
+    # FP32 vocabulary-parallel cross-entropy at HBM bandwidth [11] (Megatron-Core's unfused
+    # one; its "native" fusion is priced alike [44]), or Transformer Engine's fused one on
+    # the 16-bit logits [44].
+    ce_bytes = CROSS_ENTROPY_BYTES
+    if np.any(sp.ce_te):
+        ce_bytes = np.where(sp.ce_te, TE_CROSS_ENTROPY_BYTES, CROSS_ENTROPY_BYTES)
     t_head = 3.0 * hw.gemm(fl.logits_flops(head_tokens, ly.h, vocab_t), peak=hw.peak16,
                            plat=hw.plateau16, k=ly.h) \
-        + gemm.memory_bound_time(CROSS_ENTROPY_BYTES * head_tokens * vocab_t, hw.hbm)
+        + gemm.memory_bound_time(ce_bytes * head_tokens * vocab_t, hw.hbm)
     # Multi-token prediction [34]: each module a layer (priced as this stage's), its
     # projection and norms, and the output head again, every microbatch, on the last stage.
     # (Megatron-Core's block method does not recompute MTP modules [40]: with
