@@ -35,8 +35,8 @@ __all__ = ["DEFAULT_PHYSICS", "MODELS", "knobs_of", "choices", "knobs_for", "uni
 #: The physics model names (:data:`solver.physics.PHYSICS`).
 MODELS = tuple(PHYSICS)
 
-#: Values of the knobs of kind ``"choice"`` (megatron's ``recompute``, ``precision`` and
-#: ``cp_comm_type``).
+#: Values of the knobs of kind ``"choice"`` (megatron's ``recompute``, ``precision``,
+#: ``cp_comm_type`` and ``cross_entropy_fusion_impl``).
 _CHOICES = {("megatron", name): values for name, values in megatron.CHOICES.items()}
 
 

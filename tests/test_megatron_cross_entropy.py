@@ -65,6 +65,59 @@ def test_tes_cross_entropy_in_closed_form(workload, tp, mtp):
     assert steps.CROSS_ENTROPY_BYTES == 52 and steps.TE_CROSS_ENTROPY_BYTES == 10
 
 
+@pytest.mark.parametrize("cp", [1, 2])
+@pytest.mark.parametrize("rc,rnl", [("none", 0), ("selective", 0), ("full", 0), ("full", 2)])
+@pytest.mark.parametrize("v", [1, 2])
+def test_tes_cross_entropy_on_a_pipeline(cp, rc, rnl, v):
+    """Llama 3 8B on 4 even stages (8 layers each, the head on the last, which paces the
+    pipeline), 32 microbatches: the step shortens by m times the head's saved bytes (at
+    the rank's s / cp tokens), every recompute mode, partial recompute, interleaved or not;
+    the bubble keeps its length (the slowest stage and the others' sum shorten alike).
+    One stage, or two with the last one's layers the most: the last rank holds 2 bytes a
+    logit less, every recompute mode (its logits outweigh a recomputed layer's working
+    set)."""
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    te = dict(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    kw = dict(batch_size=32, seq_len=8192, tp_size=1, pp_size=4, cp_size=cp, dp_size=1,
+              micro_batch_size=1, recompute=rc, recompute_num_layers=rnl, v_stages=v)
+    off, on = _solve("Llama3_8B_MC", "HGX_H100_1K_MC", **kw), _solve("Llama3_8B_MC", "HGX_H100_1K_MC", **kw, **te)
+    assert bool(off["realizable"])
+    logits = 8192 / cp * wl.vocab_size  # 128,256: a multiple of 128
+    hbm = fl.node.accelerator.memory_bandwidth * gemm.MEMORY_EFFICIENCY
+    np.testing.assert_allclose(float(off["step_latency_total"]) - float(on["step_latency_total"]),
+                               32 * (52 - 10) * logits / hbm, rtol=1e-9)
+    assert float(on["pipeline_bubble_latency"]) == pytest.approx(
+        float(off["pipeline_bubble_latency"]), rel=1e-12)
+    # (two stages, the last one's 20 layers set, so that its rank keeps the peak)
+    for held in ({**kw, "pp_size": 1, "v_stages": 1},
+                 {**kw, "pp_size": 2, "v_stages": 1, "num_layers_in_last_pipeline_stage": 20}):
+        off = _solve("Llama3_8B_MC", "HGX_H100_1K_MC", **held)
+        on = _solve("Llama3_8B_MC", "HGX_H100_1K_MC", **held, **te)
+        np.testing.assert_allclose(float(off["memory_activations"]) - float(on["memory_activations"]),
+                                   2 * logits, rtol=1e-12)
+
+
+@pytest.mark.parametrize("rc", ["none", "full"])
+def test_tes_cross_entropy_on_set_stages(rc):
+    """Llama 3 8B on 4 stages, the last one's layers set: with 5 (the middle stages' 9
+    pace the pipeline) the step shortens by the head's saved time once, in the bubble (the
+    stages' sum less the slowest); with 11 (the last paces) by 32 times it, per microbatch,
+    the bubble the same."""
+    wl, fl = catalog.workload("Llama3_8B_MC"), catalog.fleet("HGX_H100_1K_MC")
+    te = dict(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    saved = (52 - 10) * 8192 * wl.vocab_size / (fl.node.accelerator.memory_bandwidth
+                                                 * gemm.MEMORY_EFFICIENCY)
+    for last, step, bubble in ((5, 1, 1), (11, 32, 0)):
+        kw = dict(batch_size=32, seq_len=8192, tp_size=1, pp_size=4, dp_size=1, micro_batch_size=1,
+                  recompute=rc, num_layers_in_last_pipeline_stage=last)
+        off = _solve("Llama3_8B_MC", "HGX_H100_1K_MC", **kw)
+        on = _solve("Llama3_8B_MC", "HGX_H100_1K_MC", **kw, **te)
+        assert bool(off["realizable"])
+        for name, times in (("step_latency_total", step), ("pipeline_bubble_latency", bubble)):
+            np.testing.assert_allclose(float(off[name]) - float(on[name]), times * saved,
+                                       rtol=1e-9, atol=1e-12 * float(off[name]), err_msg=name)
+
+
 @pytest.mark.parametrize("workload", WORKLOADS)
 def test_only_tes_fusion_moves_a_price(workload):
     """Random layouts of every knob: the unfused cross-entropy, the native fusion, and TE's

@@ -26,12 +26,15 @@ named steps, like pvlib's ModelChain:
    launches; ``tp_comm_overlap`` hides ``overlap_efficiency`` of each phase's TP
    traffic, at most that share of the GEMMs its chunks run beside, and only with the TP
    group inside one NVLink domain [37]), CP ring exchange of K/V (each step's send
-   beside that step's cp-th of the attention core [37]), EP all-to-all
+   beside that step's cp-th of the attention core [37]; or, by ``cp_comm_type``, the
+   all-gathers of K and V, Ulysses' all-to-alls, or both in hierarchical groups [42]),
+   EP all-to-all
    (:mod:`solver.network`). Each phase of a layer
    (forward; backward with any recomputed forward) takes the longer of its GPU time
    and the host's time to launch its kernels [12].
 3. **pipeline**: heaviest stage (LM head on the last: its GEMMs in 16 bits and
-   the FP32 cross-entropy at HBM bandwidth [11]), 1F1B / interleaved bubble
+   the FP32 cross-entropy at HBM bandwidth [11], or Transformer Engine's fused one on
+   the 16-bit logits [44]), 1F1B / interleaved bubble
    ``(p-1)/v`` stage-microbatches [1] (the other stages' times over ``v`` where they
    differ: the head's and set stages' [13]), p2p activation sends (divided by TP under
    sequence parallelism, or legacy Megatron-LM's scatter/gather [26]; the steady
@@ -317,16 +320,6 @@ References
     ``reuse_grad_buf_for_mxfp8_param_ag``, which gathers BF16 through the gradient buffer
     and casts to MXFP8 on copy ("The parameters are cast from bf16 to MXFP8 during copy",
     ``param_and_grad_buffer.py``): there the one-byte gather here is optimistic.
-[41] Megatron-LM ``megatron/training/tokenizer/tokenizer.py`` (``_vocab_size_with_padding``):
-    the vocabulary is padded to a multiple of ``make_vocab_size_divisible_by`` (128 by
-    default, NeMo's too) times the TP size, the embedding, the output layer and its logits
-    are that wide (Llama 3's 128,256 entries are 129,024 at TP 8); Megatron-LM's own FLOP
-    count takes the padded vocabulary, the model FLOPs here the workload's ``vocab_size``
-    (the tokenizer's, or a size a paper states padded: GPT-3's 51,200, which the padding
-    keeps where it is a multiple of 128 x TP). Megatron-Bridge pads only a vocabulary it
-    takes from the tokenizer: its models converted from Hugging Face configs keep the
-    config's size (``should_pad_vocab`` off), which the padding here prices up to 128 x TP
-    entries wider (0.6 % of Llama 3's head at TP 8).
 [42] Transformer Engine ``pytorch/attention/dot_product_attention/context_parallel.py``
     (NVIDIA/TransformerEngine 9c61cd7, 2025), the kinds Megatron-Core's ``cp_comm_type``
     selects (``TEDotProductAttention``; "p2p" when unset): ``AttnFuncWithCPAndKVP2P``
@@ -345,6 +338,16 @@ References
     (``hierarchical_context_parallel_sizes``, "must be set when a2a+p2p is used"; its
     product the CP size), TE's ring with the all-to-alls of Q, K, V and the output, and in
     the backward of the output and its gradient, over the first group before and after it.
+[41] Megatron-LM ``megatron/training/tokenizer/tokenizer.py`` (``_vocab_size_with_padding``):
+    the vocabulary is padded to a multiple of ``make_vocab_size_divisible_by`` (128 by
+    default, NeMo's too) times the TP size, the embedding, the output layer and its logits
+    are that wide (Llama 3's 128,256 entries are 129,024 at TP 8); Megatron-LM's own FLOP
+    count takes the padded vocabulary, the model FLOPs here the workload's ``vocab_size``
+    (the tokenizer's, or a size a paper states padded: GPT-3's 51,200, which the padding
+    keeps where it is a multiple of 128 x TP). Megatron-Bridge pads only a vocabulary it
+    takes from the tokenizer: its models converted from Hugging Face configs keep the
+    config's size (``should_pad_vocab`` off), which the padding here prices up to 128 x TP
+    entries wider (0.6 % of Llama 3's head at TP 8).
 [40] Megatron-Core ``transformer/transformer_block.py`` (``_checkpointed_forward``) and
     ``TransformerConfig.__post_init__``: under ``recompute_granularity="full"`` with
     ``recompute_method="block"``, each model chunk (a ``TransformerBlock``: a pipeline
@@ -1312,7 +1315,11 @@ def _price(w, fleet, k, constants, engine, memo):
                              f"'auto' can)")
         # the one rule of solver.fused on the knobs' broadcast shape
         if why is None and fused.resolve_engine(engine, {"the broadcast of the knobs": shape}) == "fused":
-            return _beside_kernel(w, fleet, k, c, shape, _solve_fused(w, fleet, k, c, shape, memo))
+            rows = _beside_rows(k, shape)
+            if rows is None or not rows[2].all():
+                return _beside_kernel(w, fleet, k, c, shape,
+                                      _solve_fused(w, fleet, k, c, shape, memo), rows)
+            # (every configuration is priced beside the kernel: the numpy path alone)
     _check_deferred(k, memo)
     return _solve(w, fleet, k, c, shape)
 
@@ -1349,45 +1356,59 @@ _KERNEL_BOUNDS = tuple(
 # ENGINES and FUSED_MIN_POINTS: the one rule of solver.fused, shared with mlsysim.
 
 
-def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out):
-    """The fused kernel's outputs ``out`` with the configurations whose knobs it does not
-    read (:data:`_BESIDE_KERNEL`) made the numpy path's: it prices every layer alike and
-    the K/V ring only, so a partial recompute (``recompute_num_layers`` under
-    ``recompute="full"``) and a context-parallel exchange other than the ring
-    (``cp_comm_type`` at ``cp_size > 1``) are priced again by :func:`_solve` on those
-    configurations alone; elsewhere ``recompute_num_layers`` only breaks a rule
-    (``recompute_layers``) and ``cp_comm_type`` changes nothing, all else the kernel's.
-    ``fp8_param_gather`` is priced there where its gathers run in FP8 (``precision="fp8"``,
-    ``zero_stage >= 1``); elsewhere it only breaks its rule. Transformer Engine's fused
-    cross-entropy (``cross_entropy_fusion_impl="te"`` under ``cross_entropy_loss_fusion``)
-    is priced there too. The same bits as the numpy path throughout; a call that sets none
-    passes through."""
+def _beside_rows(k, shape):
+    """Which configurations set a knob the fused kernel does not read (:data:`_BESIDE_KERNEL`)
+    where it matters, flat: ``(recompute_layers, fp8_param_gather, priced)``, the rows where
+    the knob only breaks its rule (``realizable`` False, the rest the kernel's) and the rows
+    :func:`_solve` prices again; None where none sets one. A partial recompute
+    (``recompute_num_layers`` under ``recompute="full"``), a context-parallel exchange other
+    than the ring (``cp_comm_type`` at ``cp_size > 1``), ``fp8_param_gather`` where its
+    gathers run in FP8 (``precision="fp8"``, ``zero_stage >= 1``) and Transformer Engine's
+    fused cross-entropy are priced again; ``recompute_num_layers`` outside full recompute
+    and ``fp8_param_gather`` elsewhere only break their rules; ``cp_comm_type`` at
+    ``cp_size=1``, ``cp_a2a_size`` outside ``"a2a+p2p"`` and ``cross_entropy_fusion_impl``
+    without the fusion change nothing."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
     cpc = np.asarray(k.get("cp_comm_type", 0))
     fp8_params = np.asarray(k.get("fp8_param_gather", False))
     ce_te = np.asarray(k.get("cross_entropy_loss_fusion", False)) & (
         np.asarray(k.get("cross_entropy_fusion_impl", 0)) == 1)
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)):
-        return out
+        return None
     n = int(np.prod(shape)) if shape else 1
+
+    def flat(value):
+        return np.broadcast_to(value, (n,))
 
     def codes(name):  # (names the kernel matched: _normalize's unchecked)
         value = k[name]
-        return np.broadcast_to(np.asarray(_codes(name, value) if np.asarray(value).dtype.kind
-                                          in "UO" else value), (n,))
-    rc = codes("recompute")
-    rnl = np.broadcast_to(rnl, (n,))
-    fp8_params = np.broadcast_to(fp8_params, (n,))
+        return flat(np.asarray(_codes(name, value) if np.asarray(value).dtype.kind in "UO"
+                               else value))
+    full = codes("recompute") == RECOMPUTE.index("full")
+    rnl, fp8_params = flat(rnl != 0), flat(fp8_params)
     gathers_fp8 = np.zeros(n, dtype=bool)
     if np.any(fp8_params):
         gathers_fp8 = ((codes("precision") == PRECISIONS.index("fp8"))
-                       & (np.broadcast_to(np.asarray(k["zero_stage"]), (n,)) >= 1))
-    other = (np.broadcast_to(cpc != 0, (n,)) & np.broadcast_to(np.asarray(k["cp_size"]) > 1, (n,))
-             | (fp8_params & gathers_fp8) | np.broadcast_to(ce_te, (n,)))
+                       & (flat(np.asarray(k["zero_stage"])) >= 1))
+    priced = ((rnl & full) | (flat(cpc != 0) & flat(np.asarray(k["cp_size"]) > 1))
+              | (fp8_params & gathers_fp8) | flat(ce_te))
+    return rnl & ~full, fp8_params & ~gathers_fp8, priced
+
+
+def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):
+    """The fused kernel's outputs ``out`` with the configurations whose knobs it does not
+    read made the numpy path's (``rows``: :func:`_beside_rows`): it prices every layer
+    alike, the K/V ring only, 16-bit parameter gathers and the unfused cross-entropy, so
+    those configurations are priced again by :func:`_solve` alone, and where a knob only
+    breaks its rule ``realizable`` is made False. The same bits as the numpy path
+    throughout; a call that sets none passes through."""
+    if rows is None:
+        return out
+    n = int(np.prod(shape)) if shape else 1
+    rule_rnl, rule_fp8, priced = rows
     flat = {name: np.asarray(value).reshape(n) for name, value in out.items()}
-    flat["realizable"][(rnl != 0) & (rc != RECOMPUTE.index("full"))] = False
-    flat["realizable"][fp8_params & ~gathers_fp8] = False
-    idx = np.flatnonzero(((rnl != 0) & (rc == RECOMPUTE.index("full"))) | other)
+    flat["realizable"][rule_rnl | rule_fp8] = False
+    idx = np.flatnonzero(priced)
     if idx.size:
         sub = {}
         for name, value in k.items():
@@ -1395,9 +1416,9 @@ def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out):
             if name in _CHOICES and value.dtype.kind in "UO":
                 value = _codes(name, value)
             sub[name] = value[idx] if value.ndim == 1 and value.shape[0] == n else value
-        priced = _solve(w, fleet, sub, c, (idx.size,))
+        priced_out = _solve(w, fleet, sub, c, (idx.size,))
         for name in OUTPUTS:
-            flat[name][idx] = priced[name]
+            flat[name][idx] = priced_out[name]
     return out
 
 
