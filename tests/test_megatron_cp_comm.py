@@ -15,9 +15,9 @@ import pytest
 from solver import catalog
 from solver import network as net
 from solver.physics import megatron as M
-from solver.physics import megatron_steps as steps
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _megatron_steps import chain  # noqa: E402
 from test_fused_megatron import _draw  # noqa: E402
 
 FLEETS = ("HGX_H100_1K_MC", "GB200_NVL72_8_MC", "Selene_MC")
@@ -59,14 +59,8 @@ def test_without_context_parallelism_the_kind_changes_nothing(workload):
 
 def _chain(workload, fleet, **knobs):
     """The steps up to the communication for one layout (scalars), and that layout's."""
-    wl, fl = catalog.workload(workload), catalog.fleet(fleet)
-    w = M._Shape(wl)
-    k = M._account_stages(w, M._normalize(M._knob_values(knobs, "_chain")))
-    c = M._constants({})
-    sp = steps.split(w, fl, k)
-    hw = steps.hardware(fl, c, sp.prec, k["grad_reduce_in_bf16"])
-    ly = steps.layer_times(w, k, c, sp, hw)
-    return w, sp, hw, ly, steps.communication(w, k, c, sp, hw, ly)
+    s = chain(workload, fleet, **knobs)
+    return s.w, s.sp, s.hw, s.ly, s.cm
 
 
 @pytest.mark.parametrize("rc", ["none", "selective", "full"])

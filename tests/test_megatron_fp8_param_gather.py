@@ -13,10 +13,9 @@ import pytest
 
 from solver import catalog
 from solver.physics import megatron as M
-from solver.physics import megatron_compose as after
-from solver.physics import megatron_steps as steps
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _megatron_steps import chain  # noqa: E402
 from test_fused_megatron import _draw  # noqa: E402
 
 FLEETS = ("HGX_H100_1K_MC", "GB200_NVL72_8_MC")
@@ -47,37 +46,8 @@ def test_megatron_lms_rule():
 
 
 def _dp(workload, fleet, **knobs):
-    wl, fl = catalog.workload(workload), catalog.fleet(fleet)
-    w = M._Shape(wl)
-    k = M._account_stages(w, M._normalize(M._knob_values(knobs, "_dp")))
-    c = M._constants({})
-    sp = steps.split(w, fl, k)
-    hw = steps.hardware(fl, c, sp.prec, k["grad_reduce_in_bf16"])
-    ly = steps.layer_times(w, k, c, sp, hw)
-    cm = steps.communication(w, k, c, sp, hw, ly)
-    pl = steps.pipeline(w, c, sp, hw, ly, cm)
-    return w, hw, after.data_parallel(w, k, c, sp, hw, ly, cm, pl)
-
-
-@pytest.mark.parametrize("pp", [1, 2])
-def test_the_gather_moves_a_byte_a_layer_parameter(pp):
-    """Llama 3 8B, DP 8 in one HGX node (TP 1, ZeRO-1): the parameter all-gather of the
-    heaviest stage moves (n - 1) / n of its bytes over NVLink; with FP8 parameters its
-    layers' parameters go at one byte, its embedding matrices (two untied ones on one stage;
-    the input one on the first of two stages, the output one on the last) at two, so it is
-    shorter by 7/8 of the layers' parameters over the bus bandwidth, the latency alike."""
-    kw = dict(batch_size=256, seq_len=8192, tp_size=1, pp_size=pp, dp_size=8 // pp,
-              precision="fp8", zero_stage=1)
-    wl = catalog.workload("Llama3_8B_MC")
-    w, hw, off = _dp("Llama3_8B_MC", "HGX_H100_1K_MC", **kw)
-    *_, on = _dp("Llama3_8B_MC", "HGX_H100_1K_MC", fp8_param_gather=True, **kw)
-    n = 8 // pp
-    embedding = wl.vocab_size * wl.hidden_dim  # 128,256 is a multiple of 128: no padding
-    held = 2 if pp == 1 else 1
-    layers = float(off.heavy_params) - held * embedding
-    assert layers > 0.8 * float(off.heavy_params)
-    np.testing.assert_allclose(float(off.t_dp_total) - float(on.t_dp_total),
-                               (n - 1) / n * layers / hw.up_bw, rtol=1e-9)
+    s = chain(workload, fleet, **knobs)
+    return s.w, s.hw, s.dpr
 
 
 # (workload, pp_size, mtp_num_layers, ep_size, embedding matrices on the heaviest stage)

@@ -1,0 +1,25 @@
+"""The megatron physics' named steps for one layout, for tests that check a step's terms
+against closed forms (solver.physics.megatron._solve runs the same chain)."""
+
+from types import SimpleNamespace
+
+from solver import catalog
+from solver.physics import megatron as M
+from solver.physics import megatron_compose as after
+from solver.physics import megatron_steps as steps
+
+
+def chain(workload, fleet, **knobs):
+    """Steps 1-6 (split ... data parallel) of ``workload`` on ``fleet`` at ``knobs`` (solve's,
+    scalars), with the shipped constants: a namespace of ``w, k, c, sp, hw, ly, cm, pl, dpr``."""
+    wl, fl = catalog.workload(workload), catalog.fleet(fleet)
+    w = M._Shape(wl)
+    k = M._account_stages(w, M._normalize(M._knob_values(knobs, "chain")))
+    c = M._constants({})
+    sp = steps.split(w, fl, k)
+    hw = steps.hardware(fl, c, sp.prec, k["grad_reduce_in_bf16"])
+    ly = steps.layer_times(w, k, c, sp, hw)
+    cm = steps.communication(w, k, c, sp, hw, ly)
+    pl = steps.pipeline(w, c, sp, hw, ly, cm)
+    dpr = after.data_parallel(w, k, c, sp, hw, ly, cm, pl)
+    return SimpleNamespace(w=w, k=k, c=c, sp=sp, hw=hw, ly=ly, cm=cm, pl=pl, dpr=dpr)
