@@ -1042,8 +1042,8 @@ def _cp_collectives(w, sp: Split, hw: Hardware, ly: Layer, again, ring):
     def gathered(kind):  # K or V, the whole sequence's (cp of the rank's) [42]
         return net.two_level_time(kind, cp * ly.kv_t * head, cp, near, **links) + call_lat
 
-    def a2a(heads):
-        return net.split_all_to_all_time(heads * head, cp, near, **links) + call_lat
+    def a2a(heads, n=cp, n_near=near):  # (a group of one: no call)
+        return net.split_all_to_all_time(heads * head, n, n_near, **links) + call_lat * (n > 1)
 
     heads_t = w.heads / (sp.tp * 1.0)
     ag_f = 2.0 * gathered("all_gather")
@@ -1058,12 +1058,8 @@ def _cp_collectives(w, sp: Split, hw: Hardware, ly: Layer, again, ring):
         # (a group of one: TE's plain ring, no all-to-all; the whole CP group: plain a2a)
         a = np.clip(np.asarray(sp.cpa) * 1.0, 1.0, cp)
         near_a = cp_peers_near(hw, sp, a)
-
-        def inner(heads):
-            return (net.split_all_to_all_time(heads * head, a, near_a, **links)
-                    + call_lat * (a > 1))
-        in_f = 2.0 * inner(heads_t) + 2.0 * inner(ly.kv_t)
-        in_b = 3.0 * inner(heads_t) + 2.0 * inner(ly.kv_t) + again * in_f
+        in_f = 2.0 * a2a(heads_t, a, near_a) + 2.0 * a2a(ly.kv_t, a, near_a)
+        in_b = 3.0 * a2a(heads_t, a, near_a) + 2.0 * a2a(ly.kv_t, a, near_a) + again * in_f
         r_total, r_f, r_b = _kv_ring(w, sp, hw, ly, cp / a, again)
         hier = cpc == _CP_HIER
         f, b = np.where(hier, in_f + r_f, f), np.where(hier, in_b + r_b, b)
