@@ -248,7 +248,9 @@ def _coordinate(axis, models) -> tuple:
     if axis.kind in ("workload", "fleet", "physics", "precision", "topology", "choice"):
         values = np.array([str(v) for v in axis.values])
         named = {"workload": "workload", "fleet": "fleet", "physics": "physics model"}
-        return values, {"long_name": named.get(axis.kind, axis.name)}
+        # (a named choice of a physics model: its knob's description where it states one)
+        why = knob_of(None, axis.name, models).why if axis.kind == "choice" else None
+        return values, {"long_name": named.get(axis.kind, why or axis.name)}
     dtype = {"int": np.int64, "float": np.float64, "bool": bool}[axis.kind]
     why = knob_of(None, axis.name, models).why
     # Every numeric or boolean coordinate is unitless ("1"; CF 3.1 wants units on

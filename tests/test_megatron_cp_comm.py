@@ -315,6 +315,7 @@ def test_a_cube_sweeps_cp_comm_type_as_an_axis():
     cube = run(spec)
     assert "cp_comm_type" in cube.dims
     assert list(cube["cp_comm_type"].values) == ["p2p", "all_gather", "a2a"]
+    assert cube["cp_comm_type"].attrs["long_name"] == M.KNOBS["cp_comm_type"].why
     step = cube["step_latency_total"]
     one = step.sel(cp_size=1).values.ravel()
     assert np.all(one == one[0])  # no CP: one price

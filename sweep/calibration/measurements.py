@@ -44,7 +44,9 @@ full), ``zero_stage`` (0 DDP, 1 distributed optimizer, 2, 3 FSDP),
 ``overlap_grad_reduce``, ``overlap_param_gather``, ``flash_attention``,
 ``grad_reduce_in_bf16``, ``scatter_gather_tensors_in_pipeline``,
 ``overlap_p2p_comm``, ``overlap_moe_expert_parallel_comm``, ``hidden_dropout``,
-``attention_dropout``, ...); an
+``attention_dropout``, ``cp_comm_type`` (p2p, all_gather, a2a, a2a+p2p),
+``cp_a2a_size``, ``fp8_param_gather``, ``cross_entropy_loss_fusion``,
+``cross_entropy_fusion_impl`` (native, te), ...); an
 empty cell or a missing column takes the knob's default
 (:data:`solver.physics.megatron.DEFAULTS`). Booleans are true/false, yes/no or 1/0.
 
