@@ -469,6 +469,15 @@ def fit_megatron(runs):
     return dict(fit.constants)
 
 
+def loso_megatron_fits(runs, sources, n_jobs=2):
+    """Source -> the megatron constants fitted on every run but that source's, the fits in
+    ``n_jobs`` processes at once (joblib; each fit is independent of the others)."""
+    from joblib import Parallel, delayed
+    fits = Parallel(n_jobs=n_jobs)(
+        delayed(fit_megatron)([r for r in runs if r.source != src]) for src in sources)
+    return dict(zip(sources, fits))
+
+
 def fit_mlsysim(runs):
     weights = _weights(runs)
     loss = np.zeros(len(EFF_GRID))
@@ -684,10 +693,11 @@ def main(argv=None):
     # leave one source out
     if not args.no_loso:
         loso = {"megatron": {}, "mlsysim": {}, "constants": {}, "mlsysim_efficiency": {}}
+        fits = loso_megatron_fits(runs, SOURCES)
         for src in SOURCES:
             train = [r for r in runs if r.source != src]
             test = [r for r in runs if r.source == src]
-            c = fit_megatron(train)
+            c = fits[src]
             e = fit_mlsysim(train)
             loso["constants"][src] = c
             loso["mlsysim_efficiency"][src] = e
