@@ -1371,8 +1371,7 @@ def _beside_rows(k, shape):
     rnl = np.asarray(k.get("recompute_num_layers", 0))
     cpc = np.asarray(k.get("cp_comm_type", 0))
     fp8_params = np.asarray(k.get("fp8_param_gather", False))
-    ce_te = np.asarray(k.get("cross_entropy_loss_fusion", False)) & (
-        np.asarray(k.get("cross_entropy_fusion_impl", 0)) == 1)
+    ce_te = steps.te_cross_entropy(k)
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)):
         return None
     n = int(np.prod(shape)) if shape else 1

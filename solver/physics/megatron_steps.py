@@ -75,6 +75,13 @@ CROSS_ENTROPY_BYTES = 52.0
 TE_CROSS_ENTROPY_BYTES = 10.0
 #: Knob codes of ``cross_entropy_fusion_impl`` (Megatron-Core's) [44].
 CROSS_ENTROPY_IMPLS = ("native", "te")
+
+
+def te_cross_entropy(k):
+    """Where Transformer Engine's fused cross-entropy runs: ``cross_entropy_loss_fusion``
+    with ``cross_entropy_fusion_impl`` "te" (codes) [44]."""
+    return np.asarray(k.get("cross_entropy_loss_fusion", False)) & (
+        np.asarray(k.get("cross_entropy_fusion_impl", 0)) == CROSS_ENTROPY_IMPLS.index("te"))
 #: Megatron pads the vocabulary to a multiple of this times the TP size
 #: (``make_vocab_size_divisible_by``'s default) [41].
 VOCAB_DIVISOR = 128.0
@@ -397,8 +404,7 @@ def split(w, fleet, k) -> Split:
                  a2a_paired=combined_1f1b_paired(pp, v, m, k["overlap_moe_expert_parallel_comm"]),
                  rnl=k.get("recompute_num_layers", 0), cpc=k.get("cp_comm_type", 0),
                  cpa=k.get("cp_a2a_size", 0),
-                 ce_te=np.asarray(k.get("cross_entropy_loss_fusion", False))
-                 & (np.asarray(k.get("cross_entropy_fusion_impl", 0)) == 1))
+                 ce_te=te_cross_entropy(k))
 
 
 def _hierarchy(w, tp, cp, a2a):
