@@ -117,21 +117,25 @@ def model_state(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYT
     return weights * p, gradients * p, optimizer * p
 
 
-def state_bytes(shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYTES):
+def state_bytes(shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYTES, adam_bytes=ADAM_STATE_BYTES,
+                grad_copy=True):
     """(weights, gradients, optimizer state, gradient copy) a parameter [B]: the factors of
     :func:`model_state`, and the optimizer's FP32 copy of 16-bit gradients (in the
     optimizer state), which exists only in the step, once the activations are freed [5], so
-    a footprint counts the larger of the two (0 for FP32 main gradients, their own copy)."""
+    a footprint counts the larger of the two (0 for FP32 main gradients, their own copy).
+    ``adam_bytes``: the master weights and the two moments a parameter (Adam's FP32 12 by
+    default; less under a precision-aware optimizer); ``grad_copy``: where the optimizer
+    makes that copy (an optimizer that reads the 16-bit gradients as they are makes none)."""
     z = np.asarray(zero_stage)
     d = np.asarray(shard_group, dtype=np.float64)
     g = np.asarray(grad_bytes, dtype=np.float64)
-    copy = np.where(g < MAIN_GRAD_BYTES, MAIN_GRAD_BYTES, 0.0)
+    copy = np.where((g < MAIN_GRAD_BYTES) & np.asarray(grad_copy), MAIN_GRAD_BYTES, 0.0)
     # [2]: 2 + 4 + 12/d bytes per parameter with the distributed optimizer; [3] for 2, 3.
     # (times 1 / d: the fused kernel's loop makes one division, not four)
     per = 1.0 / d
     sharded = np.where(z >= 1, per, 1.0)
     return (WEIGHT_BYTES * np.where(z >= 3, per, 1.0), g * np.where(z >= 2, per, 1.0),
-            (ADAM_STATE_BYTES + copy) * sharded, copy * sharded)
+            (adam_bytes + copy) * sharded, copy * sharded)
 
 
 def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn_hidden, gated,

@@ -36,7 +36,8 @@ __all__ = ["DEFAULT_PHYSICS", "MODELS", "knobs_of", "choices", "knobs_for", "uni
 MODELS = tuple(PHYSICS)
 
 #: Values of the knobs of kind ``"choice"`` (megatron's ``recompute``, ``precision``,
-#: ``cp_comm_type`` and ``cross_entropy_fusion_impl``).
+#: ``cp_comm_type``, ``cross_entropy_fusion_impl``, ``main_params_dtype``, ``exp_avg_dtype``
+#: and ``exp_avg_sq_dtype``).
 _CHOICES = {("megatron", name): values for name, values in megatron.CHOICES.items()}
 
 

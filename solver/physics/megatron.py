@@ -300,6 +300,25 @@ References
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
     rack's NVLink, is not modelled.
+[45] Megatron-Core ``optimizer/optimizer_config.py`` (``OptimizerConfig``:
+    ``use_precision_aware_optimizer``, "allows optimizer-related tensors (master_param,
+    gradients and optimizer states) to be set to lower precision", asserted "only supported
+    with distributed optimizer"; ``main_params_dtype``, ``exp_avg_dtype``,
+    ``exp_avg_sq_dtype``, FP32 by default; ``store_param_remainders: bool = True``, "store
+    the 16-bit FP32 parameter remainders in the optimizer state, excluding the 16 bits
+    shared with the BF16 parameters"; ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``:
+    set unless the master weights are FP32 under an FP8 recipe other than delayed
+    scaling), ``optimizer/__init__.py`` (TE's ``FusedAdam`` built with the moments' dtypes
+    and, where that holds, ``master_weights``, ``use_decoupled_grad`` and
+    ``master_weight_dtype``), ``optimizer/distrib_optimizer.py`` ("When using
+    precision-aware optimizer, main params are held by FusedAdam": no FP32 shard of its
+    own); Transformer Engine ``pytorch/optimizers/fused_adam.py`` (FP8 moments as
+    ``torch.uint8`` with an FP32 scale; remainders "only when param type is BF16 and master
+    weight type is FP32"); Megatron-LM ``arguments.py`` (``--main-params-dtype`` fp32,
+    fp16; ``--exp-avg-dtype``, ``--exp-avg-sq-dtype`` fp32, fp16, bf16, fp8; "--main-grads-dtype
+    can only be fp32 when --accumulate-allreduce-grads-in-fp32 is set") and its
+    ``tests/unit_tests/test_optimizer.py`` (``test_precision_aware_optimizer`` over those
+    dtypes, BF16 and FP8).
 [44] Megatron-Core ``models/common/language_module/language_module.py``
     (``compute_language_model_loss``): with ``cross_entropy_loss_fusion`` (default False;
     Megatron-Bridge's ``GPTModelProvider``: True) and ``cross_entropy_fusion_impl`` "te",
@@ -497,6 +516,23 @@ KNOBS = {k.name: k for k in (
            "precision='fp8' with the distributed optimizer or FSDP, the parameter all-gathers "
            "move a byte a transformer-layer parameter, not two"),
     _K("grad_reduce_in_bf16", "bool", False),
+    _K("use_precision_aware_optimizer", "bool", False,
+       why="Megatron-Core's precision-aware optimizer (Transformer Engine's FusedAdam): the "
+           "master weights and Adam's moments as main_params_dtype, exp_avg_dtype and "
+           "exp_avg_sq_dtype set them, with the distributed optimizer or FSDP"),
+    _K("main_params_dtype", "choice", "fp32",
+       why="the master weights under use_precision_aware_optimizer: 'fp32' (kept as 16-bit "
+           "remainders of BF16 weights under store_param_remainders) or 'fp16'; read only "
+           "with it, as Megatron-Core reads it"),
+    _K("exp_avg_dtype", "choice", "fp32",
+       why="Adam's first moment under use_precision_aware_optimizer: 'fp32', 'fp16', 'bf16' "
+           "or 'fp8'; read only with it"),
+    _K("exp_avg_sq_dtype", "choice", "fp32",
+       why="Adam's second moment under use_precision_aware_optimizer: 'fp32', 'fp16', 'bf16' "
+           "or 'fp8'; read only with it"),
+    _K("store_param_remainders", "bool", True,
+       why="FP32 master weights of BF16 weights kept as their 16-bit remainders (Megatron-Core's "
+           "default); read only under use_precision_aware_optimizer"),
     _K("fsdp_own_nic", "bool", False,
        why="ZeRO-3's collectives at one NIC's rate, as DeepSpeed's ZeRO-3 of 2021 ran them "
            "(NAR21 Table 2); off: across the domain on all its NICs (Megatron-FSDP)"),
@@ -536,6 +572,7 @@ REALIZABLE_RULES = (
     "and KV heads, 'a2a+p2p' cp_a2a_size set, dividing cp_size and each TP rank's heads and "
     "KV heads, a multi-head latent attention cp_comm_type 'p2p', or 'a2a+p2p' with a ring "
     "(cp_a2a_size below cp_size), fp8_param_gather precision='fp8' and zero_stage >= 1, "
+    "use_precision_aware_optimizer zero_stage >= 1, "
     "overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, recompute_num_layers recompute='full', "
@@ -547,7 +584,9 @@ REALIZABLE_RULES = (
 #: Knob name -> default.
 DEFAULTS = {name: knob.default for name, knob in KNOBS.items()}
 _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS, "cp_comm_type": CP_COMM_TYPES,
-            "cross_entropy_fusion_impl": steps.CROSS_ENTROPY_IMPLS}
+            "cross_entropy_fusion_impl": steps.CROSS_ENTROPY_IMPLS,
+            "main_params_dtype": steps.MAIN_PARAMS_DTYPES, "exp_avg_dtype": steps.MOMENT_DTYPES,
+            "exp_avg_sq_dtype": steps.MOMENT_DTYPES}
 #: The values of each knob of kind ``"choice"`` (name -> tuple, the codes their indices).
 CHOICES = dict(_CHOICES)
 
@@ -620,7 +659,9 @@ _PACKED_KNOBS = ("mtp_num_layers", "num_layers_in_first_pipeline_stage",
 #: Knobs the fused kernel does not read: the configurations that set them where they
 #: matter are priced on the numpy path beside it (:func:`_beside_kernel`).
 _BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_param_gather",
-                  "cross_entropy_loss_fusion", "cross_entropy_fusion_impl")
+                  "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
+                  "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype",
+                  "exp_avg_sq_dtype", "store_param_remainders")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -914,7 +955,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, cross_entropy_loss_fusion=False,
           cross_entropy_fusion_impl="native", fp8_param_gather=False, grad_reduce_in_bf16=False,
-          fsdp_own_nic=False,
+          use_precision_aware_optimizer=False, main_params_dtype="fp32", exp_avg_dtype="fp32",
+          exp_avg_sq_dtype="fp32", store_param_remainders=True, fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
           overlap_moe_expert_parallel_comm=False, moe_enable_deepep=False, hidden_dropout=0.1,
           attention_dropout=0.1, mtp_num_layers=0,
@@ -1027,7 +1069,25 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         ``grad_sync_dtype: bf16`` in NeMo) [25]: 2 B per parameter in the buffer and
         on the wire instead of FP32's 4, and the optimizer's FP32 copy of its shard.
         False (default): FP32, Megatron-LM's default for BF16 and FP8 training. FP16
-        training reduces FP16 gradients either way.
+        training reduces FP16 gradients either way. (Megatron-Core's ``main_grads_dtype``
+        "bf16" is this: it refuses it beside FP32 accumulation.)
+    use_precision_aware_optimizer : bool
+    main_params_dtype : {"fp32", "fp16"}
+    exp_avg_dtype, exp_avg_sq_dtype : {"fp32", "fp16", "bf16", "fp8"}
+    store_param_remainders : bool
+        Megatron-Core's precision-aware optimizer [45] (Transformer Engine's FusedAdam), with
+        the distributed optimizer or FSDP (``zero_stage >= 1``; else not realizable, and
+        priced as without it). Adam's moments are ``exp_avg_dtype`` and
+        ``exp_avg_sq_dtype`` wide (4, 2, 2, 1 bytes); the master weights ``main_params_dtype``
+        (4, 2), but FP32 ones of BF16 weights 2 under ``store_param_remainders`` (default
+        True, Megatron-Core's). FusedAdam reads 16-bit gradients as they are: no FP32 copy
+        in the step. Under FP8 and FP4 with FP32 master weights Megatron-Core keeps its own
+        FP32 copy and the gradients' (the recipes other than delayed scaling; priced so for
+        every FP8 run). The optimizer step's bytes follow the state. The dtypes and
+        ``store_param_remainders`` are read only with ``use_precision_aware_optimizer``, as
+        Megatron-Core reads them (set without it they change nothing, and a sweep crossing
+        them holds tied duplicates). Configurations that use it are priced on the numpy
+        path, in a call of the fused kernel too.
     fsdp_own_nic : bool
         ZeRO-3's gathers and reduce-scatters as one flat ring per rank over its own NIC,
         as DeepSpeed's ZeRO-3 of 2021 ran them (NAR21 Table 2) [38]. False (default):
@@ -1148,7 +1208,11 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   fp8_param_gather=fp8_param_gather,
                   cross_entropy_loss_fusion=cross_entropy_loss_fusion,
                   cross_entropy_fusion_impl=cross_entropy_fusion_impl,
-                  grad_reduce_in_bf16=grad_reduce_in_bf16, fsdp_own_nic=fsdp_own_nic,
+                  grad_reduce_in_bf16=grad_reduce_in_bf16,
+                  use_precision_aware_optimizer=use_precision_aware_optimizer,
+                  main_params_dtype=main_params_dtype, exp_avg_dtype=exp_avg_dtype,
+                  exp_avg_sq_dtype=exp_avg_sq_dtype, store_param_remainders=store_param_remainders,
+                  fsdp_own_nic=fsdp_own_nic,
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
                   overlap_p2p_comm=overlap_p2p_comm,
                   overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
@@ -1316,7 +1380,7 @@ def _price(w, fleet, k, constants, engine, memo):
         # the one rule of solver.fused on the knobs' broadcast shape
         if why is None and fused.resolve_engine(engine, {"the broadcast of the knobs": shape}) == "fused":
             rows = _beside_rows(k, shape)
-            if rows is None or not rows[2].all():
+            if rows is None or not rows[1].all():
                 return _beside_kernel(w, fleet, k, c, shape,
                                       _solve_fused(w, fleet, k, c, shape, memo), rows)
             # (every configuration is priced beside the kernel: the numpy path alone)
@@ -1358,21 +1422,25 @@ _KERNEL_BOUNDS = tuple(
 
 def _beside_rows(k, shape):
     """Which configurations set a knob the fused kernel does not read (:data:`_BESIDE_KERNEL`)
-    where it matters, flat: ``(recompute_layers, fp8_param_gather, priced)``, the rows where
-    the knob only breaks its rule (``realizable`` False, the rest the kernel's) and the rows
-    :func:`_solve` prices again; None where none sets one. A partial recompute
-    (``recompute_num_layers`` under ``recompute="full"``), a context-parallel exchange other
-    than the ring (``cp_comm_type`` at ``cp_size > 1``), ``fp8_param_gather`` where its
-    gathers run in FP8 (``precision="fp8"``, ``zero_stage >= 1``) and Transformer Engine's
-    fused cross-entropy are priced again; ``recompute_num_layers`` outside full recompute
-    and ``fp8_param_gather`` elsewhere only break their rules; ``cp_comm_type`` at
-    ``cp_size=1``, ``cp_a2a_size`` outside ``"a2a+p2p"`` and ``cross_entropy_fusion_impl``
-    without the fusion change nothing."""
+    where it matters, flat: ``(rule, priced)``, the rows where a knob only breaks its rule
+    (``realizable`` False, the rest the kernel's) and the rows :func:`_solve` prices again;
+    None where none sets one. A partial recompute (``recompute_num_layers`` under
+    ``recompute="full"``), a context-parallel exchange other than the ring (``cp_comm_type``
+    at ``cp_size > 1``), ``fp8_param_gather`` where its gathers run in FP8
+    (``precision="fp8"``, ``zero_stage >= 1``), Transformer Engine's fused cross-entropy and
+    the precision-aware optimizer where it runs (``zero_stage >= 1``) are priced again;
+    ``recompute_num_layers`` outside full recompute, ``fp8_param_gather`` elsewhere and
+    ``use_precision_aware_optimizer`` at ``zero_stage=0`` only break their rules;
+    ``cp_comm_type`` at ``cp_size=1``, ``cp_a2a_size`` outside ``"a2a+p2p"``,
+    ``cross_entropy_fusion_impl`` without the fusion and the optimizer's dtypes and
+    ``store_param_remainders`` without the precision-aware optimizer change nothing."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
     cpc = np.asarray(k.get("cp_comm_type", 0))
     fp8_params = np.asarray(k.get("fp8_param_gather", False))
     ce_te = steps.te_cross_entropy(k)
-    if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)):
+    pa = np.asarray(k.get("use_precision_aware_optimizer", False))
+    if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)
+            or np.any(pa)):
         return None
     n = int(np.prod(shape)) if shape else 1
 
@@ -1389,9 +1457,10 @@ def _beside_rows(k, shape):
     if np.any(fp8_params):
         gathers_fp8 = ((codes("precision") == PRECISIONS.index("fp8"))
                        & (flat(np.asarray(k["zero_stage"])) >= 1))
+    pa, pa_on = flat(pa), flat(steps.precision_aware(k))
     priced = ((rnl & full) | (flat(cpc != 0) & flat(np.asarray(k["cp_size"]) > 1))
-              | (fp8_params & gathers_fp8) | flat(ce_te))
-    return rnl & ~full, fp8_params & ~gathers_fp8, priced
+              | (fp8_params & gathers_fp8) | flat(ce_te) | pa_on)
+    return (rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on), priced
 
 
 def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):
@@ -1404,9 +1473,9 @@ def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):
     if rows is None:
         return out
     n = int(np.prod(shape)) if shape else 1
-    rule_rnl, rule_fp8, priced = rows
+    rule, priced = rows
     flat = {name: np.asarray(value).reshape(n) for name, value in out.items()}
-    flat["realizable"][rule_rnl | rule_fp8] = False
+    flat["realizable"][rule] = False
     idx = np.flatnonzero(priced)
     if idx.size:
         sub = {}

@@ -110,6 +110,58 @@ def _gathered_bytes(w, k, sp: Split, heavy_params, expert_stage_params):
             np.where(on, expert_stage_params * 1.0, expert))
 
 
+@dataclass(frozen=True)
+class Optimizer:
+    """Adam under Megatron-Core's precision-aware optimizer [45], a parameter: ``state``,
+    its master weights and two moments [B] (sharded as the distributed optimizer shards
+    them); ``copy``, where the step makes an FP32 copy of 16-bit gradients
+    (megatron_memory.state_bytes); ``step``, its bytes through HBM."""
+    state: object
+    copy: object
+    step: object
+
+
+def optimizer(k, sp: Split, hw: Hardware):
+    """:class:`Optimizer` of the knobs ``k``; None where the precision-aware optimizer runs
+    nowhere (:func:`.megatron_steps.precision_aware`): there Adam keeps FP32 master weights
+    and moments (megatron_memory.ADAM_STATE_BYTES), copies 16-bit gradients to FP32, and
+    its step moves OPTIMIZER_BYTES_TOUCHED a parameter.
+
+    With it [45], Transformer Engine's FusedAdam holds the master weights
+    (``master_weights``, ``master_weight_dtype=main_params_dtype``) and reads the gradient
+    buffer as it is (``use_decoupled_grad``: no FP32 copy of 16-bit gradients), except FP32
+    master weights under FP8 or FP4 (Megatron-Core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``
+    holds for delayed scaling only; the current-scaling, block and MXFP8/NVFP4 recipes of
+    2025-26 keep Megatron-Core's own FP32 master copy and its copy of 16-bit gradients,
+    which the model prices for every FP8 run: 2 bytes a parameter, over the shard group,
+    pessimistic under delayed scaling). FP32 master weights of BF16 parameters are kept as
+    their 16-bit remainders (``store_param_remainders``, Megatron-Core's default: 2 bytes,
+    the other 16 the BF16 weight's). The moments are ``exp_avg_dtype`` and
+    ``exp_avg_sq_dtype`` wide. The step reads the gradient (its buffer's width, or the
+    FP32 copy), reads and writes the master weight and the moments, writes the 16-bit
+    weight, and with remainders reads it too: 30 bytes with every state FP32, as without.
+    """
+    on = steps.precision_aware(k)
+    if not np.any(on):
+        return None
+    prec = np.asarray(sp.prec)
+    main = np.asarray(k.get("main_params_dtype", 0))
+    te_master = on & ((main == steps.MAIN_PARAMS_DTYPES.index("fp16"))
+                      | (prec == steps.PRECISIONS.index("bf16"))
+                      | (prec == steps.PRECISIONS.index("fp16")))
+    remainders = (te_master & (main == 0) & (prec == steps.PRECISIONS.index("bf16"))
+                  & np.asarray(k.get("store_param_remainders", True)))
+    master = np.where(remainders, 2.0, np.asarray(steps.MAIN_PARAMS_BYTES)[main])
+    moment_bytes = np.asarray(steps.MOMENT_BYTES)
+    moments = (moment_bytes[np.asarray(k.get("exp_avg_dtype", 0))]
+               + moment_bytes[np.asarray(k.get("exp_avg_sq_dtype", 0))])
+    grad_read = np.where(te_master, hw.grad_bytes, mem.MAIN_GRAD_BYTES)
+    step = grad_read + 2.0 * (master + moments) + mem.WEIGHT_BYTES * (1.0 + remainders)
+    return Optimizer(state=np.where(on, master + moments, mem.ADAM_STATE_BYTES),
+                     copy=~te_master,
+                     step=np.where(on, step, OPTIMIZER_BYTES_TOUCHED))
+
+
 def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication,
                   pl: Pipeline) -> DataParallel:
     """Bucketed gradient reduction and parameter gathers [7], FSDP [9], Adam at HBM bandwidth."""
@@ -253,7 +305,9 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     # parameters are sharded over the expert data-parallel group.
     local_params = (heavy_params / np.where(sharded, group, 1)
                     + expert_stage_params / np.where(sharded, expert_group, 1))
-    t_opt = gemm.memory_bound_time(OPTIMIZER_BYTES_TOUCHED * local_params, hw.hbm)
+    opt = optimizer(k, sp, hw)
+    t_opt = gemm.memory_bound_time(
+        (OPTIMIZER_BYTES_TOUCHED if opt is None else opt.step) * local_params, hw.hbm)
     return DataParallel(heavy_params=heavy_params, expert_stage_params=expert_stage_params,
                         expert_group=expert_group, params_bytes=params_bytes,
                         t_dp_total=np.where(fsdp, t_fsdp, t_grad + t_gather),
@@ -331,10 +385,13 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # Bytes a parameter: weights, gradients, optimizer state, and the optimizer's FP32 copy
     # of 16-bit gradients (in the optimizer state), which is never held beside the
     # activations and buffers (megatron_memory [5]): the larger of them counts.
-    sw, sg, so, sc = mem.state_bytes(group, zero, hw.grad_bytes)
+    # (a precision-aware optimizer's state and gradient copy [45]: optimizer)
+    opt = optimizer(k, sp, hw)
+    adam = () if opt is None else (opt.state, opt.copy)
+    sw, sg, so, sc = mem.state_bytes(group, zero, hw.grad_bytes, *adam)
     swe = sge = soe = sce = 0.0
     if w.moe:
-        swe, sge, soe, sce = mem.state_bytes(dpr.expert_group, zero, hw.grad_bytes)
+        swe, sge, soe, sce = mem.state_bytes(dpr.expert_group, zero, hw.grad_bytes, *adam)
     state, state_e = sw + sg + so, swe + sge + soe
     # A rank's weights a layer: dense, MoE's but its experts, its experts (over ETP x EP);
     # the norms', the router's and MLA's duplicated weights whole on every TP rank

@@ -82,6 +82,22 @@ def te_cross_entropy(k):
     with ``cross_entropy_fusion_impl`` "te" (codes) [44]."""
     return np.asarray(k.get("cross_entropy_loss_fusion", False)) & (
         np.asarray(k.get("cross_entropy_fusion_impl", 0)) == CROSS_ENTROPY_IMPLS.index("te"))
+#: ``main_params_dtype`` and ``exp_avg_dtype`` / ``exp_avg_sq_dtype`` of Megatron-Core's
+#: precision-aware optimizer (its ``--main-params-dtype``, ``--exp-avg-dtype`` and
+#: ``--exp-avg-sq-dtype`` choices), coded by index, and their bytes an element [45]. An
+#: FP8 moment is a byte with one FP32 scale a tensor (not counted).
+MAIN_PARAMS_DTYPES = ("fp32", "fp16")
+MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
+MAIN_PARAMS_BYTES = (4.0, 2.0)
+MOMENT_BYTES = (4.0, 2.0, 2.0, 1.0)
+
+
+def precision_aware(k):
+    """Where Megatron-Core's precision-aware optimizer runs: ``use_precision_aware_optimizer``
+    beside the distributed optimizer or FSDP (``zero_stage >= 1``). Megatron-Core refuses
+    it without them [45]; such a layout is priced as without it (and not realizable)."""
+    return np.asarray(k.get("use_precision_aware_optimizer", False)) & (
+        np.asarray(k["zero_stage"]) >= 1)
 #: Megatron pads the vocabulary to a multiple of this times the TP size
 #: (``make_vocab_size_divisible_by``'s default) [41].
 VOCAB_DIVISOR = 128.0
@@ -277,6 +293,8 @@ REALIZABLE_CONDITIONS = {
                      "racks, whose flex dispatcher is HybridEP) [39]",
     "fp8_param_gather": "fp8_param_gather needs precision='fp8' and the distributed optimizer "
                         "or FSDP (zero_stage >= 1) [43]",
+    "precision_aware_optimizer": "use_precision_aware_optimizer needs the distributed "
+                                 "optimizer or FSDP (zero_stage >= 1) [45]",
     "precision": "the accelerator has the precision [21]",
 }
 
@@ -360,6 +378,9 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # fsdp, or inference mode"; FP8 parameters need FP8 GEMMs [43]
         "fp8_param_gather": ~np.asarray(k.get("fp8_param_gather", False)) | (
             (prec == _FP8) & (k["zero_stage"] >= 1)),
+        # "--use-precision-aware-optimizer only supported with distributed optimizer" [45]
+        "precision_aware_optimizer": ~np.asarray(k.get("use_precision_aware_optimizer", False))
+        | (k["zero_stage"] >= 1),
         "precision": np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec],
     }
 
