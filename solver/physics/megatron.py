@@ -300,6 +300,18 @@ References
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
     rack's NVLink, is not modelled.
+[46] Megatron-Core ``transformer/transformer_config.py`` (``moe_router_num_groups``:
+    "Experts are divided into 'moe_router_num_groups' equal-sized groups"; "For each token,
+    'moe_router_group_topk' groups are selected based on sum of
+    top-('moe_router_topk'/'moe_router_group_topk') routing scores within each group"; "From
+    these selected groups, 'moe_router_topk' individual experts are chosen"; "Node-limited
+    routing: Set 'moe_router_num_groups' equal to number of nodes in EP group", after
+    DeepSeek-V3, arXiv:2412.19437; ``__post_init__``: "When using group limited routing,
+    moe_router_num_groups must be specified", the experts divisible by it,
+    ``moe_router_group_topk`` no larger, "`moe_router_topk` must be divisible by
+    `moe_router_group_topk`") and ``transformer/moe/moe_utils.py`` (``group_limited_topk``:
+    the groups consecutive blocks of experts, the other groups' scores masked to -inf before
+    the top-k); experts sit on EP ranks in consecutive blocks [6].
 [45] Megatron-Core ``optimizer/optimizer_config.py`` (``OptimizerConfig``:
     ``use_precision_aware_optimizer``, "allows optimizer-related tensors (master_param,
     gradients and optimizer states) to be set to lower precision", asserted "only supported
@@ -543,6 +555,13 @@ KNOBS = {k.name: k for k in (
        why="the flex token dispatcher with DeepEP (--moe-token-dispatcher-type flex "
            "--moe-enable-deepep): a token sent once to each rank and domain holding its "
            "experts; off: the all-to-all dispatcher, one copy per routed expert"),
+    _K("moe_router_num_groups", "int", 0, low=0, high=65535,
+       why="groups of experts of group-limited routing (Megatron-Core's moe_router_num_groups: "
+           "node-limited routing sets it to the nodes of the EP group, device-limited to "
+           "ep_size); read only with moe_router_group_topk; 0: not set"),
+    _K("moe_router_group_topk", "int", 0, low=0, high=65535,
+       why="groups a token's experts are chosen from (Megatron-Core's moe_router_group_topk; "
+           "DeepSeek-V3: 4 of 8); 0: not set, routing over every expert"),
     _K("hidden_dropout", "float", 0.1, low=0.0, high=1.0,
        why="the hidden state's dropout probability, Megatron-Core's hidden_dropout"),
     _K("attention_dropout", "float", 0.1, low=0.0, high=1.0,
@@ -578,7 +597,10 @@ REALIZABLE_RULES = (
     "pp_size 1, recompute_num_layers recompute='full', "
     "overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
     "interleaved schedule where pp_size > 1 and at most one MTP layer, moe_enable_deepep "
-    "(an MoE model) etp_size x ep_size > 1 and an NVLink domain of at most 8 GPUs, and "
+    "(an MoE model) etp_size x ep_size > 1 and an NVLink domain of at most 8 GPUs, "
+    "moe_router_group_topk (an MoE model) moe_router_num_groups dividing the experts, at "
+    "least moe_router_group_topk and dividing top-k, its chosen groups holding top-k "
+    "experts or more, and "
     "every layout a "
     "precision its accelerator has (fp8 and fp4 only where the catalog states their peak)")
 #: Knob name -> default.
@@ -655,13 +677,15 @@ def _choice_codes(name, value, fk=None):
 #: or does not read (recompute_num_layers: _beside_kernel), so their range is checked
 #: before it, never left to its first pass.
 _PACKED_KNOBS = ("mtp_num_layers", "num_layers_in_first_pipeline_stage",
-                 "num_layers_in_last_pipeline_stage", "recompute_num_layers", "cp_a2a_size")
+                 "num_layers_in_last_pipeline_stage", "recompute_num_layers", "cp_a2a_size",
+                 "moe_router_num_groups", "moe_router_group_topk")
 #: Knobs the fused kernel does not read: the configurations that set them where they
 #: matter are priced on the numpy path beside it (:func:`_beside_kernel`).
 _BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_param_gather",
                   "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
                   "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype",
-                  "exp_avg_sq_dtype", "store_param_remainders")
+                  "exp_avg_sq_dtype", "store_param_remainders", "moe_router_num_groups",
+                  "moe_router_group_topk")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -958,7 +982,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           use_precision_aware_optimizer=False, main_params_dtype="fp32", exp_avg_dtype="fp32",
           exp_avg_sq_dtype="fp32", store_param_remainders=True, fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
-          overlap_moe_expert_parallel_comm=False, moe_enable_deepep=False, hidden_dropout=0.1,
+          overlap_moe_expert_parallel_comm=False, moe_enable_deepep=False,
+          moe_router_num_groups=0, moe_router_group_topk=0, hidden_dropout=0.1,
           attention_dropout=0.1, mtp_num_layers=0,
           num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
           account_for_embedding_in_pipeline_split=False,
@@ -1125,6 +1150,23 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         ``etp_size * ep_size > 1`` with it and an NVLink domain of at most 8 GPUs (not a
         GB200/GB300 NVL72 rack, where NVIDIA runs HybridEP, not modelled) (else not
         ``realizable``); a dense one ignores it.
+    moe_router_num_groups, moe_router_group_topk : int
+        Group-limited routing (Megatron-Core's) [46]: the experts in
+        ``moe_router_num_groups`` equal blocks, a token's top-k experts chosen from
+        ``moe_router_group_topk`` of them. DeepSeek-V3's node-limited routing sets the
+        groups to the EP group's nodes (8) and picks 4: a token reaches at most 4 nodes.
+        It moves the flex dispatcher's traffic only (``moe_enable_deepep``: a token goes
+        once to each rank and each domain that holds any of its experts, and concentrated
+        experts fall on fewer of them), with the groups drawn uniformly and the experts
+        uniformly in them; the all-to-all dispatcher sends a copy per routed expert either
+        way, as many crossing the fabric. Where an EP rank's (or a domain's) experts and a
+        group neither fill the other evenly, priced as uniform routing (more units
+        reached: an upper bound). ``moe_router_group_topk`` needs ``moe_router_num_groups``
+        dividing the experts, no smaller than it and dividing top-k, and its chosen groups
+        holding top-k experts (else not ``realizable``; Megatron-Core does not check the
+        last, its router then picking masked experts). 0 (default): not set; the groups
+        are read only with ``moe_router_group_topk``. Configurations of the flex dispatcher
+        that set it are priced on the numpy path, in a call of the fused kernel too.
     hidden_dropout, attention_dropout : float [1]
         Dropout probabilities, Megatron-Core's (``--hidden-dropout``,
         ``--attention-dropout``; 0.1 each by default, as Megatron-Core's). They change
@@ -1216,7 +1258,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline,
                   overlap_p2p_comm=overlap_p2p_comm,
                   overlap_moe_expert_parallel_comm=overlap_moe_expert_parallel_comm,
-                  moe_enable_deepep=moe_enable_deepep, hidden_dropout=hidden_dropout,
+                  moe_enable_deepep=moe_enable_deepep,
+                  moe_router_num_groups=moe_router_num_groups,
+                  moe_router_group_topk=moe_router_group_topk, hidden_dropout=hidden_dropout,
                   attention_dropout=attention_dropout, mtp_num_layers=mtp_num_layers,
                   num_layers_in_first_pipeline_stage=num_layers_in_first_pipeline_stage,
                   num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage,
@@ -1379,7 +1423,7 @@ def _price(w, fleet, k, constants, engine, memo):
                              f"'auto' can)")
         # the one rule of solver.fused on the knobs' broadcast shape
         if why is None and fused.resolve_engine(engine, {"the broadcast of the knobs": shape}) == "fused":
-            rows = _beside_rows(k, shape)
+            rows = _beside_rows(w, k, shape)
             if rows is None or not rows[1].all():
                 return _beside_kernel(w, fleet, k, c, shape,
                                       _solve_fused(w, fleet, k, c, shape, memo), rows)
@@ -1420,27 +1464,34 @@ _KERNEL_BOUNDS = tuple(
 # ENGINES and FUSED_MIN_POINTS: the one rule of solver.fused, shared with mlsysim.
 
 
-def _beside_rows(k, shape):
+def _beside_rows(w, k, shape):
     """Which configurations set a knob the fused kernel does not read (:data:`_BESIDE_KERNEL`)
     where it matters, flat: ``(rule, priced)``, the rows where a knob only breaks its rule
     (``realizable`` False, the rest the kernel's) and the rows :func:`_solve` prices again;
     None where none sets one. A partial recompute (``recompute_num_layers`` under
     ``recompute="full"``), a context-parallel exchange other than the ring (``cp_comm_type``
     at ``cp_size > 1``), ``fp8_param_gather`` where its gathers run in FP8
-    (``precision="fp8"``, ``zero_stage >= 1``), Transformer Engine's fused cross-entropy and
-    the precision-aware optimizer where it runs (``zero_stage >= 1``) are priced again;
-    ``recompute_num_layers`` outside full recompute, ``fp8_param_gather`` elsewhere and
-    ``use_precision_aware_optimizer`` at ``zero_stage=0`` only break their rules;
+    (``precision="fp8"``, ``zero_stage >= 1``), Transformer Engine's fused cross-entropy,
+    the precision-aware optimizer where it runs (``zero_stage >= 1``) and (of an MoE model)
+    the flex dispatcher under group-limited routing (``moe_router_group_topk``) are priced
+    again; ``recompute_num_layers`` outside full recompute, ``fp8_param_gather`` elsewhere,
+    ``use_precision_aware_optimizer`` at ``zero_stage=0`` and group-limited routing that
+    breaks its rule beside the all-to-all dispatcher only break their rules;
     ``cp_comm_type`` at ``cp_size=1``, ``cp_a2a_size`` outside ``"a2a+p2p"``,
-    ``cross_entropy_fusion_impl`` without the fusion and the optimizer's dtypes and
-    ``store_param_remainders`` without the precision-aware optimizer change nothing."""
+    ``cross_entropy_fusion_impl`` without the fusion, the optimizer's dtypes and
+    ``store_param_remainders`` without the precision-aware optimizer, and
+    ``moe_router_num_groups`` without ``moe_router_group_topk`` (or on a dense model)
+    change nothing."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
     cpc = np.asarray(k.get("cp_comm_type", 0))
     fp8_params = np.asarray(k.get("fp8_param_gather", False))
     ce_te = steps.te_cross_entropy(k)
     pa = np.asarray(k.get("use_precision_aware_optimizer", False))
+    grouped = np.asarray(k.get("moe_router_group_topk", 0)) > 0
+    if not w.moe:
+        grouped = np.zeros((), dtype=bool)  # (a dense model has no router: nothing to price)
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)
-            or np.any(pa)):
+            or np.any(pa) or np.any(grouped)):
         return None
     n = int(np.prod(shape)) if shape else 1
 
@@ -1458,9 +1509,14 @@ def _beside_rows(k, shape):
         gathers_fp8 = ((codes("precision") == PRECISIONS.index("fp8"))
                        & (flat(np.asarray(k["zero_stage"])) >= 1))
     pa, pa_on = flat(pa), flat(steps.precision_aware(k))
+    grouped = flat(grouped)
+    flex = grouped & flat(np.asarray(k["moe_enable_deepep"]))
+    broken = grouped & ~flex & ~flat(steps._groups_hold(
+        w, np.asarray(k.get("moe_router_num_groups", 0)), np.asarray(k["moe_router_group_topk"]))) \
+        if np.any(grouped) else grouped
     priced = ((rnl & full) | (flat(cpc != 0) & flat(np.asarray(k["cp_size"]) > 1))
-              | (fp8_params & gathers_fp8) | flat(ce_te) | pa_on)
-    return (rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on), priced
+              | (fp8_params & gathers_fp8) | flat(ce_te) | pa_on | flex)
+    return (rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on) | broken, priced
 
 
 def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):

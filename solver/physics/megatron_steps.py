@@ -291,6 +291,10 @@ REALIZABLE_CONDITIONS = {
                     "ep_size > 1 [39]",
     "deepep_domain": "DeepEP runs on NVLink domains of at most 8 GPUs (not GB200/GB300 NVL72 "
                      "racks, whose flex dispatcher is HybridEP) [39]",
+    "moe_router_groups": "moe_router_group_topk (group-limited routing) of an MoE model needs "
+                         "moe_router_num_groups dividing the experts, at least "
+                         "moe_router_group_topk and dividing top-k, and the chosen groups "
+                         "holding top-k experts or more [46]",
     "fp8_param_gather": "fp8_param_gather needs precision='fp8' and the distributed optimizer "
                         "or FSDP (zero_stage >= 1) [43]",
     "precision_aware_optimizer": "use_precision_aware_optimizer needs the distributed "
@@ -374,6 +378,12 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # DeepEP reaches 8 NVLink peers; Megatron-Bridge refuses it on GB200/GB300 [39]
         "deepep_domain": ~k["moe_enable_deepep"] | (not w.moe) | (
             (fleet.node.scale_up_domain or fleet.node.accelerators_per_node) <= DEEPEP_NVL_PEERS),
+        # Megatron-Core's TransformerConfig: "moe_router_num_groups must be specified", the
+        # experts divisible by it, moe_router_group_topk no larger and dividing
+        # moe_router_topk; and (not checked there: its router then picks masked experts)
+        # the chosen groups' experts at least top-k [46]
+        "moe_router_groups": _groups_hold(w, k.get("moe_router_num_groups", 0),
+                                          k.get("moe_router_group_topk", 0)),
         # "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron
         # fsdp, or inference mode"; FP8 parameters need FP8 GEMMs [43]
         "fp8_param_gather": ~np.asarray(k.get("fp8_param_gather", False)) | (
@@ -426,6 +436,17 @@ def split(w, fleet, k) -> Split:
                  rnl=k.get("recompute_num_layers", 0), cpc=k.get("cp_comm_type", 0),
                  cpa=k.get("cp_a2a_size", 0),
                  ce_te=te_cross_entropy(k))
+
+
+def _groups_hold(w, groups, group_topk):
+    """Where group-limited routing [46] is off (``group_topk`` 0, or a dense model) or its
+    groups split as Megatron-Core checks them and hold the top-k experts."""
+    if not w.moe:
+        return np.ones(np.broadcast_shapes(np.shape(groups), np.shape(group_topk)), dtype=bool)
+    g, n = np.asarray(group_topk), np.asarray(groups)
+    safe_n, safe_g = np.maximum(n, 1), np.maximum(g, 1)
+    return (g == 0) | ((n >= 1) & (w.experts % safe_n == 0) & (g <= n)
+                       & (w.top_k % safe_g == 0) & (g * (w.experts // safe_n) >= w.top_k))
 
 
 def _hierarchy(w, tp, cp, a2a):
@@ -864,12 +885,56 @@ def miss_all(experts, top_k, excluded):
     return q
 
 
+def _choose(n, r):
+    """C(n, r) of arrays (0.0 where r < 0 or r > n, n a whole number)."""
+    r = np.asarray(r)
+    out = np.ones(np.broadcast_shapes(np.shape(n), r.shape))
+    for i in range(int(np.max(r, initial=0))):
+        out = out * np.where(i < r, (n - i) / (i + 1.0), 1.0)
+    return np.where(r < 0, 0.0, out)
+
+
+def routed_miss(experts, top_k, unit, groups=0, group_topk=0):
+    """The chance that none of a token's ``k`` experts is among ``unit`` consecutive ones
+    (an EP rank's block, or a domain's). Routing uniform over the experts (:func:`miss_all`),
+    or group-limited [46] where ``group_topk`` is set: the experts in ``groups`` equal
+    blocks, a token's ``group_topk`` of them drawn uniformly, its ``k`` experts uniformly
+    from those. A unit of ``c`` whole groups is missed where ``j`` of them are drawn
+    (hypergeometric) and the ``k`` miss their ``j E / G`` experts; a unit inside a group,
+    where that group is not drawn or the ``k`` miss the unit. Where units and groups do not
+    nest (neither size divides the other), or the groups are not a realizable split (the
+    ``moe_router_groups`` rule), as uniform routing (which reaches more units: an upper
+    bound on the traffic)."""
+    uniform = miss_all(experts, top_k, unit)
+    g = np.asarray(group_topk)
+    if not np.any(g > 0):
+        return uniform
+    n_groups = np.maximum(np.asarray(groups), 1)
+    size = experts / n_groups
+    chosen = g * size
+    ok = ((g > 0) & (g <= n_groups) & (np.mod(experts, n_groups) == 0) & (chosen >= top_k)
+          & (np.mod(top_k, np.maximum(g, 1)) == 0))
+    chosen = np.where(ok, chosen, experts)  # (no division by zero where not used)
+    whole = ok & (np.mod(unit, size) == 0)
+    inside = ok & ~whole & (np.mod(size, unit) == 0)
+    c = np.where(whole, unit / size, 0.0)
+    gw = np.where(whole, g, 0)
+    p_whole = np.zeros(np.shape(whole))
+    for j in range(int(np.max(np.minimum(c, gw), initial=0)) + 1):
+        drawn = _choose(c, j) * _choose(n_groups - c, gw - j) / _choose(n_groups, gw)
+        p_whole = p_whole + drawn * miss_all(chosen, top_k, j * size)
+    p_drawn = g / n_groups
+    p_inside = 1.0 - p_drawn + p_drawn * miss_all(chosen, top_k, np.minimum(unit, chosen))
+    return np.where(whole, p_whole, np.where(inside, p_inside, uniform))
+
+
 #: The NVLink peers DeepEP's normal kernels reach (``NUM_MAX_NVL_PEERS``): a larger NVLink
 #: domain (an NVL72 rack) is used as domains of 8 joined over RDMA [39].
 DEEPEP_NVL_PEERS = 8.0
 
 
-def flex_dispatch_time(token_bytes, experts, top_k, ep, n, near, hw, call_lat):
+def flex_dispatch_time(token_bytes, experts, top_k, ep, n, near, hw, call_lat, groups=0,
+                       group_topk=0):
     """One dispatch (or combine) of the flex dispatcher with DeepEP over ``n`` = etp x ep
     ranks [39], ``token_bytes`` the rank's tokens, ``near`` the EP peers (expert blocks of
     ``E / ep``) in the slowest rank's domain, at most :data:`DEEPEP_NVL_PEERS` ranks'. Each
@@ -879,11 +944,13 @@ def flex_dispatch_time(token_bytes, experts, top_k, ep, n, near, hw, call_lat):
     ``1 - miss_all(near E / ep)``), at once: the slower, plus the all-to-all's latency
     steps and one launch. Its NIC copies are never more than the all-to-all's (a union
     bound); its NVLink copies can be (they carry the forwarded ones), so where NVLink is
-    not much faster than the NICs it can take the longer."""
+    not much faster than the NICs it can take the longer. Group-limited routing
+    (``groups``, ``group_topk`` [46]) draws the misses of :func:`routed_miss`."""
     near = np.minimum(near, np.maximum(np.floor(DEEPEP_NVL_PEERS / (n / ep)), 1.0))
     blocks = experts / ep
-    hit_rank = 1.0 - miss_all(experts, top_k, blocks)
-    hit_domain = 1.0 - miss_all(experts, top_k, np.minimum(near * blocks, experts))
+    hit_rank = 1.0 - routed_miss(experts, top_k, blocks, groups, group_topk)
+    hit_domain = 1.0 - routed_miss(experts, top_k, np.minimum(near * blocks, experts), groups,
+                                   group_topk)
     nvlink = (n - 1.0) * hit_rank * token_bytes / hw.up_bw
     nics = (ep / near - 1.0) * hit_domain * token_bytes / hw.out_bw
     return (np.maximum(nvlink, nics) + (n - 1.0) * np.where(near < ep, hw.out_lat, hw.up_lat)
@@ -977,7 +1044,9 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
         # after it. Routing uniform over the experts (as everywhere here): a token misses
         # m of E experts with probability C(E - m, k) / C(E, k) (miss_all).
         flex = flex_dispatch_time(ly.act_bytes / ly.norm_split, w.experts, w.top_k, ep,
-                                  etp * ep, near, hw, call_lat)
+                                  etp * ep, near, hw, call_lat,
+                                  k.get("moe_router_num_groups", 0),
+                                  k.get("moe_router_group_topk", 0))
         routed_bytes = ly.act_bytes * w.top_k * (etp / (tp * 1.0))
         etp_bw, etp_lat = hw.link(hw.within(etp, sp.n_acc))
         dispatch_tp = (net.all_gather_time(routed_bytes, etp, bus_bandwidth=etp_bw, latency=etp_lat)
