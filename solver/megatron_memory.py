@@ -53,6 +53,12 @@ References
     without dropout:
     Megatron-LM's ``examples/mixtral/train_mixtral_8x7b_distributed.sh`` passes
     ``--attention-dropout 0.0 --hidden-dropout 0.0``.
+[10] Megatron-Core ``transformer/transformer_layer.py`` and ``transformer/moe/experts.py``
+    (``recompute_modules`` "layernorm" and "moe_act", output-discarding checkpoints:
+    ``CheckpointWithoutOutput``, whose output's storage ``discard_output_and_register_recompute``
+    frees once the next module has run, restored before its backward; under FP8 the next
+    linear layers keep their 16-bit input, ``set_save_original_input``, which is the
+    discarded one): see [47] of ``solver.physics.megatron``.
 """
 
 from __future__ import annotations
@@ -118,18 +124,19 @@ def model_state(parameters, *, shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYT
 
 
 def state_bytes(shard_group, zero_stage, grad_bytes=MAIN_GRAD_BYTES, adam_bytes=ADAM_STATE_BYTES,
-                grad_copy=True):
-    """(weights, gradients, optimizer state, gradient copy) a parameter [B]: the factors of
-    :func:`model_state`, and the optimizer's FP32 copy of 16-bit gradients (in the
-    optimizer state), which exists only in the step, once the activations are freed [5], so
-    a footprint counts the larger of the two (0 for FP32 main gradients, their own copy).
-    ``adam_bytes``: the master weights and the two moments a parameter (Adam's FP32 12 by
-    default; less under a precision-aware optimizer); ``grad_copy``: where the optimizer
-    makes that copy (an optimizer that reads the 16-bit gradients as they are makes none)."""
+                copy=None):
+    """(weights, gradients, optimizer state, step copies) a parameter [B]: the factors of
+    :func:`model_state`, and the FP32 copies the optimizer step holds (in the optimizer
+    state), which exist only in the step, once the activations are freed [5], so a footprint
+    counts the larger of the two. ``adam_bytes``: the master weights and the two moments a
+    parameter (Adam's FP32 12 by default; less under a precision-aware optimizer);
+    ``copy``: the step's copies a parameter, by default Adam's FP32 copy of 16-bit gradients
+    (4 where ``grad_bytes`` is under 4; 0 for FP32 main gradients, their own copy)."""
     z = np.asarray(zero_stage)
     d = np.asarray(shard_group, dtype=np.float64)
     g = np.asarray(grad_bytes, dtype=np.float64)
-    copy = np.where((g < MAIN_GRAD_BYTES) & np.asarray(grad_copy), MAIN_GRAD_BYTES, 0.0)
+    if copy is None:
+        copy = np.where(g < MAIN_GRAD_BYTES, MAIN_GRAD_BYTES, 0.0)
     # [2]: 2 + 4 + 12/d bytes per parameter with the distributed optimizer; [3] for 2, 3.
     # (times 1 / d: the fused kernel's loop makes one division, not four)
     per = 1.0 / d
@@ -142,7 +149,8 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
                            tp_size, sequence_parallel, recompute_code, flash_attention,
                            moe_top_k=0.0, moe_ffn_hidden=0.0, low_bits=False,
                            attention_bytes=None, latent_bytes=0.0, context_ratio=1.0,
-                           routed_gather=1.0, hidden_dropout=0.1, attention_dropout=0.1):
+                           routed_gather=1.0, hidden_dropout=0.1, attention_dropout=0.1,
+                           discarded_norms=0.0, discarded_act=0.0):
     """Bytes one layer stores for the backward pass of one microbatch, on one rank [B].
 
     Parameters
@@ -186,6 +194,12 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
         ``attention_dropout = 0`` an unfused attention keeps its softmax output alone (2 of
         [1]'s ``5 a s / h``: no mask, no dropped copy). A fused attention keeps no mask
         either way (its RNG state only).
+    discarded_norms, discarded_act : array_like [1]
+        What selective recompute's output-discarding modules free [10], bytes per token over
+        h: the outputs of the norms that are modules of their own (``layernorm``;
+        replicated over TP unless SP splits them), and the routed experts' activation output,
+        the second GEMM's input (``moe_act``; split by TP as the experts' intermediates). 0.0
+        by default.
 
     Returns
     -------
@@ -214,12 +228,13 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     # masks, residuals) is replicated on every TP rank unless SP splits it too. Its two
     # one-byte hidden-dropout masks are kept only where the dropout runs [9].
     masks = 2.0 * keeps_mask(hidden_dropout)
-    replicated = (8.0 + masks - fp8_replicated + latent_bytes) / np.where(sp, t, 1.0)
+    replicated = (8.0 + masks - fp8_replicated + latent_bytes - discarded_norms) / np.where(sp, t, 1.0)
     # The 24/t of [1] is 8/t attention (Q, K, V, context) + 16/t MLP (fc1 out, GELU out),
     # at kv = a and f = 4h; generalized: Q and context 2 + 2, K and V 2 kv/a each,
     # MLP 2 bytes per element of its (2 or 3 matrix) intermediates.
     attention = (4.0 + 4.0 * kv_heads / heads if attention_bytes is None else attention_bytes) / t
-    mlp = ((4.0 + 2.0 * np.asarray(gated, dtype=np.float64)) * mlp_width / h - fp8_split) / t
+    mlp = ((4.0 + 2.0 * np.asarray(gated, dtype=np.float64)) * mlp_width / h - fp8_split
+           - discarded_act) / t
     # Routed tokens are permuted copies of the MLP input (2 bytes per element per expert;
     # 1 under FP8). With TP the dispatcher all-gathers them over the expert TP group
     # before the experts' first GEMM, which keeps its input whole on every rank of it [7]:
@@ -236,21 +251,36 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     return np.where(np.asarray(recompute_code) == 2, full, per_layer)
 
 
-def recompute_working_bytes(stored, micro_batch, seq_len, hidden, *, recompute_code, **shape):
+def recompute_working_bytes(stored, micro_batch, seq_len, hidden, *, recompute_code,
+                            discarded_norms=0.0, discarded_act=0.0, restored_norms=None,
+                            restored_act=None, **shape):
     """Bytes a recomputed layer holds beyond its checkpoint while its backward runs [B]:
     the backward first runs the layer's forward again (the whole layer under full
-    recompute, the attention core under selective) and keeps what that forward stores
-    for one microbatch, beside the stored checkpoints. That is what the layer stores
-    without recompute, less ``stored`` (:func:`layer_activation_bytes` of the same
-    arguments at ``recompute_code``); 0.0 without recompute. ``shape``: the keywords of
-    :func:`layer_activation_bytes` but ``recompute_code``.
+    recompute, the attention core under selective, the discarded outputs of selective
+    recompute's other modules [10]) and keeps what that forward stores for one microbatch,
+    beside the stored checkpoints. That is what the layer stores without recompute, less
+    ``stored`` (:func:`layer_activation_bytes` of the same arguments at ``recompute_code``);
+    0.0 without recompute. ``shape``: the keywords of :func:`layer_activation_bytes` but
+    ``recompute_code`` and the discarded bytes. ``restored_norms``, ``restored_act``: what
+    the output-discarding recompute restores, where more than it discarded (the 16-bit
+    tensor, where under FP8 the layer without it had kept a one-byte copy [10]); by
+    default the discarded bytes.
 
     Korthikanti et al. count the stored bytes only [1]; Megatron-Core's checkpointed
     forward (``tensor_parallel.checkpoint``) allocates the recomputed activations in the
     backward, one layer at a time.
     """
     whole = layer_activation_bytes(micro_batch, seq_len, hidden, recompute_code=0, **shape)
-    return np.where(np.asarray(recompute_code) == 0, 0.0, whole - stored)
+    none = ((np.asarray(recompute_code) == 0) & (np.asarray(discarded_norms) == 0)
+            & (np.asarray(discarded_act) == 0))
+    work = whole - stored
+    if restored_norms is not None:
+        t = np.asarray(shape["tp_size"], dtype=np.float64)
+        sbh = micro_batch * np.asarray(seq_len, dtype=np.float64) * hidden
+        work = work + sbh * ((restored_norms - discarded_norms)
+                             / np.where(np.asarray(shape["sequence_parallel"]), t, 1.0)
+                             + (restored_act - discarded_act) / t)
+    return np.where(none, 0.0, work)
 
 
 def keeps_mask(p):

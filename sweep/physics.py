@@ -29,7 +29,8 @@ from solver import knobs as knobs_
 from solver.outputs import REGISTRY, outputs_of
 from solver.physics import DEFAULT_PHYSICS, KNOBS, PHYSICS, megatron
 
-__all__ = ["DEFAULT_PHYSICS", "MODELS", "knobs_of", "choices", "knobs_for", "union_outputs",
+__all__ = ["DEFAULT_PHYSICS", "MODELS", "knobs_of", "choices", "canonical", "knobs_for",
+           "union_outputs",
            "union_knobs", "check_name", "convert", "solve", "fill_missing", "provenance"]
 
 #: The physics model names (:data:`solver.physics.PHYSICS`).
@@ -39,6 +40,10 @@ MODELS = tuple(PHYSICS)
 #: ``cp_comm_type``, ``cross_entropy_fusion_impl``, ``main_params_dtype``, ``exp_avg_dtype``
 #: and ``exp_avg_sq_dtype``).
 _CHOICES = {("megatron", name): values for name, values in megatron.CHOICES.items()}
+#: A choice's value as the model names it, where it takes more spellings than its names
+#: (megatron's ``recompute_modules``: its modules in any order; a ValueError names a module
+#: it does not price).
+_CANONICAL = {("megatron", "recompute_modules"): megatron.recompute_module_set}
 
 
 def check_name(name) -> str:
@@ -62,6 +67,13 @@ def choices(physics: str, name: str) -> tuple:
     return _CHOICES[(physics, name)]
 
 
+def canonical(physics: str, name: str, value: str) -> str:
+    """The choice ``value`` as the model names it (lower case; megatron's ``recompute_modules``
+    its modules in the model's order). ValueError where the model names no such value in
+    more words than "not one of" (a ``recompute_modules`` module it does not price)."""
+    return _CANONICAL.get((physics, name), str.lower)(value)
+
+
 def convert(physics: str, name: str, value):
     """``value`` of knob ``name`` checked and converted as model ``physics`` does.
 
@@ -73,11 +85,12 @@ def convert(physics: str, name: str, value):
     knob = knobs_of(physics)[name]
     if knob.kind == "choice":
         allowed = choices(physics, name)
+        canonical = _CANONICAL.get((physics, name), str.lower)
         for v in np.ravel(np.asarray(value, dtype=object)):
-            if not isinstance(v, str) or v.lower() not in allowed:
+            if not isinstance(v, str) or canonical(v) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))} "
                                  f"(physics {physics!r}), but got {v!r}")
-        return value.lower() if isinstance(value, str) else value
+        return canonical(value) if isinstance(value, str) else value
     return knobs_._CONVERT[knob.kind](knob, value)
 
 

@@ -300,6 +300,23 @@ References
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
     rack's NVLink, is not modelled.
+[47] Megatron-Core ``transformer/transformer_config.py`` (``recompute_modules``: "The
+    submodules to recompute. choices: "core_attn", "moe_act", "layernorm", "mla_up_proj",
+    "mlp", "moe", "shared_experts". default: ["core_attn"]"; ""moe_act", "layernorm", and
+    "mla_up_proj" use output-discarding checkpointing"; read under
+    ``recompute_granularity="selective"``; "Delayed scaling does not support moe_act and
+    layernorm recompute for fp8", and "moe_act in recompute_modules is only supported with
+    moe_grouped_gemm", which the model takes for granted), ``transformer/transformer_layer.py``
+    (``recompute_input_layernorm`` / ``recompute_pre_mlp_layernorm`` only where the norm is no
+    ``IdentityOp``, and under FP8 ``set_for_recompute_pre_mlp_layernorm`` /
+    ``set_save_original_input``; not where CUDA graphs capture the norm, which the model
+    does not model) and ``models/gpt/gpt_layer_specs.py`` (the norms fused into
+    ``TELayerNormColumnParallelLinear``, IdentityOp in their slot, but a multi-head latent
+    attention's ``input_layernorm=TENorm`` and ``pre_mlp_layernorm=TENorm if num_experts``),
+    ``transformer/moe/experts.py`` (``TEGroupedMLP``: ``activation_recompute`` for
+    "moe_act", ``set_save_original_input(self.linear_fc2)`` under FP8), and
+    ``tensor_parallel/random.py`` (``CheckpointWithoutOutput``). Megatron-Bridge's MoE recipes
+    set it (DeepSeek-V3 on GB300: ["moe_act"]; Nemotron 3 Super: ["moe_act", "layernorm"]).
 [46] Megatron-Core ``transformer/transformer_config.py`` (``moe_router_num_groups``:
     "Experts are divided into 'moe_router_num_groups' equal-sized groups"; "For each token,
     'moe_router_group_topk' groups are selected based on sum of
@@ -308,10 +325,11 @@ References
     routing: Set 'moe_router_num_groups' equal to number of nodes in EP group", after
     DeepSeek-V3, arXiv:2412.19437; ``__post_init__``: "When using group limited routing,
     moe_router_num_groups must be specified", the experts divisible by it,
-    ``moe_router_group_topk`` no larger, "`moe_router_topk` must be divisible by
-    `moe_router_group_topk`") and ``transformer/moe/moe_utils.py`` (``group_limited_topk``:
-    the groups consecutive blocks of experts, the other groups' scores masked to -inf before
-    the top-k); experts sit on EP ranks in consecutive blocks [6].
+    ``moe_router_group_topk`` no larger) and ``transformer/moe/moe_utils.py``
+    (``group_limited_topk``: the groups consecutive blocks of experts, each scored by the sum
+    of its ``topk // group_topk`` best, the other groups' scores masked to -inf before the
+    top-k); Transformer Engine's fused router (``fused_topk_with_score_function``): "topk
+    must be divisible by group_topk"; experts sit on EP ranks in consecutive blocks [6].
 [45] Megatron-Core ``optimizer/optimizer_config.py`` (``OptimizerConfig``:
     ``use_precision_aware_optimizer``, "allows optimizer-related tensors (master_param,
     gradients and optimizer states) to be set to lower precision", asserted "only supported
@@ -408,9 +426,11 @@ from . import megatron_steps as steps
 from .common import caller_stacklevel
 
 __all__ = ["solve", "prepare", "why_unrealizable", "check_shape", "ShapeWarning", "OUTPUTS",
-           "KNOBS", "DEFAULTS", "CONSTANTS", "CONSTANTS_PROVENANCE", "RECOMPUTE", "PRECISIONS", "CP_COMM_TYPES", "CHOICES",
+           "KNOBS", "DEFAULTS", "CONSTANTS", "CONSTANTS_PROVENANCE", "RECOMPUTE", "PRECISIONS", "CP_COMM_TYPES", "CHOICES", "recompute_module_set",
            "load_constants"]
 
+#: ``recompute_modules``'s value naming the same modules (:func:`.megatron_steps.recompute_module_set`).
+recompute_module_set = steps.recompute_module_set
 #: The model's sourced constants, kept in the steps module (documented there).
 RECOMPUTE, PRECISIONS, CP_COMM_TYPES = steps.RECOMPUTE, steps.PRECISIONS, steps.CP_COMM_TYPES
 SCALE_UP_STEP_LATENCY, SCALE_OUT_STEP_LATENCY = steps.SCALE_UP_STEP_LATENCY, steps.SCALE_OUT_STEP_LATENCY
@@ -506,6 +526,11 @@ KNOBS = {k.name: k for k in (
     _K("micro_batch_size", "int", 1, low=1, why="sequences per microbatch"),
     _K("sequence_parallel", "bool", False),
     _K("recompute", "choice", "none"),
+    _K("recompute_modules", "choice", "core_attn",
+       why="what recompute='selective' recomputes (Megatron-Core's recompute_modules): "
+           "'core_attn' (the attention core), 'moe_act' (the routed experts' activation), "
+           "'layernorm' (the norms that are modules of their own), or several joined by ','; "
+           "read only under recompute='selective'"),
     _K("recompute_num_layers", "int", 0, low=0, high=4095,
        why="layers of each pipeline chunk whose forward recompute='full' recomputes, the "
            "first ones (Megatron-Core's recompute_num_layers, recompute_method 'block'); 0: "
@@ -534,14 +559,14 @@ KNOBS = {k.name: k for k in (
            "exp_avg_sq_dtype set them, with the distributed optimizer or FSDP"),
     _K("main_params_dtype", "choice", "fp32",
        why="the master weights under use_precision_aware_optimizer: 'fp32' (kept as 16-bit "
-           "remainders of BF16 weights under store_param_remainders) or 'fp16'; read only "
-           "with it, as Megatron-Core reads it"),
+           "remainders of BF16 weights under store_param_remainders) or 'fp16'; other than "
+           "'fp32' only with it (Megatron-Core refuses it without)"),
     _K("exp_avg_dtype", "choice", "fp32",
        why="Adam's first moment under use_precision_aware_optimizer: 'fp32', 'fp16', 'bf16' "
-           "or 'fp8'; read only with it"),
+           "or 'fp8'; other than 'fp32' only with it"),
     _K("exp_avg_sq_dtype", "choice", "fp32",
        why="Adam's second moment under use_precision_aware_optimizer: 'fp32', 'fp16', 'bf16' "
-           "or 'fp8'; read only with it"),
+           "or 'fp8'; other than 'fp32' only with it"),
     _K("store_param_remainders", "bool", True,
        why="FP32 master weights of BF16 weights kept as their 16-bit remainders (Megatron-Core's "
            "default); read only under use_precision_aware_optimizer"),
@@ -591,16 +616,17 @@ REALIZABLE_RULES = (
     "and KV heads, 'a2a+p2p' cp_a2a_size set, dividing cp_size and each TP rank's heads and "
     "KV heads, a multi-head latent attention cp_comm_type 'p2p', or 'a2a+p2p' with a ring "
     "(cp_a2a_size below cp_size), fp8_param_gather precision='fp8' and zero_stage >= 1, "
-    "use_precision_aware_optimizer zero_stage >= 1, "
+    "use_precision_aware_optimizer zero_stage >= 1, main_params_dtype, exp_avg_dtype and "
+    "exp_avg_sq_dtype other than 'fp32' use_precision_aware_optimizer, "
     "overlap_param_gather "
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, recompute_num_layers recompute='full', "
     "overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
     "interleaved schedule where pp_size > 1 and at most one MTP layer, moe_enable_deepep "
     "(an MoE model) etp_size x ep_size > 1 and an NVLink domain of at most 8 GPUs, "
-    "moe_router_group_topk (an MoE model) moe_router_num_groups dividing the experts, at "
-    "least moe_router_group_topk and dividing top-k, its chosen groups holding top-k "
-    "experts or more, and "
+    "moe_router_group_topk (an MoE model) moe_router_num_groups set, dividing the experts "
+    "and no smaller than it, moe_router_group_topk dividing top-k, a group holding top-k / "
+    "moe_router_group_topk experts or more, and "
     "every layout a "
     "precision its accelerator has (fp8 and fp4 only where the catalog states their peak)")
 #: Knob name -> default.
@@ -608,7 +634,8 @@ DEFAULTS = {name: knob.default for name, knob in KNOBS.items()}
 _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS, "cp_comm_type": CP_COMM_TYPES,
             "cross_entropy_fusion_impl": steps.CROSS_ENTROPY_IMPLS,
             "main_params_dtype": steps.MAIN_PARAMS_DTYPES, "exp_avg_dtype": steps.MOMENT_DTYPES,
-            "exp_avg_sq_dtype": steps.MOMENT_DTYPES}
+            "exp_avg_sq_dtype": steps.MOMENT_DTYPES,
+            "recompute_modules": steps.RECOMPUTE_MODULE_SETS}
 #: The values of each knob of kind ``"choice"`` (name -> tuple, the codes their indices).
 CHOICES = dict(_CHOICES)
 
@@ -635,10 +662,10 @@ OUTPUTS = {
     "bubble_fraction": ("1", "idle share of the pipelined step"),
     "optimizer_latency": ("s", "optimizer step"),
     "launch_latency": ("s", "host kernel-launch time the paced stage's GPU work does not hide (layer_overhead: where a layer's launches outlast its GPU work)"),
-    "memory_footprint": ("byte", "training memory per accelerator (of the pipeline rank that holds the most; the memory parts are that rank's, so a part may rise where the footprint falls, the peak moving to another rank): the memory terms, the optimizer step's FP32 copy of 16-bit gradients counted only where it outweighs the activations and buffers it never coexists with"),
+    "memory_footprint": ("byte", "training memory per accelerator (of the pipeline rank that holds the most; the memory parts are that rank's, so a part may rise where the footprint falls, the peak moving to another rank): the memory terms, the optimizer step's FP32 copies (of 16-bit gradients; of a precision-aware optimizer's narrower states) counted only where they outweigh the activations and buffers they never coexist with"),
     "memory_weights": ("byte", "weights per accelerator, of the pipeline rank memory_footprint prices"),
     "memory_gradients": ("byte", "gradients per accelerator, of the pipeline rank memory_footprint prices"),
-    "memory_optimizer_state": ("byte", "optimizer state per accelerator (with 16-bit gradients, the step's FP32 copy of them), of the pipeline rank memory_footprint prices"),
+    "memory_optimizer_state": ("byte", "optimizer state per accelerator (and the step's FP32 copies: of 16-bit gradients, of a precision-aware optimizer's narrower states), of the pipeline rank memory_footprint prices"),
     "memory_activations": ("byte", "stored activations per accelerator, of the pipeline rank memory_footprint prices"),
     "memory_communication_buffers": ("byte", "gradient buckets, p2p and gather buffers per accelerator, of the pipeline rank memory_footprint prices"),
     "feasible": ("1", "training state fits the accelerator's memory"),
@@ -653,6 +680,8 @@ def _codes(name, value):
 
     def code(v):
         key = str(v).lower() if isinstance(v, (str, np.str_)) else None
+        if name == "recompute_modules" and key is not None:
+            key = steps.recompute_module_set(key)  # (its modules in any order; or ValueError)
         if key not in choices:
             raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, but got {v!r}")
         return choices.index(key)
@@ -685,7 +714,7 @@ _BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_pa
                   "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
                   "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype",
                   "exp_avg_sq_dtype", "store_param_remainders", "moe_router_num_groups",
-                  "moe_router_group_topk")
+                  "moe_router_group_topk", "recompute_modules")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -974,7 +1003,8 @@ class _Shape:
 def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_size=1, pp_size=1,
           cp_size=1, ep_size=1, dp_size=None, etp_size=None, v_stages=1, micro_batch_size=1,
           cp_comm_type="p2p", cp_a2a_size=0,
-          sequence_parallel=False, recompute="none", recompute_num_layers=0, zero_stage=1,
+          sequence_parallel=False, recompute="none", recompute_modules="core_attn",
+          recompute_num_layers=0, zero_stage=1,
           precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, cross_entropy_loss_fusion=False,
@@ -1043,6 +1073,23 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         which must be whole (else ``realizable`` is False).
     sequence_parallel : bool
     recompute : {"none", "selective", "full"}
+    recompute_modules : str
+        What ``recompute="selective"`` recomputes (Megatron-Core's ``recompute_modules``)
+        [47]: ``"core_attn"`` (default, Megatron-Core's), the attention core (QK^T, softmax,
+        PV: its scores and output are not kept); ``"moe_act"``, the routed experts'
+        activation, whose output (their second GEMM's input) is discarded after that GEMM
+        and computed again before its backward; ``"layernorm"``, likewise the outputs of the
+        norms that are modules of their own: an MoE layer's pre-MLP norm and a multi-head
+        latent attention's input norm (the others are fused into the next linear layer, and
+        Megatron-Core leaves them alone: on a dense model without MLA it changes nothing).
+        Several join by ``","`` (or ``"+"``), in any order, in one string:
+        ``"moe_act,layernorm"`` (Megatron-Core's list; a list or array here is an axis of
+        sets, one a configuration). Under FP8 they need an FP8 recipe other than delayed
+        scaling (Megatron-Core refuses them beside it; the model assumes such a recipe for
+        FP8, as for the precision-aware optimizer). Read under selective recompute only; ``"mla_up_proj"``, ``"mlp"``, ``"moe"`` and
+        ``"shared_experts"`` are not modelled (a ValueError names them). Configurations that
+        set other than ``"core_attn"`` under selective recompute are priced on the numpy
+        path, in a call of the fused kernel too.
     recompute_num_layers : int [40]
         Under ``recompute="full"``, how many layers of each pipeline chunk (a stage, or
         each of its ``v_stages`` chunks) recompute their forward: the first ones, as
@@ -1104,15 +1151,21 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         the distributed optimizer or FSDP (``zero_stage >= 1``; else not realizable, and
         priced as without it). Adam's moments are ``exp_avg_dtype`` and
         ``exp_avg_sq_dtype`` wide (4, 2, 2, 1 bytes); the master weights ``main_params_dtype``
-        (4, 2), but FP32 ones of BF16 weights 2 under ``store_param_remainders`` (default
-        True, Megatron-Core's). FusedAdam reads 16-bit gradients as they are: no FP32 copy
-        in the step. Under FP8 and FP4 with FP32 master weights Megatron-Core keeps its own
-        FP32 copy and the gradients' (the recipes other than delayed scaling; priced so for
-        every FP8 run). The optimizer step's bytes follow the state. The dtypes and
-        ``store_param_remainders`` are read only with ``use_precision_aware_optimizer``, as
-        Megatron-Core reads them (set without it they change nothing, and a sweep crossing
-        them holds tied duplicates). Configurations that use it are priced on the numpy
-        path, in a call of the fused kernel too.
+        (4, 2), but FP32 ones of BF16 weights (BF16 and FP4 training) 2 under
+        ``store_param_remainders`` (default True, Megatron-Core's). FusedAdam reads 16-bit
+        gradients as they are: no FP32 copy of them. Under FP8 with FP32 master weights
+        Megatron-Core keeps its own FP32 copy and the gradients' (every FP8 recipe but
+        delayed scaling, Megatron-LM's default; priced so for every FP8 run). The step's
+        bytes through HBM: FP32 states as Adam's; both moments BF16 updated in place (4
+        bytes each, against 8); an FP16 state (moment or master weights) 40, an FP8 one 22
+        and a BF16 one beside another kind 20, through FP32 copies that the step holds for
+        all its states at once (4 bytes a state a parameter in ``memory_optimizer_state``,
+        and in the footprint where they outweigh the activations, as the FP32 copy of 16-bit
+        gradients is): so FP16 master weights with FP8 moments hold the least state (4 bytes)
+        but take the longest step (90 bytes against 30). The dtypes other than ``"fp32"``
+        need ``use_precision_aware_optimizer`` (Megatron-Core asserts it; else not
+        realizable), and ``store_param_remainders`` is read only with it. Configurations
+        that use it are priced on the numpy path, in a call of the fused kernel too.
     fsdp_own_nic : bool
         ZeRO-3's gathers and reduce-scatters as one flat ring per rank over its own NIC,
         as DeepSpeed's ZeRO-3 of 2021 ran them (NAR21 Table 2) [38]. False (default):
@@ -1157,15 +1210,18 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         groups to the EP group's nodes (8) and picks 4: a token reaches at most 4 nodes.
         It moves the flex dispatcher's traffic only (``moe_enable_deepep``: a token goes
         once to each rank and each domain that holds any of its experts, and concentrated
-        experts fall on fewer of them), with the groups drawn uniformly and the experts
-        uniformly in them; the all-to-all dispatcher sends a copy per routed expert either
-        way, as many crossing the fabric. Where an EP rank's (or a domain's) experts and a
-        group neither fill the other evenly, priced as uniform routing (more units
-        reached: an upper bound). ``moe_router_group_topk`` needs ``moe_router_num_groups``
-        dividing the experts, no smaller than it and dividing top-k, and its chosen groups
-        holding top-k experts (else not ``realizable``; Megatron-Core does not check the
-        last, its router then picking masked experts). 0 (default): not set; the groups
-        are read only with ``moe_router_group_topk``. Configurations of the flex dispatcher
+        experts fall on fewer of them), with the groups drawn uniformly and top-k /
+        ``moe_router_group_topk`` experts in each, drawn uniformly there (the router ranks a
+        group by the sum of that many of its best scores); the all-to-all dispatcher sends a
+        copy per routed expert either way, as many crossing the fabric. Where an EP rank's
+        (or a domain's) experts and a group neither fill the other evenly, or a chosen group
+        gives one expert (top-k = ``moe_router_group_topk``: near the plain top-k, a group
+        scored by its best alone), priced as uniform routing. ``moe_router_group_topk`` needs
+        ``moe_router_num_groups`` set, dividing the experts and no smaller than it
+        (Megatron-Core's checks), dividing top-k (Transformer Engine's fused router's) and
+        groups of top-k / ``moe_router_group_topk`` experts or more (the router takes that
+        many of each) (else not ``realizable``). 0 (default): not set; the groups are read
+        only with ``moe_router_group_topk``. Configurations of the flex dispatcher
         that set it are priced on the numpy path, in a call of the fused kernel too.
     hidden_dropout, attention_dropout : float [1]
         Dropout probabilities, Megatron-Core's (``--hidden-dropout``,
@@ -1243,7 +1299,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
                   cp_size=cp_size, cp_comm_type=cp_comm_type, cp_a2a_size=cp_a2a_size,
                   ep_size=ep_size, v_stages=v_stages,
                   micro_batch_size=micro_batch_size, sequence_parallel=sequence_parallel,
-                  recompute=recompute, recompute_num_layers=recompute_num_layers,
+                  recompute=recompute, recompute_modules=recompute_modules,
+                  recompute_num_layers=recompute_num_layers,
                   zero_stage=zero_stage, precision=precision,
                   tp_comm_overlap=tp_comm_overlap, overlap_grad_reduce=overlap_grad_reduce,
                   overlap_param_gather=overlap_param_gather, flash_attention=flash_attention,
@@ -1472,26 +1529,32 @@ def _beside_rows(w, k, shape):
     ``recompute="full"``), a context-parallel exchange other than the ring (``cp_comm_type``
     at ``cp_size > 1``), ``fp8_param_gather`` where its gathers run in FP8
     (``precision="fp8"``, ``zero_stage >= 1``), Transformer Engine's fused cross-entropy,
-    the precision-aware optimizer where it runs (``zero_stage >= 1``) and (of an MoE model)
-    the flex dispatcher under group-limited routing (``moe_router_group_topk``) are priced
-    again; ``recompute_num_layers`` outside full recompute, ``fp8_param_gather`` elsewhere,
-    ``use_precision_aware_optimizer`` at ``zero_stage=0`` and group-limited routing that
-    breaks its rule beside the all-to-all dispatcher only break their rules;
+    the precision-aware optimizer where it runs (``zero_stage >= 1``), selective recompute
+    of other modules than the attention core alone (``recompute_modules``) and (of an MoE
+    model) the flex dispatcher under group-limited routing (``moe_router_group_topk``) are
+    priced again; ``recompute_num_layers`` outside full recompute, ``fp8_param_gather`` elsewhere,
+    ``use_precision_aware_optimizer`` at ``zero_stage=0``, the optimizer's dtypes other than
+    FP32 without it, and group-limited routing that breaks its rule beside the all-to-all
+    dispatcher only break their rules;
     ``cp_comm_type`` at ``cp_size=1``, ``cp_a2a_size`` outside ``"a2a+p2p"``,
-    ``cross_entropy_fusion_impl`` without the fusion, the optimizer's dtypes and
-    ``store_param_remainders`` without the precision-aware optimizer, and
-    ``moe_router_num_groups`` without ``moe_router_group_topk`` (or on a dense model)
-    change nothing."""
+    ``cross_entropy_fusion_impl`` without the fusion, ``store_param_remainders`` without the
+    precision-aware optimizer, and
+    ``moe_router_num_groups`` without ``moe_router_group_topk`` (or on a dense model) and
+    ``recompute_modules`` outside selective recompute change nothing."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
     cpc = np.asarray(k.get("cp_comm_type", 0))
     fp8_params = np.asarray(k.get("fp8_param_gather", False))
     ce_te = steps.te_cross_entropy(k)
     pa = np.asarray(k.get("use_precision_aware_optimizer", False))
+    modules = np.asarray(k.get("recompute_modules", 0)) != 0
+    dtypes = ((np.asarray(k.get("main_params_dtype", 0)) != 0)
+              | (np.asarray(k.get("exp_avg_dtype", 0)) != 0)
+              | (np.asarray(k.get("exp_avg_sq_dtype", 0)) != 0))
     grouped = np.asarray(k.get("moe_router_group_topk", 0)) > 0
     if not w.moe:
         grouped = np.zeros((), dtype=bool)  # (a dense model has no router: nothing to price)
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)
-            or np.any(pa) or np.any(grouped)):
+            or np.any(pa) or np.any(dtypes) or np.any(grouped) or np.any(modules)):
         return None
     n = int(np.prod(shape)) if shape else 1
 
@@ -1503,6 +1566,8 @@ def _beside_rows(w, k, shape):
         return flat(np.asarray(_codes(name, value) if np.asarray(value).dtype.kind in "UO"
                                else value))
     full = codes("recompute") == RECOMPUTE.index("full")
+    if np.any(modules):  # (read under selective recompute only)
+        modules = flat(modules) & (codes("recompute") == RECOMPUTE.index("selective"))
     rnl, fp8_params = flat(rnl != 0), flat(fp8_params)
     gathers_fp8 = np.zeros(n, dtype=bool)
     if np.any(fp8_params):
@@ -1515,8 +1580,9 @@ def _beside_rows(w, k, shape):
         w, np.asarray(k.get("moe_router_num_groups", 0)), np.asarray(k["moe_router_group_topk"]))) \
         if np.any(grouped) else grouped
     priced = ((rnl & full) | (flat(cpc != 0) & flat(np.asarray(k["cp_size"]) > 1))
-              | (fp8_params & gathers_fp8) | flat(ce_te) | pa_on | flex)
-    return (rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on) | broken, priced
+              | (fp8_params & gathers_fp8) | flat(ce_te) | pa_on | flex | flat(modules))
+    return ((rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on) | (flat(dtypes) & ~pa)
+            | broken), priced
 
 
 def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):

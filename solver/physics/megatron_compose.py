@@ -114,7 +114,7 @@ def _gathered_bytes(w, k, sp: Split, heavy_params, expert_stage_params):
 class Optimizer:
     """Adam under Megatron-Core's precision-aware optimizer [45], a parameter: ``state``,
     its master weights and two moments [B] (sharded as the distributed optimizer shards
-    them); ``copy``, where the step makes an FP32 copy of 16-bit gradients
+    them); ``copy``, the FP32 copies the step holds beside them for its length [B]
     (megatron_memory.state_bytes); ``step``, its bytes through HBM."""
     state: object
     copy: object
@@ -130,36 +130,60 @@ def optimizer(k, sp: Split, hw: Hardware):
     With it [45], Transformer Engine's FusedAdam holds the master weights
     (``master_weights``, ``master_weight_dtype=main_params_dtype``) and reads the gradient
     buffer as it is (``use_decoupled_grad``: no FP32 copy of 16-bit gradients), except FP32
-    master weights under FP8 or FP4 (Megatron-Core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``
-    holds for delayed scaling only; the current-scaling, block and MXFP8/NVFP4 recipes of
-    2025-26 keep Megatron-Core's own FP32 master copy and its copy of 16-bit gradients,
-    which the model prices for every FP8 run: 2 bytes a parameter, over the shard group,
-    pessimistic under delayed scaling). FP32 master weights of BF16 parameters are kept as
-    their 16-bit remainders (``store_param_remainders``, Megatron-Core's default: 2 bytes,
-    the other 16 the BF16 weight's). The moments are ``exp_avg_dtype`` and
-    ``exp_avg_sq_dtype`` wide. The step reads the gradient (its buffer's width, or the
-    FP32 copy), reads and writes the master weight and the moments, writes the 16-bit
-    weight, and with remainders reads it too: 30 bytes with every state FP32, as without.
+    master weights under FP8 (Megatron-Core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``
+    holds for no FP8 recipe or delayed scaling, Megatron-LM's default ``--fp8-recipe``; under
+    the current-scaling, block and MXFP8 recipes of NVIDIA's 2025-26 recipes Megatron-Core
+    keeps its own FP32 master copy and its copy of 16-bit gradients, which the model prices
+    for every FP8 run: 2 bytes a parameter more over the shard group than delayed scaling
+    holds, and the gradient copy). FP32 master weights of BF16 parameters (BF16 and FP4
+    training) are kept as their 16-bit remainders (``store_param_remainders``, Megatron-Core's
+    default: 2 bytes, the other 16 the BF16 weight's). The moments are ``exp_avg_dtype`` and
+    ``exp_avg_sq_dtype`` wide.
+
+    The step: its kernel reads the gradient (the buffer's width, or the FP32 copy), reads and
+    writes the master weight (FP32: 8 bytes, and the 16-bit weight written, 2; as remainders
+    with the BF16 weight: 8) and the moments (FP32: 8 each). A state kept narrower runs
+    through FP32 copies of it first, TE's ``get_unscaled_state`` and ``_apply_scale``: FP16
+    read and widened (2 + 4), unscaled (4 + 4), the kernel's 8, its range (4), rescaled (4 +
+    4) and narrowed back (4 + 2), 40 bytes; FP8 read and widened (1 + 4), the kernel's 8,
+    its range (4), quantized back (4 + 1), 22; BF16 widened (2 + 4), the kernel's 8, narrowed
+    back (4 + 2), 20, but both moments BF16 are updated in place by the kernel
+    (``fuse_unscale``), 4 each. Those FP32 copies of every state of a parameter group are
+    held at once until the step ends (``del unscaled_lists``): 4 bytes a state a parameter
+    (the group taken as the rank's whole shard) in ``copy``, as Megatron-Core's own copy of
+    16-bit gradients is. With every state FP32: 30 bytes and Adam's 12, as without it.
     """
     on = steps.precision_aware(k)
     if not np.any(on):
         return None
     prec = np.asarray(sp.prec)
     main = np.asarray(k.get("main_params_dtype", 0))
-    te_master = on & ((main == steps.MAIN_PARAMS_DTYPES.index("fp16"))
-                      | (prec == steps.PRECISIONS.index("bf16"))
-                      | (prec == steps.PRECISIONS.index("fp16")))
-    remainders = (te_master & (main == 0) & (prec == steps.PRECISIONS.index("bf16"))
+    fp16_main = main == steps.MAIN_PARAMS_DTYPES.index("fp16")
+    te_master = on & (fp16_main | (prec != steps.PRECISIONS.index("fp8")))
+    remainders = (te_master & ~fp16_main & (prec != steps.PRECISIONS.index("fp16"))
                   & np.asarray(k.get("store_param_remainders", True)))
     master = np.where(remainders, 2.0, np.asarray(steps.MAIN_PARAMS_BYTES)[main])
+    avg = np.asarray(k.get("exp_avg_dtype", 0))
+    avg_sq = np.asarray(k.get("exp_avg_sq_dtype", 0))
     moment_bytes = np.asarray(steps.MOMENT_BYTES)
-    moments = (moment_bytes[np.asarray(k.get("exp_avg_dtype", 0))]
-               + moment_bytes[np.asarray(k.get("exp_avg_sq_dtype", 0))])
+    moments = moment_bytes[avg] + moment_bytes[avg_sq]
+    bf16 = steps.MOMENT_DTYPES.index("bf16")
+    fused = (avg == bf16) & (avg_sq == bf16)
+    through = np.asarray(steps.MOMENT_STEP_BYTES)
+    moment_step = np.where(fused, 8.0, through[avg] + through[avg_sq])
+    master_step = np.where(remainders, 8.0, np.where(fp16_main, through[1], 8.0)
+                           + mem.WEIGHT_BYTES)
     grad_read = np.where(te_master, hw.grad_bytes, mem.MAIN_GRAD_BYTES)
-    step = grad_read + 2.0 * (master + moments) + mem.WEIGHT_BYTES * (1.0 + remainders)
+    unfused = ((te_master & fp16_main).astype(np.float64)
+               + np.where(fused, 0.0, (avg != 0) * 1.0 + (avg_sq != 0) * 1.0))
+    grad_copy = np.where(~te_master & (np.asarray(hw.grad_bytes) < mem.MAIN_GRAD_BYTES),
+                         mem.MAIN_GRAD_BYTES, 0.0)
     return Optimizer(state=np.where(on, master + moments, mem.ADAM_STATE_BYTES),
-                     copy=~te_master,
-                     step=np.where(on, step, OPTIMIZER_BYTES_TOUCHED))
+                     copy=np.where(on, grad_copy + 4.0 * unfused,
+                                   np.where(np.asarray(hw.grad_bytes) < mem.MAIN_GRAD_BYTES,
+                                            mem.MAIN_GRAD_BYTES, 0.0)),
+                     step=np.where(on, grad_read + master_step + moment_step,
+                                   OPTIMIZER_BYTES_TOUCHED))
 
 
 def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication,
@@ -338,6 +362,26 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     latent = np.where(hw.low_bits, w.latent_act_fp8, w.latent_act)
     moe = dict(moe_top_k=w.top_k, routed_gather=sp.etp / (tp * 1.0),
                moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1))
+    dense_extra = {}
+    if np.any(sp.moe_act) or np.any(sp.norms):
+        # Selective recompute's output-discarding modules [47]: "layernorm" frees the
+        # outputs of the norms that are modules of their own, a multi-head latent
+        # attention's input norm (its down projections' input: 1 byte under FP8, as they
+        # keep it) and an MoE layer's pre-MLP norm (the router's and the experts' input,
+        # 16-bit); "moe_act" the routed experts' activation output (the second GEMM's input,
+        # 1 byte under FP8). Under FP8 the linear layers then keep the 16-bit input the
+        # recompute discards [10] of megatron_memory, so nothing of it stays.
+        # The working set of their backward holds the 16-bit tensors the recompute restores
+        # (under FP8 more than the one-byte copy the layer kept without it).
+        width = np.where(hw.low_bits, 1.0, 2.0)
+        attn_norm = np.where(sp.norms, float(w.mla), 0.0)
+        routed_act = np.where(sp.moe_act, w.top_k * w.moe_ffn / h, 0.0)
+        moe_norms = attn_norm * width + np.where(sp.norms, 2.0, 0.0)
+        dense_extra = dict(discarded_norms=attn_norm * width, restored_norms=2.0 * attn_norm,
+                           discarded_act=0.0, restored_act=0.0)
+        moe = {**moe, "discarded_norms": moe_norms, "discarded_act": width * routed_act,
+               "restored_norms": 2.0 * attn_norm + np.where(sp.norms, 2.0, 0.0),
+               "restored_act": 2.0 * routed_act}
 
     def kinds(rc):
         """(stored, working set) of a dense layer, then of an MoE layer (the dense layer's
@@ -347,10 +391,12 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
                      flash_attention=flash, low_bits=hw.low_bits, attention_bytes=w.attn_act,
                      latent_bytes=latent, context_ratio=w.context_ratio, **drop)
         out = []
-        for extra in ({}, moe) if w.moe else ({},):
+        for extra in (dense_extra, moe) if w.moe else (dense_extra,):
             kw = {**shape, **extra}
+            restored = {name: kw.pop(name) for name in ("restored_norms", "restored_act")
+                        if name in kw}
             act = mem.layer_activation_bytes(mbs, s_local, h, **kw)
-            out += [act, mem.recompute_working_bytes(act, mbs, s_local, h, **kw)]
+            out += [act, mem.recompute_working_bytes(act, mbs, s_local, h, **kw, **restored)]
         return tuple(out) if w.moe else tuple(out) * 2
 
     # A recomputed layer's working set [5]: its backward first runs its forward again (the
@@ -385,7 +431,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # Bytes a parameter: weights, gradients, optimizer state, and the optimizer's FP32 copy
     # of 16-bit gradients (in the optimizer state), which is never held beside the
     # activations and buffers (megatron_memory [5]): the larger of them counts.
-    # (a precision-aware optimizer's state and gradient copy [45]: optimizer)
+    # (a precision-aware optimizer's state and the step's FP32 copies [45]: optimizer)
     opt = optimizer(k, sp, hw)
     adam = () if opt is None else (opt.state, opt.copy)
     sw, sg, so, sc = mem.state_bytes(group, zero, hw.grad_bytes, *adam)

@@ -31,6 +31,43 @@ from .common import even_splits
 
 #: Recompute modes, coded 0, 1, 2.
 RECOMPUTE = ("none", "selective", "full")
+#: The modules of Megatron-Core's ``recompute_modules`` (under ``recompute="selective"``) the
+#: model prices [47], in the order their sets are named, and those it does not.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm")
+UNPRICED_RECOMPUTE_MODULES = ("mla_up_proj", "mlp", "moe", "shared_experts")
+#: The values of the ``recompute_modules`` knob: every non-empty set of RECOMPUTE_MODULES,
+#: named by its modules in that order joined by ","; code c is the set of bit mask c + 1
+#: (bit i: RECOMPUTE_MODULES[i]), so 0, the default, is "core_attn" alone.
+RECOMPUTE_MODULE_SETS = tuple(
+    ",".join(m for i, m in enumerate(RECOMPUTE_MODULES) if (mask >> i) & 1)
+    for mask in range(1, 2 ** len(RECOMPUTE_MODULES)))
+
+
+def recompute_module_set(value):
+    """The ``recompute_modules`` value naming the same modules as ``value`` (a string of module
+    names joined by "," or "+", spaces and order free): one of RECOMPUTE_MODULE_SETS. ValueError
+    for a module the model does not price or Megatron-Core does not have."""
+    names = [part.strip().lower() for part in str(value).replace("+", ",").split(",")]
+    names = [n for n in names if n]
+    unpriced = [n for n in names if n in UNPRICED_RECOMPUTE_MODULES]
+    if unpriced:
+        raise ValueError(f"recompute_modules: {', '.join(map(repr, unpriced))} not modelled "
+                         f"(the model prices {', '.join(map(repr, RECOMPUTE_MODULES))}), but "
+                         f"got {value!r}")
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown or not names:
+        raise ValueError(f"recompute_modules must name one or more of "
+                         f"{', '.join(map(repr, RECOMPUTE_MODULES))} joined by ',', but got "
+                         f"{value!r}")
+    return ",".join(m for m in RECOMPUTE_MODULES if m in names)
+
+
+def recompute_flags(k):
+    """``(core_attn, moe_act, layernorm)``: where ``recompute="selective"`` recomputes each
+    (``recompute_modules`` [47]; the attention core alone by default)."""
+    selective = np.asarray(k["recompute"]) == 1
+    mask = np.asarray(k.get("recompute_modules", 0)) + 1
+    return tuple(selective & ((mask >> i) & 1 == 1) for i in range(len(RECOMPUTE_MODULES)))
 #: Context-parallel communication kinds (Megatron-Core's ``cp_comm_type``), coded 0..3 [42].
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 _CP_ALL_GATHER, _CP_A2A, _CP_HIER = (CP_COMM_TYPES.index(kind) for kind in CP_COMM_TYPES[1:])
@@ -90,6 +127,10 @@ MAIN_PARAMS_DTYPES = ("fp32", "fp16")
 MOMENT_DTYPES = ("fp32", "fp16", "bf16", "fp8")
 MAIN_PARAMS_BYTES = (4.0, 2.0)
 MOMENT_BYTES = (4.0, 2.0, 2.0, 1.0)
+#: Bytes through HBM a state element in the optimizer step, by MOMENT_DTYPES code (FP16 also
+#: the master weights'): FP32 the kernel's read and write; the narrower through TE's FP32
+#: copies (megatron_compose.optimizer) [45].
+MOMENT_STEP_BYTES = (8.0, 40.0, 20.0, 22.0)
 
 
 def precision_aware(k):
@@ -209,6 +250,11 @@ class Split:
     #: where Transformer Engine's fused cross-entropy runs (cross_entropy_loss_fusion with
     #: cross_entropy_fusion_impl "te") [44]
     ce_te: object = False
+    #: where selective recompute discards and recomputes the routed experts' activation
+    #: (recompute_modules "moe_act") and the norms that run apart from a linear layer
+    #: ("layernorm") [47]; rc is the attention core's ("core_attn"): 1 only where it is in
+    moe_act: object = False
+    norms: object = False
 
     @property
     def partial(self):
@@ -292,13 +338,15 @@ REALIZABLE_CONDITIONS = {
     "deepep_domain": "DeepEP runs on NVLink domains of at most 8 GPUs (not GB200/GB300 NVL72 "
                      "racks, whose flex dispatcher is HybridEP) [39]",
     "moe_router_groups": "moe_router_group_topk (group-limited routing) of an MoE model needs "
-                         "moe_router_num_groups dividing the experts, at least "
-                         "moe_router_group_topk and dividing top-k, and the chosen groups "
-                         "holding top-k experts or more [46]",
+                         "moe_router_num_groups set, dividing the experts and no smaller than "
+                         "moe_router_group_topk, moe_router_group_topk dividing top-k, and "
+                         "each group holding top-k / moe_router_group_topk experts or more [46]",
     "fp8_param_gather": "fp8_param_gather needs precision='fp8' and the distributed optimizer "
                         "or FSDP (zero_stage >= 1) [43]",
     "precision_aware_optimizer": "use_precision_aware_optimizer needs the distributed "
                                  "optimizer or FSDP (zero_stage >= 1) [45]",
+    "optimizer_dtypes": "main_params_dtype, exp_avg_dtype and exp_avg_sq_dtype other than "
+                        "'fp32' need use_precision_aware_optimizer [45]",
     "precision": "the accelerator has the precision [21]",
 }
 
@@ -379,9 +427,10 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         "deepep_domain": ~k["moe_enable_deepep"] | (not w.moe) | (
             (fleet.node.scale_up_domain or fleet.node.accelerators_per_node) <= DEEPEP_NVL_PEERS),
         # Megatron-Core's TransformerConfig: "moe_router_num_groups must be specified", the
-        # experts divisible by it, moe_router_group_topk no larger and dividing
-        # moe_router_topk; and (not checked there: its router then picks masked experts)
-        # the chosen groups' experts at least top-k [46]
+        # experts divisible by it, moe_router_group_topk no larger; Transformer Engine's
+        # fused router: "topk must be divisible by group_topk" (the unfused one ranks groups
+        # by their top topk // group_topk scores); and a group at least that wide, or its
+        # top-(topk // group_topk) fails [46]
         "moe_router_groups": _groups_hold(w, k.get("moe_router_num_groups", 0),
                                           k.get("moe_router_group_topk", 0)),
         # "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron
@@ -391,6 +440,12 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # "--use-precision-aware-optimizer only supported with distributed optimizer" [45]
         "precision_aware_optimizer": ~np.asarray(k.get("use_precision_aware_optimizer", False))
         | (k["zero_stage"] >= 1),
+        # "main_params_dtype can only be fp32 when not using precision-aware optimizer", and
+        # so exp_avg_dtype and exp_avg_sq_dtype [45]
+        "optimizer_dtypes": np.asarray(k.get("use_precision_aware_optimizer", False)) | (
+            (np.asarray(k.get("main_params_dtype", 0)) == 0)
+            & (np.asarray(k.get("exp_avg_dtype", 0)) == 0)
+            & (np.asarray(k.get("exp_avg_sq_dtype", 0)) == 0)),
         "precision": np.array([supports(fleet.node.accelerator, p) for p in PRECISIONS])[prec],
     }
 
@@ -423,11 +478,15 @@ def split(w, fleet, k) -> Split:
     m = np.maximum(np.ceil(m_exact), 1.0)
     prec = k["precision"]
     first, last = k["num_layers_in_first_pipeline_stage"], k["num_layers_in_last_pipeline_stage"]
+    rc, moe_act, norms = k["recompute"], False, False
+    if np.any(np.asarray(k.get("recompute_modules", 0)) != 0):  # [47]
+        core, moe_act, norms = recompute_flags(k)
+        rc = np.where((np.asarray(rc) == 1) & ~core, 0, rc)
     realizable = valid
     for holds in realizable_conditions(w, fleet, k, m_exact, n_acc).values():
         realizable = realizable & holds
     return Split(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
-                 rc=k["recompute"], zero=k["zero_stage"], prec=prec, dp=dp, group=group,
+                 rc=rc, zero=k["zero_stage"], prec=prec, dp=dp, group=group,
                  valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable,
                  p2p_split=p2p_split(tp, sp, k["scatter_gather_tensors_in_pipeline"]),
                  p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]),
@@ -435,7 +494,7 @@ def split(w, fleet, k) -> Split:
                  a2a_paired=combined_1f1b_paired(pp, v, m, k["overlap_moe_expert_parallel_comm"]),
                  rnl=k.get("recompute_num_layers", 0), cpc=k.get("cp_comm_type", 0),
                  cpa=k.get("cp_a2a_size", 0),
-                 ce_te=te_cross_entropy(k))
+                 ce_te=te_cross_entropy(k), moe_act=moe_act, norms=norms)
 
 
 def _groups_hold(w, groups, group_topk):
@@ -843,6 +902,21 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
     # the forward (full) or the attention core (selective) again.
     layer_b = 2.0 * layer_f + t_core_b
     layer_b = layer_b + np.where(rc == 2, layer_f + t_core_f, np.where(rc == 1, t_core_f, 0.0))
+    if np.any(sp.moe_act) or np.any(sp.norms):
+        # Selective recompute's output-discarding modules [47], run again before their
+        # backward: the RMSNorms that are modules of their own (an MoE layer's pre-MLP norm,
+        # feeding the router and the experts; a multi-head latent attention's input norm,
+        # feeding its two down projections; the others are fused into the next linear layer
+        # and are not recomputed), 16 bits read and written on the rank's tokens (its SP
+        # slice); the routed experts' activation, as its forward (_mlp_time).
+        t_norm = gemm.memory_bound_time(4.0 * tokens * h / norm_split, hbm)
+        again_dense = np.where(sp.norms, float(w.mla) * t_norm, 0.0)
+        again_moe = np.where(sp.norms, (1.0 + w.mla) * t_norm, 0.0)
+        if w.moe:
+            t_act = gemm.memory_bound_time(
+                2.0 * routed * (w.moe_ffn / etp) * (3.0 if w.gated else 2.0), hbm)
+            again_moe = again_moe + np.where(sp.moe_act, t_act, 0.0)
+        layer_b = layer_b + (1 - moe_share) * again_dense + moe_share * again_moe
     layer_f = layer_f + t_core_f
     # A multi-token prediction module besides its layer and the head [34]: the projection of
     # the 2h-wide concatenation to h (column-parallel over TP, its input gathered under SP),
@@ -898,34 +972,42 @@ def routed_miss(experts, top_k, unit, groups=0, group_topk=0):
     """The chance that none of a token's ``k`` experts is among ``unit`` consecutive ones
     (an EP rank's block, or a domain's). Routing uniform over the experts (:func:`miss_all`),
     or group-limited [46] where ``group_topk`` is set: the experts in ``groups`` equal
-    blocks, a token's ``group_topk`` of them drawn uniformly, its ``k`` experts uniformly
-    from those. A unit of ``c`` whole groups is missed where ``j`` of them are drawn
-    (hypergeometric) and the ``k`` miss their ``j E / G`` experts; a unit inside a group,
-    where that group is not drawn or the ``k`` miss the unit. Where units and groups do not
-    nest (neither size divides the other), or the groups are not a realizable split (the
-    ``moe_router_groups`` rule), as uniform routing (which reaches more units: an upper
-    bound on the traffic)."""
+    blocks, a token's ``g = group_topk`` of them drawn uniformly and ``k / g`` of its experts
+    in each, drawn uniformly there (Megatron-Core ranks a group by the sum of its top ``k /
+    g`` scores, so a chosen group supplies that many of the token's experts, near enough: a
+    simulation of the router, scores drawn alike, agrees within 0.01,
+    tests/test_megatron_group_routing.py). A unit of ``c`` whole groups is missed where none
+    of them is drawn, ``C(G - c, g) / C(G, g)``; a unit inside a group where that group is
+    not drawn, or is and its ``k / g`` experts miss the unit. Every group chosen masks
+    none: uniform routing; one expert a chosen group (``k = g``) is near it (a group scored
+    by its best alone), and priced so. Where units and groups do not nest (neither size
+    divides the other), or the groups are not a realizable split (the ``moe_router_groups``
+    rule), as uniform routing too (the router's concentration not counted)."""
     uniform = miss_all(experts, top_k, unit)
     g = np.asarray(group_topk)
     if not np.any(g > 0):
         return uniform
     n_groups = np.maximum(np.asarray(groups), 1)
     size = experts / n_groups
-    chosen = g * size
-    ok = ((g > 0) & (g <= n_groups) & (np.mod(experts, n_groups) == 0) & (chosen >= top_k)
-          & (np.mod(top_k, np.maximum(g, 1)) == 0))
-    chosen = np.where(ok, chosen, experts)  # (no division by zero where not used)
+    g1 = np.maximum(g, 1)
+    per = top_k / g1  # a chosen group's experts
+    # (every group chosen masks none: the router's plain top-k, uniform routing; and with
+    # one expert a chosen group, a group scored by its best alone, the router's choice is
+    # near the plain top-k too: priced as uniform, tests/test_megatron_group_routing.py)
+    ok = ((g > 0) & (g < n_groups) & (np.mod(experts, n_groups) == 0)
+          & (np.mod(top_k, g1) == 0) & (size >= per) & (per >= 2))
     whole = ok & (np.mod(unit, size) == 0)
     inside = ok & ~whole & (np.mod(size, unit) == 0)
     c = np.where(whole, unit / size, 0.0)
     gw = np.where(whole, g, 0)
-    p_whole = np.zeros(np.shape(whole))
-    for j in range(int(np.max(np.minimum(c, gw), initial=0)) + 1):
-        drawn = _choose(c, j) * _choose(n_groups - c, gw - j) / _choose(n_groups, gw)
-        p_whole = p_whole + drawn * miss_all(chosen, top_k, j * size)
+    p_whole = _choose(n_groups - c, gw) / _choose(n_groups, gw)
+    q = np.ones(np.shape(inside))
+    for i in range(int(np.max(np.where(inside, per, 0.0), initial=0.0))):
+        q = q * np.where(inside & (i < per),
+                         np.maximum(size - unit - i, 0.0) / np.where(size - i > 0, size - i, 1.0),
+                         1.0)
     p_drawn = g / n_groups
-    p_inside = 1.0 - p_drawn + p_drawn * miss_all(chosen, top_k, np.minimum(unit, chosen))
-    return np.where(whole, p_whole, np.where(inside, p_inside, uniform))
+    return np.where(whole, p_whole, np.where(inside, 1.0 - p_drawn + p_drawn * q, uniform))
 
 
 #: The NVLink peers DeepEP's normal kernels reach (``NUM_MAX_NVL_PEERS``): a larger NVLink
@@ -1041,8 +1123,8 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
         # expert TP x EP group, each token sent once to each rank that holds one of its
         # experts (over NVLink, a remote domain's copies forwarded there) and once to each
         # other domain that does (over the NICs), not once per routed copy; no TP gather
-        # after it. Routing uniform over the experts (as everywhere here): a token misses
-        # m of E experts with probability C(E - m, k) / C(E, k) (miss_all).
+        # after it. Routing uniform over the experts: a token misses m of E experts with
+        # probability C(E - m, k) / C(E, k) (miss_all); group-limited, routed_miss.
         flex = flex_dispatch_time(ly.act_bytes / ly.norm_split, w.experts, w.top_k, ep,
                                   etp * ep, near, hw, call_lat,
                                   k.get("moe_router_num_groups", 0),

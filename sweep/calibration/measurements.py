@@ -46,7 +46,8 @@ full), ``zero_stage`` (0 DDP, 1 distributed optimizer, 2, 3 FSDP),
 ``overlap_p2p_comm``, ``overlap_moe_expert_parallel_comm``, ``hidden_dropout``,
 ``attention_dropout``, ``cp_comm_type`` (p2p, all_gather, a2a, a2a+p2p),
 ``cp_a2a_size``, ``fp8_param_gather``, ``cross_entropy_loss_fusion``,
-``cross_entropy_fusion_impl`` (native, te), ``moe_router_num_groups``,
+``cross_entropy_fusion_impl`` (native, te), ``recompute_modules`` (core_attn,
+moe_act, layernorm, several joined by "+" or a quoted ","), ``moe_router_num_groups``,
 ``moe_router_group_topk``, ``use_precision_aware_optimizer``,
 ``main_params_dtype`` (fp32, fp16), ``exp_avg_dtype`` and ``exp_avg_sq_dtype``
 (fp32, fp16, bf16, fp8), ``store_param_remainders``, ...); an
@@ -238,6 +239,11 @@ def _boolean(where, column, text):
 
 def _choice(where, column, text, choices):
     key = str(text).strip().lower()
+    if column == "recompute_modules":  # its modules in any order, joined by "," or "+"
+        try:
+            key = megatron.recompute_module_set(key)
+        except ValueError as error:
+            where.fail(column, f"one of {', '.join(choices)} ({error})", text)
     if key not in choices:
         where.fail(column, f"one of {', '.join(choices)}", text)
     return key
