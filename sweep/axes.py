@@ -121,10 +121,16 @@ def _knob_value(reader, key, model, knob_name, value, bounds):
     where = key
     if knob.kind == "choice":
         allowed = physics_.choices(model, knob_name)
-        if not isinstance(value, str) or value.lower() not in allowed:
-            reader.fail(where, f"one of {', '.join(map(repr, allowed))} (physics {model!r})",
-                        value)
-        return value.lower()
+        expected = f"one of {', '.join(map(repr, allowed))} (physics {model!r})"
+        if not isinstance(value, str):
+            reader.fail(where, expected, value)
+        try:  # (megatron's recompute_modules takes its modules in any order)
+            value = physics_.canonical(model, knob_name, value)
+        except ValueError as error:
+            reader.fail(where, f"{expected}; {str(error).rsplit(', but got', 1)[0]}", value)
+        if value not in allowed:
+            reader.fail(where, expected, value)
+        return value
     if knob.kind == "precision":
         if not isinstance(value, str):
             reader.fail(where, "a precision name such as 'bf16'", value)
@@ -264,6 +270,13 @@ def parse_axis(reader, name, given, workloads, fleets, models=_DEFAULT_MODELS) -
                          f"{name} = [...], and then form the {name} axis)", given)
     knob = knob_of(reader, name, models)
     kind = knob.kind
+    if isinstance(given, Mapping) and kind in ("choice", "bool"):
+        # (the helper tables make numbers: a choice or a switch lists its values)
+        taker = next(m for m in models if name in physics_.knobs_of(m))
+        values = ", ".join(map(repr, physics_.choices(taker, name))) \
+            if kind == "choice" else "true, false"
+        reader.fail(key, f"a list of values ({values}): a {kind} knob takes no helper table",
+                    given)
     if isinstance(given, Mapping):
         parts = _helper_values(reader, key, kind, given, workloads, fleets)
     elif isinstance(given, (list, tuple, np.ndarray)):

@@ -228,6 +228,8 @@ def _jsonable(value):
         return value.name
     if isinstance(value, np.generic):
         return value.item()
+    if isinstance(value, np.ndarray):  # (an axis given as an array, as parse_axis takes it)
+        return [_jsonable(v) for v in value.tolist()]
     return value
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import sweep
@@ -143,6 +144,11 @@ def test_workload_and_fleet_lists_become_axes():
      r"'Training_1K' has \(the layouts take the fleet's size; make dp_size an axis"),
     ({"axes": {"dp_size": [1, 2]}, "constraints": {"min_accelerators": 64, "max_accelerators": 32}},
      r"constraints\.min_accelerators: expected at most max_accelerators \(32\)"),
+    # a helper table makes numbers: a switch lists its values (it had run, and crashed in
+    # the sweep with a traceback; for a choice knob of the megatron physics too, below)
+    ({"axes": {"overlap_comm": {"from": 0, "to": 3, "step": 1}}},
+     r"axes\.overlap_comm: expected a list of values \(true, false\): a bool knob takes no "
+     r"helper table"),
 ])
 def test_refusals(change, match):
     with pytest.raises(SpecError, match=match):
@@ -403,3 +409,33 @@ def test_mlsysim_precisions_the_accelerator_lacks_are_warned_of():
         warnings.simplefilter("error", sweep.PrecisionWarning)
         sweep.load_spec({**spec, "fleet": "HGX_H100_1K_MC"})
         sweep.load_spec({**spec, "fleet": "Selene_MC", "physics": "megatron"})
+
+
+def test_a_choice_knob_takes_no_helper_table_and_an_array_axis_is_a_list():
+    """A choice knob's axis lists its values (a helper table had passed the checks and crashed
+    the sweep); an axis given as a numpy array is kept as its list (the spec's JSON record
+    had refused it)."""
+    base = {"workload": "Llama3_8B_MC", "fleet": "HGX_H100_1K_MC", "physics": "megatron",
+            "fixed": {"batch_size": 512}}
+    with pytest.raises(SpecError, match=r"axes\.exp_avg_dtype: expected a list of values "
+                                        r"\('fp32', 'fp16', 'bf16', 'fp8'\): a choice knob"):
+        load_spec({**base, "axes": {"exp_avg_dtype": {"powers_of_two": 4}}})
+    spec = load_spec({**base, "axes": {"exp_avg_dtype": np.array(["fp32", "bf16"]),
+                                       "tp_size": np.array([1, 2])}})
+    assert spec.axis("exp_avg_dtype").values == ("fp32", "bf16")
+    assert '"exp_avg_dtype": ["fp32", "bf16"]' in spec.to_json()
+
+
+def test_recompute_modules_in_any_order_and_refused_by_name():
+    """megatron's recompute_modules takes its modules in any order ("," or "+"), as solve does;
+    one the model does not price is refused by name."""
+    base = {"workload": "Mixtral_8x7B_MC", "fleet": "HGX_H100_1K_MC", "physics": "megatron",
+            "fixed": {"batch_size": 512, "recompute": "selective"}}
+    spec = load_spec({**base, "axes": {"recompute_modules": ["layernorm,moe_act", " moe_act",
+                                                             "core_attn+layernorm"]}})
+    assert spec.axis("recompute_modules").values == ("moe_act,layernorm", "moe_act",
+                                                     "core_attn,layernorm")
+    with pytest.raises(SpecError, match=r"axes\.recompute_modules\[0\]: .*'mlp' not modelled"):
+        load_spec({**base, "axes": {"recompute_modules": ["mlp"]}})
+    with pytest.raises(SpecError, match=r"expected distinct values"):
+        load_spec({**base, "axes": {"recompute_modules": ["moe_act,layernorm", "layernorm+moe_act"]}})
