@@ -453,7 +453,11 @@ def _weights(runs):
     return [1.0 / np.sqrt(count[r.source]) for r in runs]
 
 
-def fit_megatron(runs):
+def fit_megatron(runs, start=None):
+    """The megatron constants of least weighted log error on ``runs``, from the prior's two
+    starts (OTHER_STARTS); from ``start`` alone where given (a fit checked again, as the
+    suite checks the saved leave-one-source-out fits: the same optimum where the model has
+    not moved, in a few iterations)."""
     weights = _weights(runs)
 
     def residuals(c):
@@ -463,18 +467,22 @@ def fit_megatron(runs):
     # Two fixed, data-independent starts (the host launch floor off and on, OTHER_STARTS):
     # the launch floor and the per-step overhead trade off on vTrain's short steps, and a
     # single start can settle in the worse basin. The lower cost wins.
-    fit = fit_log(residuals, PRIOR, FIT_NAMES, M.CONSTANT_BOUNDS, held=HELD, prior_center=PRIOR,
+    fit = fit_log(residuals, PRIOR if start is None else {**PRIOR, **{n: start[n] for n in FIT_NAMES}},
+                  FIT_NAMES,
+                  M.CONSTANT_BOUNDS, held=HELD, prior_center=PRIOR,
                   prior_weight=[NOISE / PRIOR_WIDTHS.get(n, OTHER_PRIOR_WIDTH) for n in FIT_NAMES],
-                  other_starts=OTHER_STARTS)
+                  other_starts=OTHER_STARTS if start is None else ())
     return dict(fit.constants)
 
 
-def loso_megatron_fits(runs, sources, n_jobs=2):
+def loso_megatron_fits(runs, sources, n_jobs=2, starts=None):
     """Source -> the megatron constants fitted on every run but that source's, the fits in
-    ``n_jobs`` processes at once (joblib; each fit is independent of the others)."""
+    ``n_jobs`` processes at once (joblib; each fit is independent of the others);
+    ``starts``: source -> constants to start its fit from (:func:`fit_megatron`)."""
     from joblib import Parallel, delayed
     fits = Parallel(n_jobs=n_jobs)(
-        delayed(fit_megatron)([r for r in runs if r.source != src]) for src in sources)
+        delayed(fit_megatron)([r for r in runs if r.source != src],
+                              None if starts is None else starts[src]) for src in sources)
     return dict(zip(sources, fits))
 
 

@@ -149,7 +149,10 @@ def test_vtrain_error_by_tp_and_microbatch_covers_every_layout():
 def test_published_sources_left_out_meet_the_targets_and_the_saved_table():
     # Issue #14's targets for the leave-one-source-out error of the published runs: mean
     # <= 5 %, max <= 12 %; refitted here, equal to what benchmarks/results/fidelity.json
-    # (which the README quotes) saved.
+    # (which the README quotes) saved. Each fold's fit starts from the constants that file
+    # saved for it (benchmarks/fidelity.py fits from the prior's two starts): where the model
+    # has not moved it is the optimum already and the fit stops in a few iterations; where
+    # it has, the fit moves to the new optimum and the errors, and this test, with it.
     import json
 
     import numpy as np
@@ -157,11 +160,12 @@ def test_published_sources_left_out_meet_the_targets_and_the_saved_table():
     runs, _ = F.load_runs()
     errs = []
     published = [s for s in F.SOURCES if s != "VTRAIN"]
-    for src, c in F.loso_megatron_fits(runs, published).items():  # (two fits at once)
+    saved = json.loads((ROOT / "benchmarks" / "results" / "fidelity.json").read_text())
+    starts = saved["loso"]["constants"]
+    for src, c in F.loso_megatron_fits(runs, published, starts=starts).items():  # (two at once)
         errs += [float(F.ape(F.megatron_predict(r, c), r.measured)) for r in runs if r.source == src]
     assert len(errs) == 54
     assert np.mean(errs) <= 5.0 and max(errs) <= 12.0, (np.mean(errs), max(errs))
-    saved = json.loads((ROOT / "benchmarks" / "results" / "fidelity.json").read_text())
     saved = saved["loso"]["megatron"]["published_overall"]
     assert np.mean(errs) == pytest.approx(saved["mean_ape"], rel=1e-3)
     assert max(errs) == pytest.approx(saved["max_ape"], rel=1e-3)
