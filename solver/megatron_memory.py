@@ -54,7 +54,8 @@ References
     Megatron-LM's ``examples/mixtral/train_mixtral_8x7b_distributed.sh`` passes
     ``--attention-dropout 0.0 --hidden-dropout 0.0``.
 [10] Megatron-Core ``transformer/transformer_layer.py`` and ``transformer/moe/experts.py``
-    (``recompute_modules`` "layernorm" and "moe_act", output-discarding checkpoints:
+    (``recompute_modules`` "layernorm" and "moe_act", and ``transformer/multi_latent_attention.py``
+    for "mla_up_proj", output-discarding checkpoints:
     ``CheckpointWithoutOutput``, whose output's storage ``discard_output_and_register_recompute``
     frees once the next module has run, restored before its backward; under FP8 the next
     linear layers keep their 16-bit input, ``set_save_original_input``, which is the
@@ -150,7 +151,7 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
                            moe_top_k=0.0, moe_ffn_hidden=0.0, low_bits=False,
                            attention_bytes=None, latent_bytes=0.0, context_ratio=1.0,
                            routed_gather=1.0, hidden_dropout=0.1, attention_dropout=0.1,
-                           discarded_norms=0.0, discarded_act=0.0):
+                           discarded_norms=0.0, discarded_act=0.0, discarded_attn=0.0):
     """Bytes one layer stores for the backward pass of one microbatch, on one rank [B].
 
     Parameters
@@ -194,12 +195,13 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
         ``attention_dropout = 0`` an unfused attention keeps its softmax output alone (2 of
         [1]'s ``5 a s / h``: no mask, no dropped copy). A fused attention keeps no mask
         either way (its RNG state only).
-    discarded_norms, discarded_act : array_like [1]
+    discarded_norms, discarded_act, discarded_attn : array_like [1]
         What selective recompute's output-discarding modules free [10], bytes per token over
         h: the outputs of the norms that are modules of their own (``layernorm``;
-        replicated over TP unless SP splits them), and the routed experts' activation output,
-        the second GEMM's input (``moe_act``; split by TP as the experts' intermediates). 0.0
-        by default.
+        replicated over TP unless SP splits them), the routed experts' activation output,
+        the second GEMM's input (``moe_act``; split by TP as the experts' intermediates), and
+        a multi-head latent attention's Q, K and V (``mla_up_proj``; of ``attention_bytes``,
+        split by TP with the heads). 0.0 by default.
 
     Returns
     -------
@@ -232,7 +234,8 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     # The 24/t of [1] is 8/t attention (Q, K, V, context) + 16/t MLP (fc1 out, GELU out),
     # at kv = a and f = 4h; generalized: Q and context 2 + 2, K and V 2 kv/a each,
     # MLP 2 bytes per element of its (2 or 3 matrix) intermediates.
-    attention = (4.0 + 4.0 * kv_heads / heads if attention_bytes is None else attention_bytes) / t
+    attention = ((4.0 + 4.0 * kv_heads / heads if attention_bytes is None else attention_bytes)
+                 - discarded_attn) / t
     mlp = ((4.0 + 2.0 * np.asarray(gated, dtype=np.float64)) * mlp_width / h - fp8_split
            - discarded_act) / t
     # Routed tokens are permuted copies of the MLP input (2 bytes per element per expert;
@@ -252,8 +255,8 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
 
 
 def recompute_working_bytes(stored, micro_batch, seq_len, hidden, *, recompute_code,
-                            discarded_norms=0.0, discarded_act=0.0, restored_norms=None,
-                            restored_act=None, **shape):
+                            discarded_norms=0.0, discarded_act=0.0, discarded_attn=0.0,
+                            restored_norms=None, restored_act=None, **shape):
     """Bytes a recomputed layer holds beyond its checkpoint while its backward runs [B]:
     the backward first runs the layer's forward again (the whole layer under full
     recompute, the attention core under selective, the discarded outputs of selective
@@ -271,8 +274,9 @@ def recompute_working_bytes(stored, micro_batch, seq_len, hidden, *, recompute_c
     backward, one layer at a time.
     """
     whole = layer_activation_bytes(micro_batch, seq_len, hidden, recompute_code=0, **shape)
+    # (Q, K and V are 16-bit either way: the recompute restores what it discarded)
     none = ((np.asarray(recompute_code) == 0) & (np.asarray(discarded_norms) == 0)
-            & (np.asarray(discarded_act) == 0))
+            & (np.asarray(discarded_act) == 0) & (np.asarray(discarded_attn) == 0))
     work = whole - stored
     if restored_norms is not None:
         t = np.asarray(shape["tp_size"], dtype=np.float64)

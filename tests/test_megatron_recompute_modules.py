@@ -39,7 +39,8 @@ def test_spellings_and_refusals():
     a = _solve("Mixtral_8x7B_MC", recompute="selective", **{RM: "layernorm,moe_act"})
     b = _solve("Mixtral_8x7B_MC", recompute="selective", **{RM: "moe_act+layernorm"})
     assert float(a["memory_footprint"]) == float(b["memory_footprint"])
-    for bad, says in (("mla_up_proj", "not modelled"), ("moe_act,mlp", "'mlp' not modelled"),
+    assert M.recompute_module_set("mla_up_proj+CORE_ATTN") == "core_attn,mla_up_proj"
+    for bad, says in (("mlp", "not modelled"), ("moe_act,mlp", "'mlp' not modelled"),
                       ("shared_experts", "not modelled"), ("moe", "not modelled"),
                       ("core_att", "must name one or more"), ("", "must name one or more")):
         with pytest.raises(ValueError, match=says):
@@ -142,10 +143,13 @@ def test_more_modules_never_hold_more_nor_run_faster(workload):
     n = 1500
     k = {**_draw(rng, n, dp_given=True), "recompute": "selective"}
     outs = {m: _solve(workload, **k, **{RM: m}) for m in
-            ("core_attn", "core_attn,moe_act", "core_attn,moe_act,layernorm", "moe_act,layernorm")}
+            ("core_attn", "core_attn,moe_act", "core_attn,moe_act,layernorm",
+             "core_attn,moe_act,layernorm,mla_up_proj", "moe_act,layernorm")}
     ok = np.asarray(outs["core_attn"]["valid"])
     assert ok.sum() > 150
     chain_ = ["core_attn", "core_attn,moe_act", "core_attn,moe_act,layernorm"]
+    if workload == "DeepSeek_V3_MC":  # (MLA)
+        chain_.append("core_attn,moe_act,layernorm,mla_up_proj")
     for fewer, more in zip(chain_, chain_[1:]):
         a, b = outs[fewer], outs[more]
         for name in ("memory_activations", "memory_footprint"):
@@ -166,7 +170,8 @@ def test_the_fused_kernel_prices_it_beside_it(workload):
     rng = np.random.default_rng(471)
     n = 3 * 4096
     k = {**_draw(rng, n, dp_given=True),
-         RM: rng.choice(["core_attn", "moe_act", "layernorm+moe_act", "core_attn,layernorm"], n)}
+         RM: rng.choice(["core_attn", "moe_act", "layernorm+moe_act", "core_attn,layernorm",
+                          "mla_up_proj", "moe_act,mla_up_proj+layernorm"], n)}
     numpy_ = _solve(workload, **k)
     fused = _solve(workload, engine="fused", **k)
     for name in M.OUTPUTS:
@@ -284,3 +289,58 @@ def test_the_first_stage_holds_the_restored_activation(precision):
     freed = _act("Mixtral_8x7B_MC", "core_attn", **kw) - _act("Mixtral_8x7B_MC",
                                                               "core_attn,moe_act", **kw)
     assert freed == pytest.approx((32 * byte - 2.0) * x, rel=1e-12)
+
+
+
+def test_closed_form_of_the_up_projections_recomputed():
+    """DeepSeek-V3 (MLA: 128 heads, query-key width 192, value 128, latents 1536 and 512,
+    positional key 64) on one stage, TP 2: "mla_up_proj" frees every layer's Q, K and V, 2
+    bytes at 2 x 192 + 128 a head, over TP (the core's output stays); its backward runs the
+    up projections and the memory-bound work around them again, and under SP their
+    all-gathers of the latents (the latents' share of a pair's bytes and three
+    collectives' latency), nothing more forward; hfu counts the up projections' FLOPs,
+    2 x 128 (1536 x 192 + 512 x 256) a token a layer."""
+    s, t = 4096, 2
+    kw = dict(batch_size=64, seq_len=s, tp_size=t, pp_size=1, dp_size=8, ep_size=8,
+              etp_size=1, sequence_parallel=True)
+    base = _act("DeepSeek_V3_MC", "core_attn", **kw)
+    assert base - _act("DeepSeek_V3_MC", "core_attn,mla_up_proj", **kw) == pytest.approx(
+        61 * 2.0 * s * 128 * (2 * 192 + 128) / t, rel=1e-12)
+    hbm = catalog.fleet(HGX).node.accelerator.memory_bandwidth
+    off = chain("DeepSeek_V3_MC", HGX, recompute="selective", **kw)
+    on = chain("DeepSeek_V3_MC", HGX, recompute="selective", **kw, **{RM: "core_attn,mla_up_proj"})
+    g, tokens, heads_t = on.hw.gemm, float(s), 128 / t
+    t_up = (g(2.0 * tokens * 1536 * heads_t * 192, k=1536)
+            + g(2.0 * tokens * 512 * heads_t * (192 - 64 + 128), k=512)
+            + gemm.memory_bound_time(4.0 * (1536 + 512) * tokens / t + 4.0 * 64 * (heads_t + 1)
+                                     * tokens + 8.0 * heads_t * 192 * tokens, hbm))
+    assert float(on.ly.layer_b) - float(off.ly.layer_b) == pytest.approx(float(t_up), rel=1e-9)
+    assert float(on.ly.layer_f) == float(off.ly.layer_f)
+    from solver import network as net
+    tp_bw, tp_lat = on.hw.link(on.hw.within(t, on.sp.n_acc))
+    call = on.hw.call_lat
+    t_ar = net.allreduce_time(float(on.ly.act_bytes), t, bus_bandwidth=tp_bw, latency=tp_lat) \
+        + 2.0 * call
+    t_lat = net.allreduce_time(0.0, t, bus_bandwidth=tp_bw, latency=tp_lat) + 2.0 * call
+    latents = (1536 + 512 + 64) / (2.0 * 7168)
+    assert float(on.cm.tp_total) - float(off.cm.tp_total) == pytest.approx(
+        float(latents * t_ar + (1.5 - latents) * t_lat), rel=1e-9)
+    assert float(on.cm.tp_layer_f) == float(off.cm.tp_layer_f)
+    assert float(on.cm.tp_layer_b) - float(off.cm.tp_layer_b) == pytest.approx(
+        float(latents * t_ar + (1.5 - latents) * t_lat), rel=1e-9)  # (MLA: no TP overlap)
+    no_sp = dict(kw, sequence_parallel=False)  # (not realizable for an MoE model: priced)
+    a = chain("DeepSeek_V3_MC", HGX, recompute="selective", **no_sp)
+    b = chain("DeepSeek_V3_MC", HGX, recompute="selective", **no_sp, **{RM: "core_attn,mla_up_proj"})
+    assert float(b.cm.tp_total) == float(a.cm.tp_total)
+    # (its MTP module's layer too)
+    x, y = (_solve("DeepSeek_V3_MC", recompute="selective", mtp_num_layers=1, **kw, **{RM: m})
+            for m in ("core_attn", "core_attn,mla_up_proj"))
+    flops = float(x["mfu"]) * float(off.hw.peak_gemm) * float(x["step_latency_total"]) * 16
+    up = 2.0 * 128 * (1536 * 192 + 512 * 256) * (61 + 1) * 64 * s
+    assert float(y["hfu"]) / float(y["mfu"]) - float(x["hfu"]) / float(x["mfu"]) == \
+        pytest.approx(up / flops, rel=1e-9)
+    # nothing without MLA
+    for name in M.OUTPUTS:
+        a, b = (_solve("Mixtral_8x7B_MC", recompute="selective", **kw, **{RM: m})
+                for m in ("core_attn", "core_attn,mla_up_proj"))
+        assert np.array_equal(np.asarray(a[name]), np.asarray(b[name]), equal_nan=True), name

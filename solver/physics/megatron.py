@@ -316,7 +316,10 @@ References
     ``transformer/moe/experts.py`` (``TEGroupedMLP``: ``activation_recompute`` for
     "moe_act", ``set_save_original_input(self.linear_fc2)`` under FP8), and
     ``tensor_parallel/random.py`` (``CheckpointWithoutOutput``). Megatron-Bridge's MoE recipes
-    set it (DeepSeek-V3 on GB300: ["moe_act"]; Nemotron 3 Super: ["moe_act", "layernorm"]).
+    set it (DeepSeek-V3 on GB300: ["moe_act"], on B200: ["mla_up_proj"]; Nemotron 3 Super:
+    ["moe_act", "layernorm"]); ``transformer/multi_latent_attention.py`` (``recompute_up_proj``:
+    ``qkv_up_checkpoint`` over the up projections and RoPE, its output discarded after the
+    core attention, ``discard_output_and_register_recompute(core_attn_out)``).
 [46] Megatron-Core ``transformer/transformer_config.py`` (``moe_router_num_groups``:
     "Experts are divided into 'moe_router_num_groups' equal-sized groups"; "For each token,
     'moe_router_group_topk' groups are selected based on sum of
@@ -529,8 +532,9 @@ KNOBS = {k.name: k for k in (
     _K("recompute_modules", "choice", "core_attn",
        why="what recompute='selective' recomputes (Megatron-Core's recompute_modules): "
            "'core_attn' (the attention core), 'moe_act' (the routed experts' activation), "
-           "'layernorm' (the norms that are modules of their own), or several joined by ','; "
-           "read only under recompute='selective'"),
+           "'layernorm' (the norms that are modules of their own), 'mla_up_proj' (a "
+           "multi-head latent attention's up projections), or several joined by ','; read "
+           "only under recompute='selective'"),
     _K("recompute_num_layers", "int", 0, low=0, high=4095,
        why="layers of each pipeline chunk whose forward recompute='full' recomputes, the "
            "first ones (Megatron-Core's recompute_num_layers, recompute_method 'block'); 0: "
@@ -1081,13 +1085,16 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         and computed again before its backward; ``"layernorm"``, likewise the outputs of the
         norms that are modules of their own: an MoE layer's pre-MLP norm and a multi-head
         latent attention's input norm (the others are fused into the next linear layer, and
-        Megatron-Core leaves them alone: on a dense model without MLA it changes nothing).
-        Several join by ``","`` (or ``"+"``), in any order, in one string:
+        Megatron-Core leaves them alone: on a dense model without MLA it changes nothing);
+        ``"mla_up_proj"``, a multi-head latent attention's up projections and RoPE, whose Q,
+        K and V are discarded once the attention core has run and computed again before its
+        backward (its GEMMs, the latents' norms and RoPE, and under SP the latents'
+        all-gathers), every layer's (nothing without MLA). Several join by ``","`` (or ``"+"``), in any order, in one string:
         ``"moe_act,layernorm"`` (Megatron-Core's list; a list or array here is an axis of
         sets, one a configuration). Under FP8 they need an FP8 recipe other than delayed
         scaling (Megatron-Core refuses them beside it; the model assumes such a recipe for
-        FP8, as for the precision-aware optimizer). Read under selective recompute only; ``"mla_up_proj"``, ``"mlp"``, ``"moe"`` and
-        ``"shared_experts"`` are not modelled (a ValueError names them). Configurations that
+        FP8, as for the precision-aware optimizer). Read under selective recompute only;
+        ``"mlp"``, ``"moe"`` and ``"shared_experts"`` are not modelled (a ValueError names them). Configurations that
         set other than ``"core_attn"`` under selective recompute are priced on the numpy
         path, in a call of the fused kernel too.
     recompute_num_layers : int [40]

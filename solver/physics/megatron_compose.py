@@ -363,8 +363,11 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     moe = dict(moe_top_k=w.top_k, routed_gather=sp.etp / (tp * 1.0),
                moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1))
     dense_extra = {}
-    if np.any(sp.moe_act) or np.any(sp.norms):
-        # Selective recompute's output-discarding modules [47]: "layernorm" frees the
+    if np.any(sp.moe_act) or np.any(sp.norms) or np.any(sp.up_proj):
+        # Selective recompute's output-discarding modules [47]: "mla_up_proj" frees a
+        # multi-head latent attention's Q, K and V (2 bytes a head at the query-key width
+        # twice and the value width; the core's output, the output projection's input,
+        # stays), every layer's; "layernorm" frees the
         # outputs of the norms that are modules of their own, a multi-head latent
         # attention's input norm (its down projections' input: 1 byte under FP8, as they
         # keep it) and an MoE layer's pre-MLP norm (the router's and the experts' input,
@@ -377,9 +380,12 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         attn_norm = np.where(sp.norms, float(w.mla), 0.0)
         routed_act = np.where(sp.moe_act, w.top_k * w.moe_ffn / h, 0.0)
         moe_norms = attn_norm * width + np.where(sp.norms, 2.0, 0.0)
+        qkv = np.where(sp.up_proj, float(w.mla) * 2.0 * w.heads * (2.0 * w.qk_dim + w.head_dim)
+                       / h, 0.0)
         dense_extra = dict(discarded_norms=attn_norm * width, restored_norms=2.0 * attn_norm,
-                           discarded_act=0.0, restored_act=0.0)
+                           discarded_act=0.0, restored_act=0.0, discarded_attn=qkv)
         moe = {**moe, "discarded_norms": moe_norms, "discarded_act": width * routed_act,
+               "discarded_attn": qkv,
                "restored_norms": 2.0 * attn_norm + np.where(sp.norms, 2.0, 0.0),
                "restored_act": 2.0 * routed_act}
 
@@ -599,6 +605,12 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         full_share = (steps.recomputed_total(w, sp) + mtp * (np.asarray(sp.rnl) == 0)) / (w.layers + mtp)
     recompute_extra = np.where(rc == 2, full_share * (model_flops - head) * per_flop * (1.0 / 3.0), np.where(
         rc == 1, 4.0 * s * w.heads * w.core_dim * (w.layers + mtp) * (batch * s) * per_flop, 0.0))
+    if w.mla and np.any(sp.up_proj):
+        # "mla_up_proj" [47]: a multi-head latent attention's up projections again, every
+        # layer's (MTP's too), 2 FLOPs a weight a token (queries from h without a latent)
+        up = 2.0 * w.heads * ((w.q_lora or h) * w.qk_dim + w.kv_lora * (w.qk_dim - w.rope + w.head_dim))
+        recompute_extra = recompute_extra + np.where(
+            sp.up_proj, up * (w.layers + mtp) * (batch * s) * per_flop, 0.0)
     # layer-microbatches of the stage that paces the pipeline, MTP's with them on the last
     last = pl.last_paced
     ms = m * (pl.paced_layers + mtp * last)

@@ -33,8 +33,8 @@ from .common import even_splits
 RECOMPUTE = ("none", "selective", "full")
 #: The modules of Megatron-Core's ``recompute_modules`` (under ``recompute="selective"``) the
 #: model prices [47], in the order their sets are named, and those it does not.
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm")
-UNPRICED_RECOMPUTE_MODULES = ("mla_up_proj", "mlp", "moe", "shared_experts")
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj")
+UNPRICED_RECOMPUTE_MODULES = ("mlp", "moe", "shared_experts")
 #: The values of the ``recompute_modules`` knob: every non-empty set of RECOMPUTE_MODULES,
 #: named by its modules in that order joined by ","; code c is the set of bit mask c + 1
 #: (bit i: RECOMPUTE_MODULES[i]), so 0, the default, is "core_attn" alone.
@@ -255,6 +255,9 @@ class Split:
     #: ("layernorm") [47]; rc is the attention core's ("core_attn"): 1 only where it is in
     moe_act: object = False
     norms: object = False
+    #: where it discards and recomputes a multi-head latent attention's up projections
+    #: ("mla_up_proj") [47]
+    up_proj: object = False
 
     @property
     def partial(self):
@@ -478,9 +481,9 @@ def split(w, fleet, k) -> Split:
     m = np.maximum(np.ceil(m_exact), 1.0)
     prec = k["precision"]
     first, last = k["num_layers_in_first_pipeline_stage"], k["num_layers_in_last_pipeline_stage"]
-    rc, moe_act, norms = k["recompute"], False, False
+    rc, moe_act, norms, up_proj = k["recompute"], False, False, False
     if np.any(np.asarray(k.get("recompute_modules", 0)) != 0):  # [47]
-        core, moe_act, norms = recompute_flags(k)
+        core, moe_act, norms, up_proj = recompute_flags(k)
         rc = np.where((np.asarray(rc) == 1) & ~core, 0, rc)
     realizable = valid
     for holds in realizable_conditions(w, fleet, k, m_exact, n_acc).values():
@@ -494,7 +497,8 @@ def split(w, fleet, k) -> Split:
                  a2a_paired=combined_1f1b_paired(pp, v, m, k["overlap_moe_expert_parallel_comm"]),
                  rnl=k.get("recompute_num_layers", 0), cpc=k.get("cp_comm_type", 0),
                  cpa=k.get("cp_a2a_size", 0),
-                 ce_te=te_cross_entropy(k), moe_act=moe_act, norms=norms)
+                 ce_te=te_cross_entropy(k), moe_act=moe_act, norms=norms,
+                 up_proj=up_proj)
 
 
 def _groups_hold(w, groups, group_topk):
@@ -838,11 +842,13 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
         # Multi-head latent attention [33]: the down projections run whole on each TP rank's
         # tokens (its SP slice; every token without SP), the up projections split the heads.
         down_tok = tokens / norm_split
-        t_qkv = (g(2.0 * down_tok * h * w.q_lora, k=h)
-                 + g(2.0 * tokens * w.q_lora * heads_t * w.qk_dim, k=w.q_lora)
-                 if w.q_lora else g(2.0 * tokens * h * heads_t * w.qk_dim, k=h))
-        t_qkv = t_qkv + (g(2.0 * down_tok * h * (w.kv_lora + w.rope), k=h)
-                         + g(2.0 * tokens * w.kv_lora * heads_t * (w.qk_dim - w.rope + d), k=w.kv_lora))
+        if w.q_lora:
+            q_up = g(2.0 * tokens * w.q_lora * heads_t * w.qk_dim, k=w.q_lora)
+            t_qkv = g(2.0 * down_tok * h * w.q_lora, k=h) + q_up
+        else:  # (queries projected from h directly, inside the up projections' checkpoint)
+            t_qkv = q_up = g(2.0 * tokens * h * heads_t * w.qk_dim, k=h)
+        kv_up = g(2.0 * tokens * w.kv_lora * heads_t * (w.qk_dim - w.rope + d), k=w.kv_lora)
+        t_qkv = t_qkv + (g(2.0 * down_tok * h * (w.kv_lora + w.rope), k=h) + kv_up)
         # Its memory-bound work besides the layer's [33], 16 bits read and written: the
         # latents' RMSNorms (q_layernorm, kv_layernorm) on the down projections' tokens,
         # RoPE on the positional query (each head) and key (one, gathered over the
@@ -850,9 +856,13 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
         t_latent = gemm.memory_bound_time(
             4.0 * (w.q_lora + w.kv_lora) * down_tok + 4.0 * w.rope * (heads_t + 1.0) * tokens
             + 8.0 * heads_t * w.qk_dim * tokens, hbm)
+        # What "mla_up_proj" recomputes [47]: the up projections and the memory-bound work
+        # around them (the latents' norms, fused into the up projections, RoPE and the
+        # concatenations: t_latent).
+        t_up = q_up + kv_up + t_latent
     else:
         t_qkv = g(fl.qkv_flops(tokens, h, heads=heads_t, kv_heads=kv_t, head_dim=d), k=h)
-        t_latent = 0.0
+        t_latent = t_up = 0.0
     t_proj = g(fl.attention_output_flops(tokens, h, heads=heads_t, head_dim=d), k=heads_t * d)
     flash = k["flash_attention"]
     # Attention core: a fused causal kernel skips masked blocks [5] at its own efficiency;
@@ -902,16 +912,18 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
     # the forward (full) or the attention core (selective) again.
     layer_b = 2.0 * layer_f + t_core_b
     layer_b = layer_b + np.where(rc == 2, layer_f + t_core_f, np.where(rc == 1, t_core_f, 0.0))
-    if np.any(sp.moe_act) or np.any(sp.norms):
+    if np.any(sp.moe_act) or np.any(sp.norms) or np.any(sp.up_proj):
         # Selective recompute's output-discarding modules [47], run again before their
         # backward: the RMSNorms that are modules of their own (an MoE layer's pre-MLP norm,
         # feeding the router and the experts; a multi-head latent attention's input norm,
         # feeding its two down projections; the others are fused into the next linear layer
         # and are not recomputed), 16 bits read and written on the rank's tokens (its SP
-        # slice); the routed experts' activation, as its forward (_mlp_time).
+        # slice); the routed experts' activation, as its forward (_mlp_time); a multi-head
+        # latent attention's up projections (t_up, every layer's).
         t_norm = gemm.memory_bound_time(4.0 * tokens * h / norm_split, hbm)
-        again_dense = np.where(sp.norms, float(w.mla) * t_norm, 0.0)
-        again_moe = np.where(sp.norms, (1.0 + w.mla) * t_norm, 0.0)
+        up = np.where(sp.up_proj, t_up, 0.0)
+        again_dense = np.where(sp.norms, float(w.mla) * t_norm, 0.0) + up
+        again_moe = np.where(sp.norms, (1.0 + w.mla) * t_norm, 0.0) + up
         if w.moe:
             t_act = gemm.memory_bound_time(
                 2.0 * routed * (w.moe_ffn / etp) * (3.0 if w.gated else 2.0), hbm)
@@ -1079,6 +1091,14 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     again_f = 1.0 + (rc == 2)
     tp_f = tp_total / (1.0 + again_f)
     tp_b = tp_total - tp_f
+    if w.mla and np.any(sp.up_proj):
+        # "mla_up_proj" [47] runs the up projections again in the backward, and under SP
+        # their all-gathers of the query latent, the key/value latent and the positional
+        # key (three collectives, the latents' share of a pair's bytes, as attn_pair counts
+        # them); without SP they take replicated inputs and move nothing.
+        latents = (w.q_lora + w.kv_lora + w.rope) / (2.0 * float(w.hidden))
+        up_tp = np.where(sp.up_proj & sp.sp, latents * t_ar + (1.5 - latents) * t_lat, 0.0)
+        tp_total, tp_b = tp_total + up_tp, tp_b + up_tp
     tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp & (not w.mla), c["overlap_efficiency"], 0.0)
     tp_layer_f = tp_f - tp_hidden * np.minimum(tp_f, ly.t_tp_gemms_f)
     tp_layer = tp_layer_f + (tp_b - tp_hidden * np.minimum(tp_b, (1.0 + again_f) * ly.t_tp_gemms_f))
