@@ -258,6 +258,19 @@ def test_knob_table_matches_solve_signature():
         assert params[name].default == solver.KNOBS[name].default, name
 
 
+def test_megatron_knob_table_matches_its_solve_signature():
+    """The megatron model's solve takes its knobs by name, every one of KNOBS with its default
+    (solve reads them back by those names: a knob in one and not the other would go unread)."""
+    import inspect
+    from solver.physics import megatron
+    params = inspect.signature(megatron.solve).parameters
+    keywords = [p for p in params if p not in ("workload", "fleet", "engine", "check_shape",
+                                               "constants")]
+    assert sorted(keywords) == sorted(megatron.KNOBS)
+    for name in keywords:
+        assert params[name].default == megatron.KNOBS[name].default, name
+
+
 @pytest.mark.parametrize("physics", ["mlsysim", "megatron"])
 def test_a_masked_array_with_masked_entries_is_refused_not_priced(physics):
     import solver
