@@ -214,3 +214,27 @@ def test_the_fused_kernel_prices_it_beside_it(workload):
     if workload != "Llama3_8B_MC":
         deepep = np.broadcast_to(np.asarray(k["moe_enable_deepep"]), (n,))
         assert (np.asarray(numpy_["valid"]) & deepep & (k[TOPK] > 0)).sum() > 100
+
+
+def test_the_fused_kernel_marks_the_rule_beside_the_all_to_all_dispatcher():
+    """Rows that break only the group rule, with the all-to-all dispatcher (which the groups
+    do not move, so the kernel prices them): not realizable on the fused engine as on the
+    numpy one, and every other output the kernel's own."""
+    pytest.importorskip("numba")
+    n = 3 * 4096
+    rng = np.random.default_rng(463)
+    groups = rng.choice([0, 1, 2, 4, 8, 3], n)
+    topk = rng.choice([0, 1, 2, 4], n)
+    kw = dict(batch_size=64, seq_len=4096, tp_size=1, dp_size=8, ep_size=8, etp_size=1,
+              moe_enable_deepep=False, **{GROUPS: groups, TOPK: topk})
+    fused = _solve("Mixtral_8x7B_MC", "HGX_H100_1K_MC", engine="fused", **kw)
+    numpy_ = _solve("Mixtral_8x7B_MC", "HGX_H100_1K_MC", **kw)
+    for name in M.OUTPUTS:
+        np.testing.assert_array_equal(np.asarray(fused[name]), np.asarray(numpy_[name]),
+                                      err_msg=name)
+    broken = ~np.asarray(fused["realizable"])
+    assert 1000 < broken.sum() < n - 1000  # (the layout is realizable but for the groups)
+    plain = _solve("Mixtral_8x7B_MC", "HGX_H100_1K_MC", engine="fused", batch_size=64,
+                   seq_len=4096, tp_size=1, dp_size=8, ep_size=8, etp_size=1)
+    assert bool(plain["realizable"])
+    assert np.all(np.asarray(fused["step_latency_total"]) == float(plain["step_latency_total"]))
