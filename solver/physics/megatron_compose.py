@@ -32,6 +32,9 @@ class DataParallel:
     t_dp_total: object
     t_dp: object
     t_opt: object
+    #: the precision-aware optimizer's state, step copies and step bytes (:func:`optimizer`;
+    #: None where it runs nowhere), which memory reads too
+    opt: object = None
 
 
 def _stage_params(w, sp: Split, layers_stage):
@@ -176,12 +179,12 @@ def optimizer(k, sp: Split, hw: Hardware):
     grad_read = np.where(te_master, hw.grad_bytes, mem.MAIN_GRAD_BYTES)
     unfused = ((te_master & fp16_main).astype(np.float64)
                + np.where(fused, 0.0, (avg != 0) * 1.0 + (avg_sq != 0) * 1.0))
+    # (Adam's copy of 16-bit gradients where Megatron-Core holds the master weights, and
+    # where the optimizer does not run)
     grad_copy = np.where(~te_master & (np.asarray(hw.grad_bytes) < mem.MAIN_GRAD_BYTES),
                          mem.MAIN_GRAD_BYTES, 0.0)
     return Optimizer(state=np.where(on, master + moments, mem.ADAM_STATE_BYTES),
-                     copy=np.where(on, grad_copy + 4.0 * unfused,
-                                   np.where(np.asarray(hw.grad_bytes) < mem.MAIN_GRAD_BYTES,
-                                            mem.MAIN_GRAD_BYTES, 0.0)),
+                     copy=grad_copy + 4.0 * np.where(on, unfused, 0.0),
                      step=np.where(on, grad_read + master_step + moment_step,
                                    OPTIMIZER_BYTES_TOUCHED))
 
@@ -335,7 +338,8 @@ def data_parallel(w, k, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication
     return DataParallel(heavy_params=heavy_params, expert_stage_params=expert_stage_params,
                         expert_group=expert_group, params_bytes=params_bytes,
                         t_dp_total=np.where(fsdp, t_fsdp, t_grad + t_gather),
-                        t_dp=np.where(fsdp, exp_fsdp, exp_grad + exp_gather), t_opt=t_opt)
+                        t_dp=np.where(fsdp, exp_fsdp, exp_grad + exp_gather), t_opt=t_opt,
+                        opt=opt)
 
 
 # ----------------------------------------------------------------- 7. memory
@@ -438,8 +442,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # of 16-bit gradients (in the optimizer state), which is never held beside the
     # activations and buffers (megatron_memory [5]): the larger of them counts.
     # (a precision-aware optimizer's state and the step's FP32 copies [45]: optimizer)
-    opt = optimizer(k, sp, hw)
-    adam = () if opt is None else (opt.state, opt.copy)
+    adam = () if dpr.opt is None else (dpr.opt.state, dpr.opt.copy)
     sw, sg, so, sc = mem.state_bytes(group, zero, hw.grad_bytes, *adam)
     swe = sge = soe = sce = 0.0
     if w.moe:

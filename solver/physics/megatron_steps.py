@@ -63,7 +63,8 @@ def recompute_module_set(value):
 
 
 def recompute_flags(k):
-    """``(core_attn, moe_act, layernorm)``: where ``recompute="selective"`` recomputes each
+    """``(core_attn, moe_act, layernorm, mla_up_proj)``: where ``recompute="selective"``
+    recomputes each
     (``recompute_modules`` [47]; the attention core alone by default)."""
     selective = np.asarray(k["recompute"]) == 1
     mask = np.asarray(k.get("recompute_modules", 0)) + 1
@@ -501,15 +502,22 @@ def split(w, fleet, k) -> Split:
                  up_proj=up_proj)
 
 
-def _groups_hold(w, groups, group_topk):
-    """Where group-limited routing [46] is off (``group_topk`` 0, or a dense model) or its
-    groups split as Megatron-Core checks them and hold the top-k experts."""
-    if not w.moe:
-        return np.ones(np.broadcast_shapes(np.shape(groups), np.shape(group_topk)), dtype=bool)
+def _groups_split(experts, top_k, groups, group_topk):
+    """Where ``group_topk`` of ``groups`` split as the rule asks [46]: the groups set, dividing
+    the experts and no fewer than the chosen ones, which divide top-k, each group holding
+    top-k / ``group_topk`` experts or more."""
     g, n = np.asarray(group_topk), np.asarray(groups)
     safe_n, safe_g = np.maximum(n, 1), np.maximum(g, 1)
-    return (g == 0) | ((n >= 1) & (w.experts % safe_n == 0) & (g <= n)
-                       & (w.top_k % safe_g == 0) & (g * (w.experts // safe_n) >= w.top_k))
+    return ((n >= 1) & (experts % safe_n == 0) & (g <= n) & (top_k % safe_g == 0)
+            & (g * (experts // safe_n) >= top_k))
+
+
+def _groups_hold(w, groups, group_topk):
+    """Where group-limited routing [46] is off (``group_topk`` 0, or a dense model) or its
+    groups split as the rule asks (:func:`_groups_split`)."""
+    if not w.moe:
+        return np.ones(np.broadcast_shapes(np.shape(groups), np.shape(group_topk)), dtype=bool)
+    return (np.asarray(group_topk) == 0) | _groups_split(w.experts, w.top_k, groups, group_topk)
 
 
 def _hierarchy(w, tp, cp, a2a):
@@ -987,7 +995,7 @@ def routed_miss(experts, top_k, unit, groups=0, group_topk=0):
     blocks, a token's ``g = group_topk`` of them drawn uniformly and ``k / g`` of its experts
     in each, drawn uniformly there (Megatron-Core ranks a group by the sum of its top ``k /
     g`` scores, so a chosen group supplies that many of the token's experts, near enough: a
-    simulation of the router, scores drawn alike, agrees within 0.01,
+    simulation of the router, scores drawn alike, agrees within 0.012,
     tests/test_megatron_group_routing.py). A unit of ``c`` whole groups is missed where none
     of them is drawn, ``C(G - c, g) / C(G, g)``; a unit inside a group where that group is
     not drawn, or is and its ``k / g`` experts miss the unit. Every group chosen masks
@@ -1006,8 +1014,7 @@ def routed_miss(experts, top_k, unit, groups=0, group_topk=0):
     # (every group chosen masks none: the router's plain top-k, uniform routing; and with
     # one expert a chosen group, a group scored by its best alone, the router's choice is
     # near the plain top-k too: priced as uniform, tests/test_megatron_group_routing.py)
-    ok = ((g > 0) & (g < n_groups) & (np.mod(experts, n_groups) == 0)
-          & (np.mod(top_k, g1) == 0) & (size >= per) & (per >= 2))
+    ok = (g > 0) & _groups_split(experts, top_k, groups, g) & (g < n_groups) & (per >= 2)
     whole = ok & (np.mod(unit, size) == 0)
     inside = ok & ~whole & (np.mod(size, unit) == 0)
     c = np.where(whole, unit / size, 0.0)
