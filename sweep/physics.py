@@ -29,7 +29,7 @@ from solver import knobs as knobs_
 from solver.outputs import REGISTRY, outputs_of
 from solver.physics import DEFAULT_PHYSICS, KNOBS, PHYSICS, megatron
 
-__all__ = ["DEFAULT_PHYSICS", "MODELS", "knobs_of", "choices", "canonical", "knobs_for",
+__all__ = ["DEFAULT_PHYSICS", "MODELS", "knobs_of", "choices", "choices_text", "canonical", "knobs_for",
            "union_outputs",
            "union_knobs", "check_name", "convert", "solve", "fill_missing", "provenance"]
 
@@ -67,6 +67,15 @@ def choices(physics: str, name: str) -> tuple:
     return _CHOICES[(physics, name)]
 
 
+def choices_text(physics: str, name: str) -> str:
+    """What a choice knob takes, for a message: "one of 'a', 'b'"; megatron's
+    ``recompute_modules`` (127 sets) by its modules, "one or more of ... joined by ','"."""
+    if (physics, name) == ("megatron", "recompute_modules"):
+        return (f"one or more of {', '.join(map(repr, megatron.steps.RECOMPUTE_MODULES))} "
+                f"joined by ','")
+    return f"one of {', '.join(map(repr, choices(physics, name)))}"
+
+
 def canonical(physics: str, name: str, value: str) -> str:
     """The choice ``value`` as the model names it (lower case; megatron's ``recompute_modules``
     its modules in the model's order). ValueError where the model names no such value in
@@ -88,7 +97,7 @@ def convert(physics: str, name: str, value):
         canonical = _CANONICAL.get((physics, name), str.lower)
         for v in np.ravel(np.asarray(value, dtype=object)):
             if not isinstance(v, str) or canonical(v) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))} "
+                raise ValueError(f"{name} must be {choices_text(physics, name)} "
                                  f"(physics {physics!r}), but got {v!r}")
         return canonical(value) if isinstance(value, str) else value
     return knobs_._CONVERT[knob.kind](knob, value)

@@ -31,8 +31,8 @@ def _solve(workload, fleet=HGX, engine="numpy", **kw):
 
 
 def test_spellings_and_refusals():
-    """Its modules in any order, joined by ',' or '+', any case; the modules the model does
-    not price are refused by name, and so are names Megatron-Core does not have."""
+    """Its modules in any order, joined by ',' or '+', any case, every set of Megatron-Core's
+    seven; names Megatron-Core does not have are refused, naming the value."""
     assert M.recompute_module_set("layernorm + MOE_ACT") == "moe_act,layernorm"
     assert M.recompute_module_set("core_attn,layernorm,moe_act") == "core_attn,moe_act,layernorm"
     assert sweep.physics.convert("megatron", RM, "layernorm+moe_act") == "moe_act,layernorm"
@@ -40,8 +40,14 @@ def test_spellings_and_refusals():
     b = _solve("Mixtral_8x7B_MC", recompute="selective", **{RM: "moe_act+layernorm"})
     assert float(a["memory_footprint"]) == float(b["memory_footprint"])
     assert M.recompute_module_set("mla_up_proj+CORE_ATTN") == "core_attn,mla_up_proj"
-    for bad, says in (("mlp", "not modelled"), ("moe_act,mlp", "'mlp' not modelled"),
-                      ("shared_experts", "not modelled"), ("moe", "not modelled"),
+    assert M.recompute_module_set("shared_experts+MOE, mlp") == "mlp,moe,shared_experts"
+    # every set of Megatron-Core's seven modules, the four first keeping their old codes
+    assert len(M.CHOICES[RM]) == 127 and len(set(M.CHOICES[RM])) == 127
+    assert M.CHOICES[RM][:15] == tuple(
+        ",".join(m for i, m in enumerate(("core_attn", "moe_act", "layernorm", "mla_up_proj"))
+                 if (c >> i) & 1) for c in range(1, 16))
+    for bad, says in (("mlps", "must name one or more"), ("moe_act,mpl", "'moe_act,mpl'"),
+                      ("shared_expert", "must name one or more"), ("moe_layer", "'moe_layer'"),
                       ("core_att", "must name one or more"), ("", "must name one or more")):
         with pytest.raises(ValueError, match=says):
             _solve("Mixtral_8x7B_MC", recompute="selective", **{RM: bad})
@@ -207,9 +213,9 @@ def test_a_bad_set_in_a_big_array_is_refused_on_every_engine():
     pytest.importorskip("numba")
     n = 3 * 4096
     values = np.full(n, "moe_act").astype("<U20")
-    values[n // 3] = "moe_act,mlp"
+    values[n // 3] = "moe_act,mpl"
     for engine in ("numpy", "fused", "auto"):
-        with pytest.raises(ValueError, match="'mlp' not modelled"):
+        with pytest.raises(ValueError, match="'moe_act,mpl'"):
             _solve("Mixtral_8x7B_MC", engine=engine, recompute="selective", **{RM: values})
 
 
@@ -262,7 +268,7 @@ def test_a_dense_model_with_latent_attention_recomputes_its_input_norm():
 
 def test_the_calibration_file_takes_any_order(tmp_path):
     """A measurements file's recompute_modules cell takes the modules in any order, joined by
-    "+" (a "," needs the cell quoted), and names a module the model does not price."""
+    "+" (a "," needs the cell quoted), and names a module Megatron-Core does not have."""
     from sweep.calibration import MeasurementError, read_measurements
     head = ("run_id,workload,fleet,batch_size,seq_len,tp_size,pp_size,dp_size,"
             "sequence_parallel,recompute,recompute_modules,step_time_s\n")
@@ -270,8 +276,10 @@ def test_the_calibration_file_takes_any_order(tmp_path):
     path = tmp_path / "runs.csv"
     path.write_text(head + row.format("layernorm+moe_act"))
     assert read_measurements(path).runs[0].knobs[RM] == "moe_act,layernorm"
-    path.write_text(head + row.format("mlp"))
-    with pytest.raises(MeasurementError, match=r"column recompute_modules: .*'mlp' not modelled"):
+    path.write_text(head + row.format("shared_experts+moe"))
+    assert read_measurements(path).runs[0].knobs[RM] == "moe,shared_experts"
+    path.write_text(head + row.format("mlps"))
+    with pytest.raises(MeasurementError, match=r"column recompute_modules: .*'mlps'"):
         read_measurements(path)
 
 

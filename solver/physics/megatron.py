@@ -319,7 +319,17 @@ References
     set it (DeepSeek-V3 on GB300: ["moe_act"], on B200: ["mla_up_proj"]; Nemotron 3 Super:
     ["moe_act", "layernorm"]); ``transformer/multi_latent_attention.py`` (``recompute_up_proj``:
     ``qkv_up_checkpoint`` over the up projections and RoPE, its output discarded after the
-    core attention, ``discard_output_and_register_recompute(core_attn_out)``).
+    core attention, ``discard_output_and_register_recompute(core_attn_out)``). "mlp":
+    ``transformer_layer.py`` (``recompute_mlp`` only ``if not isinstance(self.mlp,
+    MoELayer)``; ``tensor_parallel.checkpoint(self.mlp, False, pre_mlp_layernorm_output)``,
+    ``te_checkpoint`` under FP8); "moe" and "shared_experts": ``transformer/moe/moe_layer.py``
+    (``moe_layer_recompute``: ``tensor_parallel.checkpoint(custom_forward, False,
+    hidden_states)`` over the shared experts, router, dispatch, experts and combine;
+    ``shared_experts_recompute``: a checkpoint of ``self.shared_experts`` inside it), and
+    ``transformer_config.py`` ("shared_experts recompute cannot work with
+    --moe-shared-expert-overlap", which the model does not price; beside
+    ``overlap_moe_expert_parallel_comm``, ``"moe" not in recompute_modules``, "because the
+    MoE recompute path re-runs dispatch").
 [46] Megatron-Core ``transformer/transformer_config.py`` (``moe_router_num_groups``:
     "Experts are divided into 'moe_router_num_groups' equal-sized groups"; "For each token,
     'moe_router_group_topk' groups are selected based on sum of
@@ -533,8 +543,10 @@ KNOBS = {k.name: k for k in (
        why="what recompute='selective' recomputes (Megatron-Core's recompute_modules): "
            "'core_attn' (the attention core), 'moe_act' (the routed experts' activation), "
            "'layernorm' (the norms that are modules of their own), 'mla_up_proj' (a "
-           "multi-head latent attention's up projections), or several joined by ','; read "
-           "only under recompute='selective'"),
+           "multi-head latent attention's up projections), 'mlp' (a dense layer's MLP), 'moe' "
+           "(an MoE layer whole, its dispatch and combine too), 'shared_experts' (an MoE "
+           "layer's shared experts), or several joined by ','; read only under "
+           "recompute='selective'"),
     _K("recompute_num_layers", "int", 0, low=0, high=4095,
        why="layers of each pipeline chunk whose forward recompute='full' recomputes, the "
            "first ones (Megatron-Core's recompute_num_layers, recompute_method 'block'); 0: "
@@ -1089,12 +1101,20 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         ``"mla_up_proj"``, a multi-head latent attention's up projections and RoPE, whose Q,
         K and V are discarded once the attention core has run and computed again before its
         backward (its GEMMs, the latents' norms and RoPE, and under SP the latents'
-        all-gathers), every layer's (nothing without MLA). Several join by ``","`` (or ``"+"``), in any order, in one string:
+        all-gathers), every layer's (nothing without MLA); ``"mlp"``, a dense layer's MLP
+        (an MoE layer's is left alone), ``"moe"``, an MoE layer whole (shared experts,
+        router, dispatch, experts, combine: its all-to-alls run again), ``"shared_experts"``,
+        an MoE layer's shared experts: checkpoints that keep their input and free what runs
+        inside them, their forward run again before their backward (with their TP pair and
+        their FLOPs in ``hfu``); nested as Megatron-Core nests them (the shared experts'
+        checkpoint inside the MoE layer's runs twice). ``"moe"`` beside
+        ``overlap_moe_expert_parallel_comm`` is not realizable (Megatron-Core refuses it).
+        Several join by ``","`` (or ``"+"``), in any order, in one string:
         ``"moe_act,layernorm"`` (Megatron-Core's list; a list or array here is an axis of
         sets, one a configuration). Under FP8 they need an FP8 recipe other than delayed
         scaling (Megatron-Core refuses them beside it; the model assumes such a recipe for
         FP8, as for the precision-aware optimizer). Read under selective recompute only;
-        ``"mlp"``, ``"moe"`` and ``"shared_experts"`` are not modelled (a ValueError names them). Configurations that
+        a name Megatron-Core does not have is refused (ValueError). Configurations that
         set other than ``"core_attn"`` under selective recompute are priced on the numpy
         path, in a call of the fused kernel too.
     recompute_num_layers : int [40]

@@ -367,7 +367,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     moe = dict(moe_top_k=w.top_k, routed_gather=sp.etp / (tp * 1.0),
                moe_ffn_hidden=w.moe_ffn + w.shared * w.moe_ffn / max(w.top_k, 1))
     dense_extra = {}
-    if np.any(sp.moe_act) or np.any(sp.norms) or np.any(sp.up_proj):
+    if sp.modules:
         # Selective recompute's output-discarding modules [47]: "mla_up_proj" frees a
         # multi-head latent attention's Q, K and V (2 bytes a head at the query-key width
         # twice and the value width; the core's output, the output projection's input,
@@ -392,6 +392,33 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
                "discarded_attn": qkv,
                "restored_norms": 2.0 * attn_norm + np.where(sp.norms, 2.0, 0.0),
                "restored_act": 2.0 * routed_act}
+        if np.any(sp.dense_mlp) or np.any(sp.moe_layer) or np.any(sp.shared_mlp):
+            # Its checkpointed modules [47] keep their input and free what runs inside them,
+            # which their backward holds again as it was (restored = discarded): "mlp" a
+            # dense layer's MLP, its first GEMM's input (the norm fused into it: its
+            # output, 1 byte under FP8, as the GEMM kept it), its intermediates (the
+            # second GEMM's input 1 byte under FP8); "shared_experts" the shared experts'
+            # intermediates; "moe" everything an MoE layer keeps past its input (the norm's
+            # output, the router's and the shared experts' input): the routed copies, the
+            # routed and shared experts' intermediates ("moe_act"'s among them).
+            keep = lambda width_h: (4.0 + 2.0 * w.gated) * width_h - np.where(  # noqa: E731
+                hw.low_bits, width_h, 0.0)
+            mlp_in = np.where(sp.dense_mlp, width, 0.0)
+            mlp_mid = np.where(sp.dense_mlp, keep(w.ffn / h), 0.0)
+            dense_extra["discarded_norms"] = dense_extra["discarded_norms"] + mlp_in
+            dense_extra["restored_norms"] = dense_extra["restored_norms"] + mlp_in
+            dense_extra["discarded_act"] = dense_extra["discarded_act"] + mlp_mid
+            dense_extra["restored_act"] = dense_extra["restored_act"] + mlp_mid
+            if w.moe:
+                shared = keep(w.shared * w.moe_ffn / h)
+                # the routed copies (not split by TP: times tp, as discarded_act is over it)
+                copies = tp * w.top_k * (sp.etp / (tp * 1.0)) * width
+                whole = keep((w.top_k * w.moe_ffn + w.shared * w.moe_ffn) / h) + copies
+                extra = np.where(sp.moe_layer, whole, np.where(sp.shared_mlp, shared, 0.0))
+                # ("moe" frees the experts' activation too: "moe_act" frees nothing more;
+                # its restored 16-bit tensor under FP8 is not counted beside the layer's)
+                moe["discarded_act"] = np.where(sp.moe_layer, 0.0, moe["discarded_act"]) + extra
+                moe["restored_act"] = np.where(sp.moe_layer, 0.0, moe["restored_act"]) + extra
 
     def kinds(rc):
         """(stored, working set) of a dense layer, then of an MoE layer (the dense layer's
@@ -614,6 +641,21 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         up = 2.0 * w.heads * ((w.q_lora or h) * w.qk_dim + w.kv_lora * (w.qk_dim - w.rope + w.head_dim))
         recompute_extra = recompute_extra + np.where(
             sp.up_proj, up * (w.layers + mtp) * (batch * s) * per_flop, 0.0)
+    if np.any(sp.dense_mlp) or np.any(sp.moe_layer) or np.any(sp.shared_mlp):
+        # "mlp", "moe", "shared_experts" [47]: the checkpointed MLPs' forward again, 2 FLOPs a
+        # weight a token (Megatron-LM's count: the router's not in it): every dense layer's
+        # MLP, every MoE layer's routed (top-k) and shared experts or its shared experts
+        # alone, twice where "moe" reruns the shared experts' own checkpoint; an MTP
+        # module's layer as the last layer's kind [34]
+        per_weight = 2.0 * (2.0 + w.gated) * h * (batch * s) * per_flop
+        moe_layers = (w.moe_layers + mtp) if w.moe else 0
+        dense_layers = w.dense_layers + (0 if w.moe else mtp)
+        shared = w.shared * w.moe_ffn if w.moe else 0.0
+        routed = w.top_k * w.moe_ffn if w.moe else 0.0
+        recompute_extra = recompute_extra + per_weight * (
+            np.where(sp.dense_mlp, dense_layers * w.ffn, 0.0)
+            + moe_layers * (np.where(sp.moe_layer, routed + shared, 0.0)
+                            + np.where(sp.shared_mlp, shared, 0.0)))
     # layer-microbatches of the stage that paces the pipeline, MTP's with them on the last
     last = pl.last_paced
     ms = m * (pl.paced_layers + mtp * last)

@@ -31,13 +31,14 @@ from .common import even_splits
 
 #: Recompute modes, coded 0, 1, 2.
 RECOMPUTE = ("none", "selective", "full")
-#: The modules of Megatron-Core's ``recompute_modules`` (under ``recompute="selective"``) the
-#: model prices [47], in the order their sets are named, and those it does not.
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj")
-UNPRICED_RECOMPUTE_MODULES = ("mlp", "moe", "shared_experts")
+#: The modules of Megatron-Core's ``recompute_modules`` (under ``recompute="selective"``) [47],
+#: in the order their sets are named: every one it has.
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
 #: The values of the ``recompute_modules`` knob: every non-empty set of RECOMPUTE_MODULES,
 #: named by its modules in that order joined by ","; code c is the set of bit mask c + 1
-#: (bit i: RECOMPUTE_MODULES[i]), so 0, the default, is "core_attn" alone.
+#: (bit i: RECOMPUTE_MODULES[i]), so 0, the default, is "core_attn" alone (and the sets of
+#: the first four modules keep the codes 0-14 they had before the last three were priced).
 RECOMPUTE_MODULE_SETS = tuple(
     ",".join(m for i, m in enumerate(RECOMPUTE_MODULES) if (mask >> i) & 1)
     for mask in range(1, 2 ** len(RECOMPUTE_MODULES)))
@@ -46,14 +47,9 @@ RECOMPUTE_MODULE_SETS = tuple(
 def recompute_module_set(value):
     """The ``recompute_modules`` value naming the same modules as ``value`` (a string of module
     names joined by "," or "+", spaces and order free): one of RECOMPUTE_MODULE_SETS. ValueError
-    for a module the model does not price or Megatron-Core does not have."""
+    for a module Megatron-Core does not have."""
     names = [part.strip().lower() for part in str(value).replace("+", ",").split(",")]
     names = [n for n in names if n]
-    unpriced = [n for n in names if n in UNPRICED_RECOMPUTE_MODULES]
-    if unpriced:
-        raise ValueError(f"recompute_modules: {', '.join(map(repr, unpriced))} not modelled "
-                         f"(the model prices {', '.join(map(repr, RECOMPUTE_MODULES))}), but "
-                         f"got {value!r}")
     unknown = [n for n in names if n not in RECOMPUTE_MODULES]
     if unknown or not names:
         raise ValueError(f"recompute_modules must name one or more of "
@@ -63,12 +59,14 @@ def recompute_module_set(value):
 
 
 def recompute_flags(k):
-    """``(core_attn, moe_act, layernorm, mla_up_proj)``: where ``recompute="selective"``
-    recomputes each
-    (``recompute_modules`` [47]; the attention core alone by default)."""
+    """``(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts)``: where
+    ``recompute="selective"`` recomputes each (``recompute_modules`` [47]; the attention
+    core alone by default)."""
     selective = np.asarray(k["recompute"]) == 1
     mask = np.asarray(k.get("recompute_modules", 0)) + 1
     return tuple(selective & ((mask >> i) & 1 == 1) for i in range(len(RECOMPUTE_MODULES)))
+
+
 #: Context-parallel communication kinds (Megatron-Core's ``cp_comm_type``), coded 0..3 [42].
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 _CP_ALL_GATHER, _CP_A2A, _CP_HIER = (CP_COMM_TYPES.index(kind) for kind in CP_COMM_TYPES[1:])
@@ -259,6 +257,19 @@ class Split:
     #: where it discards and recomputes a multi-head latent attention's up projections
     #: ("mla_up_proj") [47]
     up_proj: object = False
+    #: where it checkpoints (keeps the input of, and runs again before its backward) a dense
+    #: layer's MLP ("mlp"), an MoE layer whole (router, dispatch, experts, combine: "moe"),
+    #: an MoE layer's shared experts ("shared_experts") [47]
+    dense_mlp: object = False
+    moe_layer: object = False
+    shared_mlp: object = False
+
+    @property
+    def modules(self):
+        """Whether any configuration recomputes a module other than the attention core."""
+        return bool(np.any(self.moe_act) or np.any(self.norms) or np.any(self.up_proj)
+                    or np.any(self.dense_mlp) or np.any(self.moe_layer)
+                    or np.any(self.shared_mlp))
 
     @property
     def partial(self):
@@ -334,9 +345,9 @@ REALIZABLE_CONDITIONS = {
     "no_sharding_with_pipeline": "ZeRO-2/3 (FSDP) runs without a pipeline [30]",
     "recompute_layers": "recompute_num_layers is set only under recompute='full' (Megatron-Core "
                         "refuses it beside selective recompute) [40]",
-    "a2a_overlap": "overlap_moe_expert_parallel_comm needs ep_size > 1, no full recompute, an "
-                   "interleaved schedule (v_stages > 1) where pp_size > 1, and at most one MTP "
-                   "layer [35]",
+    "a2a_overlap": "overlap_moe_expert_parallel_comm needs ep_size > 1, no full recompute and "
+                   "no 'moe' in recompute_modules, an interleaved schedule (v_stages > 1) where "
+                   "pp_size > 1, and at most one MTP layer [35] [47]",
     "deepep_group": "the flex dispatcher (moe_enable_deepep) of an MoE model needs etp_size x "
                     "ep_size > 1 [39]",
     "deepep_domain": "DeepEP runs on NVLink domains of at most 8 GPUs (not GB200/GB300 NVL72 "
@@ -424,7 +435,8 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         "recompute_layers": (k.get("recompute_num_layers", 0) == 0) | (k["recompute"] == 2),  # [40]
         # Megatron-Core's TransformerConfig refuses the combined 1F1B schedule otherwise [35]
         "a2a_overlap": ~k["overlap_moe_expert_parallel_comm"] | (
-            (ep > 1) & (k["recompute"] != 2) & ((pp == 1) | (v > 1)) & (k["mtp_num_layers"] <= 1)),
+            (ep > 1) & (k["recompute"] != 2) & ((pp == 1) | (v > 1)) & (k["mtp_num_layers"] <= 1)
+            & ~recompute_flags(k)[RECOMPUTE_MODULES.index("moe")]),
         # "Flex token dispatcher requires TPxEP > 1" (its TP the expert grid's) [39]
         "deepep_group": ~k["moe_enable_deepep"] | (not w.moe) | (etp * ep > 1),
         # DeepEP reaches 8 NVLink peers; Megatron-Bridge refuses it on GB200/GB300 [39]
@@ -483,8 +495,9 @@ def split(w, fleet, k) -> Split:
     prec = k["precision"]
     first, last = k["num_layers_in_first_pipeline_stage"], k["num_layers_in_last_pipeline_stage"]
     rc, moe_act, norms, up_proj = k["recompute"], False, False, False
+    dense_mlp = moe_layer = shared_mlp = False
     if np.any(np.asarray(k.get("recompute_modules", 0)) != 0):  # [47]
-        core, moe_act, norms, up_proj = recompute_flags(k)
+        core, moe_act, norms, up_proj, dense_mlp, moe_layer, shared_mlp = recompute_flags(k)
         rc = np.where((np.asarray(rc) == 1) & ~core, 0, rc)
     realizable = valid
     for holds in realizable_conditions(w, fleet, k, m_exact, n_acc).values():
@@ -499,7 +512,8 @@ def split(w, fleet, k) -> Split:
                  rnl=k.get("recompute_num_layers", 0), cpc=k.get("cp_comm_type", 0),
                  cpa=k.get("cp_a2a_size", 0),
                  ce_te=te_cross_entropy(k), moe_act=moe_act, norms=norms,
-                 up_proj=up_proj)
+                 up_proj=up_proj, dense_mlp=dense_mlp, moe_layer=moe_layer,
+                 shared_mlp=shared_mlp)
 
 
 def _groups_split(experts, top_k, groups, group_topk):
@@ -679,6 +693,9 @@ class Layer:
     #: the forward GEMMs of the TP-communicating layers (QKV, output projection, the dense
     #: or shared-expert MLP), which tp_comm_overlap hides TP traffic behind [37]
     t_tp_gemms_f: object = 0.0
+    #: those that selective recompute's "mlp", "moe" and "shared_experts" run again in the
+    #: backward (the dense or shared-expert MLP's) [47]
+    t_tp_gemms_again: object = 0.0
 
 
 def _accounted(state, rule):
@@ -912,7 +929,7 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
                  + gemm.memory_bound_time(2.0 * permutes * h, hbm))
         t_moe_f = attn_gemms_f + t_moe + elementwise
     else:
-        t_moe_f = t_shared = 0.0
+        t_moe_f = t_moe = t_shared = 0.0
     moe_share = heaviest_moe_share(w, sp.pp, sp.v, sp.first, sp.last)
     layer_f = (1 - moe_share) * t_dense_f + moe_share * t_moe_f  # GEMMs + memory-bound + overhead
     t_tp_gemms_f = t_qkv + t_proj + (1 - moe_share) * t_mlp_dense + moe_share * t_shared
@@ -920,7 +937,8 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
     # the forward (full) or the attention core (selective) again.
     layer_b = 2.0 * layer_f + t_core_b
     layer_b = layer_b + np.where(rc == 2, layer_f + t_core_f, np.where(rc == 1, t_core_f, 0.0))
-    if np.any(sp.moe_act) or np.any(sp.norms) or np.any(sp.up_proj):
+    t_tp_gemms_again = 0.0
+    if sp.modules:
         # Selective recompute's output-discarding modules [47], run again before their
         # backward: the RMSNorms that are modules of their own (an MoE layer's pre-MLP norm,
         # feeding the router and the experts; a multi-head latent attention's input norm,
@@ -936,7 +954,21 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
             t_act = gemm.memory_bound_time(
                 2.0 * routed * (w.moe_ffn / etp) * (3.0 if w.gated else 2.0), hbm)
             again_moe = again_moe + np.where(sp.moe_act, t_act, 0.0)
+        # Its checkpointed modules [47] run their forward again before their backward: "mlp"
+        # a dense layer's MLP (an MoE layer's is left alone), "moe" an MoE layer's whole
+        # forward (shared experts, router, permutes, experts: t_moe; its dispatch and
+        # combine with communication), "shared_experts" the shared experts' MLP. Nested as
+        # Megatron-Core nests them, each runs its own: the shared experts' checkpoint inside
+        # the MoE layer's reruns them twice, the experts' activation too under "moe_act".
+        again_dense = again_dense + np.where(sp.dense_mlp, t_mlp_dense, 0.0)
+        again_moe = (again_moe + np.where(sp.moe_layer, t_moe, 0.0)
+                     + np.where(sp.shared_mlp, t_shared, 0.0))
         layer_b = layer_b + (1 - moe_share) * again_dense + moe_share * again_moe
+        if np.any(sp.dense_mlp) or np.any(sp.moe_layer) or np.any(sp.shared_mlp):
+            t_tp_gemms_again = ((1 - moe_share) * np.where(sp.dense_mlp, t_mlp_dense, 0.0)
+                                + moe_share * t_shared * (
+                                    np.asarray(sp.moe_layer, dtype=np.float64)
+                                    + np.asarray(sp.shared_mlp, dtype=np.float64)))
     layer_f = layer_f + t_core_f
     # A multi-token prediction module besides its layer and the head [34]: the projection of
     # the 2h-wide concatenation to h (column-parallel over TP, its input gathered under SP),
@@ -947,7 +979,7 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
     return Layer(h=h, d=d, s_local=s_local, tokens=tokens, kv_t=kv_t, norm_split=norm_split,
                  act_bytes=2.0 * tokens * h, moe_share=moe_share, t_core_f=t_core_f,
                  t_core_b=t_core_b, layer_f=layer_f, layer_b=layer_b, t_mtp=t_mtp,
-                 t_tp_gemms_f=t_tp_gemms_f)
+                 t_tp_gemms_f=t_tp_gemms_f, t_tp_gemms_again=t_tp_gemms_again)
 
 
 # ---------------------------------------------------------- 4. communication
@@ -1106,9 +1138,23 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
         latents = (w.q_lora + w.kv_lora + w.rope) / (2.0 * float(w.hidden))
         up_tp = np.where(sp.up_proj & sp.sp, latents * t_ar + (1.5 - latents) * t_lat, 0.0)
         tp_total, tp_b = tp_total + up_tp, tp_b + up_tp
+    hide_b = (1.0 + again_f) * ly.t_tp_gemms_f
+    if np.any(sp.dense_mlp) or np.any(sp.moe_layer) or np.any(sp.shared_mlp):
+        # "mlp", "moe" and "shared_experts" [47] run the checkpointed MLPs' forward again in
+        # the backward, and with it their TP pair (a dense layer's MLP's, an MoE layer's
+        # shared experts'; the routed experts' TP traffic is the dispatcher's, below),
+        # beside their GEMMs again (ly.t_tp_gemms_again), which tp_comm_overlap hides it
+        # behind.
+        pairs_again = (1.0 - ly.moe_share) * np.asarray(sp.dense_mlp, dtype=np.float64)
+        if w.moe and w.shared:
+            pairs_again = pairs_again + ly.moe_share * (
+                np.asarray(sp.moe_layer, dtype=np.float64)
+                + np.asarray(sp.shared_mlp, dtype=np.float64))
+        tp_total, tp_b = tp_total + pairs_again * t_ar, tp_b + pairs_again * t_ar
+        hide_b = hide_b + ly.t_tp_gemms_again
     tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp & (not w.mla), c["overlap_efficiency"], 0.0)
     tp_layer_f = tp_f - tp_hidden * np.minimum(tp_f, ly.t_tp_gemms_f)
-    tp_layer = tp_layer_f + (tp_b - tp_hidden * np.minimum(tp_b, (1.0 + again_f) * ly.t_tp_gemms_f))
+    tp_layer = tp_layer_f + (tp_b - tp_hidden * np.minimum(tp_b, hide_b))
     tp_layer_b = tp_layer - tp_layer_f
     # CP: cp-1 ring steps of the local K and V, forward; K, V and their gradients backward
     # (3x in all), each step's send beside that step's share of the attention core, one
@@ -1162,9 +1208,11 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
                        + net.reduce_scatter_time(routed_bytes, etp, bus_bandwidth=etp_bw,
                                                  latency=etp_lat) + 2.0 * call_lat * (etp > 1))
         moe_f = np.where(k["moe_enable_deepep"], 2.0 * flex, 2.0 * a2a + dispatch_tp)
-        ep_layer = ly.moe_share * (2.0 + (rc == 2)) * moe_f
+        # (a forward run again in the backward: a full recompute's, or "moe"'s [47])
+        again_ep = (rc == 2) | np.asarray(sp.moe_layer)
+        ep_layer = ly.moe_share * (2.0 + again_ep) * moe_f
         ep_layer_f = ly.moe_share * moe_f
-        ep_layer_b = ly.moe_share * (1.0 + (rc == 2)) * moe_f
+        ep_layer_b = ly.moe_share * (1.0 + again_ep) * moe_f
     else:
         ep_layer = ep_layer_f = ep_layer_b = np.zeros(())
     return Communication(tp_total=tp_total, tp_layer=tp_layer, tp_layer_f=tp_layer_f,

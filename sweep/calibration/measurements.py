@@ -243,7 +243,8 @@ def _choice(where, column, text, choices):
         try:
             key = megatron.recompute_module_set(key)
         except ValueError as error:
-            where.fail(column, f"one of {', '.join(choices)} ({error})", text)
+            where.fail(column, str(error).rsplit(", but got", 1)[0].replace(
+                "recompute_modules must name ", ""), text)
     if key not in choices:
         where.fail(column, f"one of {', '.join(choices)}", text)
     return key
