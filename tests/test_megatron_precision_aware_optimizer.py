@@ -83,9 +83,16 @@ CASES = [
     (("bf16", "fp32", "fp16", "fp32", True, True), (12.0, 58.0)),
     # FP16 weights: no remainders (BF16 only); FP16 gradients read as they are
     (("fp16", "fp32", "fp32", "fp32", True, False), (12.0, 28.0)),
-    # FP8 with FP32 master: Megatron-Core's own FP32 copy and its copy of BF16 gradients
-    # (4 + 2 + 2 + 4); the step as Adam's but for the moments: 4 + 10 + 8
-    (("fp8", "fp32", "bf16", "bf16", True, True), (12.0, 22.0)),
+    # FP8 with FP32 master under current scaling (any fp8_recipe but delayed scaling):
+    # Megatron-Core's own FP32 copy and its copy of BF16 gradients (4 + 2 + 2 + 4); the step
+    # as Adam's but for the moments: 4 + 10 + 8
+    (("fp8", "fp32", "bf16", "bf16", True, True, "tensorwise"), (12.0, 22.0)),
+    (("fp8", "fp32", "bf16", "bf16", True, True, "mxfp8"), (12.0, 22.0)),
+    # ... under delayed scaling (Megatron-Core's default) TE holds it, as remainders of the
+    # BF16 parameters, and reads the BF16 gradients: 2 + 2 + 2; 2 + 8 + 8
+    (("fp8", "fp32", "bf16", "bf16", True, True), (6.0, 18.0)),
+    # ... whole for FP8 parameters (fp8_param_gather): 4 + 2 + 2; 2 + (8 + 2) + 8
+    (("fp8", "fp32", "bf16", "bf16", True, True, "delayed", True), (8.0, 20.0)),
     # FP8 with FP16 master: TE holds it, reads the BF16 gradients: 2 + 2 + 2 and the
     # master's copy, 4; 2 + 42 + 8
     (("fp8", "fp16", "bf16", "bf16", True, True), (10.0, 52.0)),
@@ -102,11 +109,12 @@ def test_closed_form_of_state_and_step(case, expected, zero, pp):
     FP32 copy of 16-bit gradients, 4 more; 30 B through HBM), scale by the closed-form bytes
     of the table: the same parameters over the same shard group at the same bandwidth. The
     rest of the step is the same bits."""
-    prec, main, avg, sq, rem, g16 = case
+    prec, main, avg, sq, rem, g16, recipe, fp8_params = case + ("delayed", False)[len(case) - 6:]
     state, step = expected
-    fleet = "DGX_B200_1K_MC" if prec == "fp4" else "HGX_H100_1K_MC"
+    fleet = "DGX_B200_1K_MC" if prec == "fp4" or recipe == "mxfp8" else "HGX_H100_1K_MC"
     kw = dict(batch_size=64, seq_len=4096, tp_size=2, pp_size=pp, dp_size=4, zero_stage=zero,
-              precision=prec, grad_reduce_in_bf16=g16, sequence_parallel=True)
+              precision=prec, grad_reduce_in_bf16=g16, sequence_parallel=True,
+              fp8_recipe=recipe, fp8_param_gather=fp8_params)
     off = _solve("Llama3_8B_MC", fleet, **kw)
     on = _solve("Llama3_8B_MC", fleet, **kw, **{PA: True}, main_params_dtype=main,
                 exp_avg_dtype=avg, exp_avg_sq_dtype=sq, store_param_remainders=rem)

@@ -300,6 +300,15 @@ References
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
     rack's NVLink, is not modelled.
+[48] Megatron-Core ``transformer/transformer_config.py`` (``fp8_recipe: Optional[str] =
+    "delayed"``, "If set, enables the use of FP8 precision through Transformer Engine. There
+    are 4 predefined choices (1) 'delayed' ... (2) 'tensorwise' ... (3) 'mxfp8' ... (4)
+    'blockwise'"), Megatron-LM ``arguments.py`` (``--fp8-recipe``, choices delayed,
+    tensorwise, mxfp8, blockwise, custom; default delayed); Transformer Engine, "Datatype and
+    hardware support matrix" (nvidia.github.io/TransformerEngine/support_matrix.html): FP8 per
+    tensor (``DelayedScaling``, ``Float8CurrentScaling``) from compute capability 8.9, FP8
+    block scaling (``Float8BlockScaling``) on 9.0 (Hopper) and 10.x (Blackwell data center),
+    MXFP8 (``MXFP8BlockScaling``) on 10.x alone.
 [47] Megatron-Core ``transformer/transformer_config.py`` (``recompute_modules``: "The
     submodules to recompute. choices: "core_attn", "moe_act", "layernorm", "mla_up_proj",
     "mlp", "moe", "shared_experts". default: ["core_attn"]"; ""moe_act", "layernorm", and
@@ -564,6 +573,12 @@ KNOBS = {k.name: k for k in (
        why="the fused cross-entropy under cross_entropy_loss_fusion: 'native' (Megatron-Core's "
            "torch.compile fusion, priced as the unfused one) or 'te' (Transformer Engine's, on "
            "the 16-bit logits, its gradient written into them)"),
+    _K("fp8_recipe", "choice", "delayed",
+       why="Megatron-Core's fp8_recipe, read under precision='fp8': 'delayed' (its default), "
+           "'tensorwise' (current scaling), 'blockwise' (FP8 blocks, Hopper and Blackwell), "
+           "'mxfp8' (Blackwell): what Megatron-Core and the accelerator allow beside it, and "
+           "the precision-aware optimizer's master weights; the GEMMs and casts are priced "
+           "alike under every recipe"),
     _K("fp8_param_gather", "bool", False,
        why="FP8 parameters gathered in FP8 (Megatron-Core's --fp8-param-gather): under "
            "precision='fp8' with the distributed optimizer or FSDP, the parameter all-gathers "
@@ -651,7 +666,7 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS, "cp_comm_type": CP_
             "cross_entropy_fusion_impl": steps.CROSS_ENTROPY_IMPLS,
             "main_params_dtype": steps.MAIN_PARAMS_DTYPES, "exp_avg_dtype": steps.MOMENT_DTYPES,
             "exp_avg_sq_dtype": steps.MOMENT_DTYPES,
-            "recompute_modules": steps.RECOMPUTE_MODULE_SETS}
+            "recompute_modules": steps.RECOMPUTE_MODULE_SETS, "fp8_recipe": steps.FP8_RECIPES}
 #: The values of each knob of kind ``"choice"`` (name -> tuple, the codes their indices).
 CHOICES = dict(_CHOICES)
 
@@ -730,7 +745,7 @@ _BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_pa
                   "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
                   "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype",
                   "exp_avg_sq_dtype", "store_param_remainders", "moe_router_num_groups",
-                  "moe_router_group_topk", "recompute_modules")
+                  "moe_router_group_topk", "recompute_modules", "fp8_recipe")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -1024,7 +1039,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, cross_entropy_loss_fusion=False,
-          cross_entropy_fusion_impl="native", fp8_param_gather=False, grad_reduce_in_bf16=False,
+          cross_entropy_fusion_impl="native", fp8_recipe="delayed", fp8_param_gather=False,
+          grad_reduce_in_bf16=False,
           use_precision_aware_optimizer=False, main_params_dtype="fp32", exp_avg_dtype="fp32",
           exp_avg_sq_dtype="fp32", store_param_remainders=True, fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
@@ -1111,9 +1127,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         ``overlap_moe_expert_parallel_comm`` is not realizable (Megatron-Core refuses it).
         Several join by ``","`` (or ``"+"``), in any order, in one string:
         ``"moe_act,layernorm"`` (Megatron-Core's list; a list or array here is an axis of
-        sets, one a configuration). Under FP8 they need an FP8 recipe other than delayed
-        scaling (Megatron-Core refuses them beside it; the model assumes such a recipe for
-        FP8, as for the precision-aware optimizer). Read under selective recompute only;
+        sets, one a configuration). Under FP8, "moe_act" and "layernorm" need an
+        ``fp8_recipe`` other than delayed scaling (Megatron-Core refuses them beside it: not
+        realizable). Read under selective recompute only;
         a name Megatron-Core does not have is refused (ValueError). Configurations that
         set other than ``"core_attn"`` under selective recompute are priced on the numpy
         path, in a call of the fused kernel too.
@@ -1153,6 +1169,22 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         (Megatron-Core's ``torch.compile`` fusion) keeps the FP32 softmax as the unfused one
         does, and is priced as it (its bytes depend on what the compiler fuses). Layouts
         with TE's are priced on the numpy path, in a call of the fused kernel too.
+    fp8_recipe : {"delayed", "tensorwise", "blockwise", "mxfp8"}
+        Megatron-Core's ``fp8_recipe`` [48], read under ``precision="fp8"``: Transformer
+        Engine's delayed scaling (``"delayed"``, Megatron-Core's default), current scaling
+        (``"tensorwise"``), FP8 blocks of 128 (``"blockwise"``, DeepSeek-V3's) or MXFP8
+        (``"mxfp8"``, NVIDIA's Blackwell recipes). It decides what runs beside FP8:
+        ``"mxfp8"`` needs a Blackwell accelerator and ``"blockwise"`` a Hopper or Blackwell
+        one (the catalog's ``architecture``; else not realizable); under ``"delayed"``
+        ``recompute_modules`` "moe_act" and "layernorm" are not realizable (Megatron-Core
+        refuses them), and the precision-aware optimizer keeps FP32 master weights in
+        Transformer Engine's FusedAdam (as remainders of BF16 parameters), where under the
+        other recipes Megatron-Core keeps its own FP32 copy and the gradients'. The GEMMs,
+        the casts and the stored activations are priced alike under every recipe (the
+        scales of the block recipes, a byte or four per 32 or 128 elements, are not
+        counted; the FP8 runs of benchmarks/data/ ran delayed scaling). Configurations that
+        set a block recipe under FP8 are priced on the numpy path, in a call of the fused
+        kernel too.
     fp8_param_gather : bool
         Megatron-Core's ``--fp8-param-gather`` [43]: the transformer layers' weights built as
         FP8 tensors and all-gathered in FP8, a byte a parameter, by the distributed
@@ -1181,8 +1213,9 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         (4, 2), but FP32 ones of BF16 weights (BF16 and FP4 training) 2 under
         ``store_param_remainders`` (default True, Megatron-Core's). FusedAdam reads 16-bit
         gradients as they are: no FP32 copy of them. Under FP8 with FP32 master weights
-        Megatron-Core keeps its own FP32 copy and the gradients' (every FP8 recipe but
-        delayed scaling, Megatron-LM's default; priced so for every FP8 run). The step's
+        Megatron-Core keeps its own FP32 copy and the gradients' (every ``fp8_recipe`` but
+        delayed scaling, Megatron-Core's default: under it FusedAdam keeps them, as
+        remainders of BF16 parameters, whole for FP8 ones). The step's
         bytes through HBM: FP32 states as Adam's; both moments BF16 updated in place (4
         bytes each, against 8); an FP16 state (moment or master weights) 40, an FP8 one 22
         and a BF16 one beside another kind 20, through FP32 copies that the step holds for
@@ -1539,8 +1572,11 @@ def _beside_rows(w, k, shape):
     ``cp_comm_type`` at ``cp_size=1``, ``cp_a2a_size`` outside ``"a2a+p2p"``,
     ``cross_entropy_fusion_impl`` without the fusion, ``store_param_remainders`` without the
     precision-aware optimizer, and
-    ``moe_router_num_groups`` without ``moe_router_group_topk`` (or on a dense model) and
-    ``recompute_modules`` outside selective recompute change nothing."""
+    ``moe_router_num_groups`` without ``moe_router_group_topk`` (or on a dense model),
+    ``recompute_modules`` outside selective recompute and ``fp8_recipe`` outside FP8 change
+    nothing; under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
+    optimizer does (priced with it) and the blockwise recipes, whose rule is the fleet's,
+    are priced again."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
     cpc = np.asarray(k.get("cp_comm_type", 0))
     fp8_params = np.asarray(k.get("fp8_param_gather", False))
@@ -1553,8 +1589,10 @@ def _beside_rows(w, k, shape):
     grouped = np.asarray(k.get("moe_router_group_topk", 0)) > 0
     if not w.moe:
         grouped = np.zeros((), dtype=bool)  # (a dense model has no router: nothing to price)
+    recipe = np.asarray(k.get("fp8_recipe", 0)) != 0
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)
-            or np.any(pa) or np.any(dtypes) or np.any(grouped) or np.any(modules)):
+            or np.any(pa) or np.any(dtypes) or np.any(grouped) or np.any(modules)
+            or np.any(recipe)):
         return None
     n = int(np.prod(shape)) if shape else 1
 
@@ -1581,6 +1619,11 @@ def _beside_rows(w, k, shape):
         if np.any(grouped) else grouped
     priced = ((rnl & full) | (flat(cpc != 0) & flat(np.asarray(k["cp_size"]) > 1))
               | (fp8_params & gathers_fp8) | flat(ce_te) | pa_on | flex | flat(modules))
+    if np.any(recipe):
+        # (a recipe of blocks under FP8: its rule is the fleet's, which the numpy path reads)
+        recipe = flat(recipe) & (codes("precision") == PRECISIONS.index("fp8")) & (
+            codes("fp8_recipe") != steps.FP8_RECIPES.index("tensorwise"))
+        priced = priced | recipe
     return ((rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on) | (flat(dtypes) & ~pa)
             | broken), priced
 

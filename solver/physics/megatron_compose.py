@@ -133,15 +133,15 @@ def optimizer(k, sp: Split, hw: Hardware):
     With it [45], Transformer Engine's FusedAdam holds the master weights
     (``master_weights``, ``master_weight_dtype=main_params_dtype``) and reads the gradient
     buffer as it is (``use_decoupled_grad``: no FP32 copy of 16-bit gradients), except FP32
-    master weights under FP8 (Megatron-Core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``
-    holds for no FP8 recipe or delayed scaling, Megatron-LM's default ``--fp8-recipe``; under
-    the current-scaling, block and MXFP8 recipes of NVIDIA's 2025-26 recipes Megatron-Core
-    keeps its own FP32 master copy and its copy of 16-bit gradients, which the model prices
-    for every FP8 run: 2 bytes a parameter more over the shard group than delayed scaling
-    holds, and the gradient copy). FP32 master weights of BF16 parameters (BF16 and FP4
-    training) are kept as their 16-bit remainders (``store_param_remainders``, Megatron-Core's
-    default: 2 bytes, the other 16 the BF16 weight's). The moments are ``exp_avg_dtype`` and
-    ``exp_avg_sq_dtype`` wide.
+    master weights under an FP8 recipe other than delayed scaling (``fp8_recipe``:
+    Megatron-Core's ``use_precision_aware_optimizer_no_fp8_or_ds_fp8`` holds for no FP8 or
+    delayed scaling, its default; under the current-scaling, block and MXFP8 recipes of
+    NVIDIA's 2025-26 recipes Megatron-Core keeps its own FP32 master copy and its copy of
+    16-bit gradients). FP32 master weights of BF16 parameters (BF16 and FP4 training, FP8
+    training without FP8 parameters) are kept as their 16-bit remainders
+    (``store_param_remainders``, Megatron-Core's default: 2 bytes, the other 16 the BF16
+    weight's); of FP8 parameters (``fp8_param_gather``) whole. The moments are
+    ``exp_avg_dtype`` and ``exp_avg_sq_dtype`` wide.
 
     The step: its kernel reads the gradient (the buffer's width, or the FP32 copy), reads and
     writes the master weight (FP32: 8 bytes, and the 16-bit weight written, 2; as remainders
@@ -162,8 +162,12 @@ def optimizer(k, sp: Split, hw: Hardware):
     prec = np.asarray(sp.prec)
     main = np.asarray(k.get("main_params_dtype", 0))
     fp16_main = main == steps.MAIN_PARAMS_DTYPES.index("fp16")
-    te_master = on & (fp16_main | (prec != steps.PRECISIONS.index("fp8")))
-    remainders = (te_master & ~fp16_main & (prec != steps.PRECISIONS.index("fp16"))
+    fp8 = prec == steps.PRECISIONS.index("fp8")
+    te_master = on & (fp16_main | ~fp8 | steps.delayed_scaling(k))
+    # (FP8 parameters, fp8_param_gather's, keep whole FP32 master weights: remainders are of
+    # BF16 parameters only [45])
+    fp8_params = fp8 & np.asarray(k.get("fp8_param_gather", False)) & (np.asarray(k["zero_stage"]) >= 1)
+    remainders = (te_master & ~fp16_main & (prec != steps.PRECISIONS.index("fp16")) & ~fp8_params
                   & np.asarray(k.get("store_param_remainders", True)))
     master = np.where(remainders, 2.0, np.asarray(steps.MAIN_PARAMS_BYTES)[main])
     avg = np.asarray(k.get("exp_avg_dtype", 0))

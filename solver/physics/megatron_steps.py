@@ -67,6 +67,33 @@ def recompute_flags(k):
     return tuple(selective & ((mask >> i) & 1 == 1) for i in range(len(RECOMPUTE_MODULES)))
 
 
+#: Megatron-Core's ``fp8_recipe`` under ``precision="fp8"`` (Transformer Engine's
+#: ``DelayedScaling``, ``Float8CurrentScaling``, ``Float8BlockScaling``,
+#: ``MXFP8BlockScaling``), coded 0..3, "delayed" Megatron-Core's default [48].
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+_DELAYED = FP8_RECIPES.index("delayed")
+#: The architectures (the catalog's ``architecture``) whose tensor cores run each recipe's
+#: GEMMs, Transformer Engine's support matrix [48]: FP8 per tensor (delayed and current
+#: scaling) from Ada and Hopper on, FP8 block scaling on Hopper and Blackwell, MXFP8 on
+#: Blackwell (data center) alone. (Per-tensor FP8 is the precision rule's: an FP8 peak.)
+FP8_RECIPE_ARCHITECTURES = {"blockwise": ("hopper", "blackwell"), "mxfp8": ("blackwell",)}
+
+
+def delayed_scaling(k):
+    """Where FP8 GEMMs run under delayed scaling: ``precision="fp8"`` with ``fp8_recipe``
+    "delayed" (the default) [48]."""
+    return (np.asarray(k["precision"]) == _FP8) & (np.asarray(k.get("fp8_recipe", 0)) == _DELAYED)
+
+
+def fp8_recipe_runs(fleet, k):
+    """Where the accelerator runs ``fp8_recipe``'s GEMMs (always outside ``precision="fp8"``)
+    [48]: a recipe of blocks on the architectures of :data:`FP8_RECIPE_ARCHITECTURES` (an
+    accelerator that states none is taken to lack them)."""
+    arch = (fleet.node.accelerator.architecture or "").lower()
+    runs = np.array([arch in FP8_RECIPE_ARCHITECTURES.get(r, (arch,)) for r in FP8_RECIPES])
+    return (np.asarray(k["precision"]) != _FP8) | runs[np.asarray(k.get("fp8_recipe", 0))]
+
+
 #: Context-parallel communication kinds (Megatron-Core's ``cp_comm_type``), coded 0..3 [42].
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 _CP_ALL_GATHER, _CP_A2A, _CP_HIER = (CP_COMM_TYPES.index(kind) for kind in CP_COMM_TYPES[1:])
@@ -356,6 +383,10 @@ REALIZABLE_CONDITIONS = {
                          "moe_router_num_groups set, dividing the experts and no smaller than "
                          "moe_router_group_topk, moe_router_group_topk dividing top-k, and "
                          "each group holding top-k / moe_router_group_topk experts or more [46]",
+    "fp8_recipe": "under precision='fp8', fp8_recipe 'mxfp8' needs a Blackwell accelerator "
+                  "and 'blockwise' a Hopper or Blackwell one [48]",
+    "recompute_fp8_recipe": "recompute_modules 'moe_act' and 'layernorm' under precision='fp8' "
+                            "need an fp8_recipe other than 'delayed' [47]",
     "fp8_param_gather": "fp8_param_gather needs precision='fp8' and the distributed optimizer "
                         "or FSDP (zero_stage >= 1) [43]",
     "precision_aware_optimizer": "use_precision_aware_optimizer needs the distributed "
@@ -451,6 +482,13 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
                                           k.get("moe_router_group_topk", 0)),
         # "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron
         # fsdp, or inference mode"; FP8 parameters need FP8 GEMMs [43]
+        # Transformer Engine's support matrix: MXFP8 on Blackwell, FP8 blocks on Hopper and
+        # Blackwell [48]
+        "fp8_recipe": fp8_recipe_runs(fleet, k),
+        # "Delayed scaling does not support moe_act and layernorm recompute for fp8" [47]
+        "recompute_fp8_recipe": ~(delayed_scaling(k) & (
+            recompute_flags(k)[RECOMPUTE_MODULES.index("moe_act")]
+            | recompute_flags(k)[RECOMPUTE_MODULES.index("layernorm")])),
         "fp8_param_gather": ~np.asarray(k.get("fp8_param_gather", False)) | (
             (prec == _FP8) & (k["zero_stage"] >= 1)),
         # "--use-precision-aware-optimizer only supported with distributed optimizer" [45]
