@@ -42,7 +42,7 @@ MODELS = tuple(PHYSICS)
 _CHOICES = {("megatron", name): values for name, values in megatron.CHOICES.items()}
 #: A choice's value as the model names it, where it takes more spellings than its names
 #: (megatron's ``recompute_modules``: its modules in any order; a ValueError names a module
-#: it does not price).
+#: it does not know).
 _CANONICAL = {("megatron", "recompute_modules"): megatron.recompute_module_set}
 
 
@@ -72,14 +72,14 @@ def choices_text(physics: str, name: str) -> str:
     ``recompute_modules`` (127 sets) by its modules, "one or more of ... joined by ','"."""
     if (physics, name) == ("megatron", "recompute_modules"):
         return (f"one or more of {', '.join(map(repr, megatron.steps.RECOMPUTE_MODULES))} "
-                f"joined by ','")
+                f"joined by ',' or '+'")
     return f"one of {', '.join(map(repr, choices(physics, name)))}"
 
 
 def canonical(physics: str, name: str, value: str) -> str:
     """The choice ``value`` as the model names it (lower case; megatron's ``recompute_modules``
     its modules in the model's order). ValueError where the model names no such value in
-    more words than "not one of" (a ``recompute_modules`` module it does not price)."""
+    more words than "not one of" (a ``recompute_modules`` module it does not know)."""
     return _CANONICAL.get((physics, name), str.lower)(value)
 
 

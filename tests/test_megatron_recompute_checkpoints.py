@@ -61,6 +61,30 @@ def test_closed_form_of_the_freed_activations(precision):
         3 * s * (byte * 7168 + mid * 18432) / t, rel=1e-12)
     assert base - _act("DeepSeek_V3_MC", "core_attn,shared_experts", **kw) == pytest.approx(
         58 * s * mid * 2048 / t, rel=1e-12)
+    # "moe": its routed copies (top-8 of the SP slice's tokens, gathered over ETP 1: 8 / t
+    # tokens at h) and the routed and shared experts' intermediates (8 + 1) x 2048 wide;
+    # the shared experts' own checkpoint inside it frees nothing more
+    moe = base - _act("DeepSeek_V3_MC", "core_attn,moe", **kw, fp8_recipe="tensorwise")
+    assert moe == pytest.approx(58 * s * (8 / t * byte * 7168 + mid * 9 * 2048 / t), rel=1e-12)
+    assert _act("DeepSeek_V3_MC", "core_attn,moe,shared_experts", **kw) == _act(
+        "DeepSeek_V3_MC", "core_attn,moe", **kw)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+@pytest.mark.parametrize("sp", [True, False])
+def test_the_first_stage_frees_the_dense_mlps_but_one(precision, sp):
+    """Llama 3 8B on two stages, two microbatches in flight on the first (16 layers, no
+    logits): "mlp" frees X a layer-microbatch, the first GEMM's input (2 bytes an element of
+    h, 1 under FP8; over TP with SP, whole on every rank without) and the intermediates (6
+    bytes an element of f, 5 under FP8, over TP), from 32, and its backward holds one
+    layer's again: 31 X."""
+    s, t = 4096, 2
+    kw = dict(batch_size=64, seq_len=s, tp_size=t, pp_size=2, dp_size=4,
+              sequence_parallel=sp, precision=precision)
+    byte = 1.0 if precision == "fp8" else 2.0
+    x = s * (byte * 4096 / (t if sp else 1) + (6.0 - (byte == 1.0)) * 14336 / t)
+    freed = _act("Llama3_8B_MC", "core_attn", **kw) - _act("Llama3_8B_MC", "core_attn,mlp", **kw)
+    assert freed == pytest.approx(31 * x, rel=1e-9)
 
 
 @pytest.mark.parametrize("precision,etp", [("bf16", 1), ("fp8", 1), ("bf16", 2)])
@@ -105,13 +129,23 @@ def test_closed_form_of_the_backward_and_traffic_they_add():
     assert float(on.cm.tp_total) - float(off.cm.tp_total) == pytest.approx(t_pair, rel=1e-9)
     assert float(on.cm.tp_layer_b) - float(off.cm.tp_layer_b) == pytest.approx(t_pair, rel=1e-9)
     assert float(on.cm.tp_layer_f) == float(off.cm.tp_layer_f)
-    # tp_comm_overlap: the backward's traffic hides behind its GEMMs, the recomputed ones too
-    off = chain("Llama3_8B_MC", HGX, **kw, tp_comm_overlap=True)
-    on = chain("Llama3_8B_MC", HGX, **kw, tp_comm_overlap=True, **{RM: "core_attn,mlp"})
+    # tp_comm_overlap: the backward's traffic hides behind its GEMMs, the recomputed ones
+    # too; at TP 8 on 1,024 tokens the traffic outlasts the GEMMs, so they bound what hides
+    small = dict(kw, seq_len=1024, tp_size=8, dp_size=2, tp_comm_overlap=True)
+    off = chain("Llama3_8B_MC", HGX, **small)
+    on = chain("Llama3_8B_MC", HGX, **small, **{RM: "core_attn,mlp"})
+    tokens, f_t = 1024.0, 14336 / 8
+    t_mlp8 = (g(2.0 * tokens * 4096 * f_t * 2, 1.0, k=4096) + g(2.0 * tokens * f_t * 4096, 1.0, k=f_t)
+              + gemm.memory_bound_time(2.0 * tokens * f_t * 3.0, hbm))
+    tp_bw, tp_lat = on.hw.link(on.hw.within(8, on.sp.n_acc))
+    t_pair8 = (net.allreduce_time(float(on.ly.act_bytes), 8, bus_bandwidth=tp_bw, latency=tp_lat)
+               + 2.0 * on.hw.call_lat)
     eff = float(on.c["overlap_efficiency"])
-    tp_b = float(off.cm.tp_total) / 2.0 + t_pair  # (the backward's pairs, as the forward's, and this)
-    hide = 2.0 * float(off.ly.t_tp_gemms_f) + float(t_mlp)
-    assert float(on.cm.tp_layer_b) == pytest.approx(tp_b - eff * min(tp_b, hide), rel=1e-9)
+    tp_b = float(off.cm.tp_total) / 2.0 + t_pair8  # (the backward's pairs, as the forward's, and this)
+    hide = 2.0 * float(off.ly.t_tp_gemms_f) + float(t_mlp8)
+    assert hide < tp_b
+    assert float(on.cm.tp_layer_b) == pytest.approx(tp_b - eff * hide, rel=1e-9)
+    tokens = 4096.0
 
     kw = dict(kw, ep_size=8, etp_size=1)
     off = chain("DeepSeek_V3_MC", HGX, **kw)
@@ -121,18 +155,36 @@ def test_closed_form_of_the_backward_and_traffic_they_add():
     # (rc 1: the forward's dispatch and combine are ep_layer_f; "moe" runs them again)
     assert float(on.cm.ep_layer_b) - float(off.cm.ep_layer_b) == pytest.approx(
         float(off.cm.ep_layer_f), rel=1e-12)
+    assert float(on.cm.ep_layer) - float(off.cm.ep_layer) == pytest.approx(
+        float(off.cm.ep_layer_f), rel=1e-12)
     assert float(on.cm.ep_layer_f) == float(off.cm.ep_layer_f)
     assert float(off.cm.ep_layer_f) > 0.0
+    # its backward runs the MoE layer's forward again: the shared expert (TP 2), the router
+    # (16 bits, on the SP slice), the permutes (16 bits: k + ... copies, _mlp_time's rule)
+    # and the 32 local experts (256 over EP 8) on the top-8 copies of the SP slice gathered
+    # over ETP 1
+    hw = on.hw
+    f_e, routed, slice_ = 2048 / 2, tokens * 8 * (1 / 2), tokens / 2
+    t_shared = (g(2.0 * tokens * 7168 * f_e * 2, 1.0, k=7168) + g(2.0 * tokens * f_e * 7168, 1.0, k=f_e)
+                + gemm.memory_bound_time(2.0 * tokens * f_e * 3.0, hbm))
+    t_experts = (g(2.0 * routed * 7168 * 2048 * 2, 32.0, k=7168)
+                 + g(2.0 * routed * 2048 * 7168, 32.0, k=2048)
+                 + gemm.memory_bound_time(2.0 * routed * 2048 * 3.0, hbm))
+    t_router = g(2.0 * slice_ * 7168 * 256, k=7168, peak=hw.peak16, plat=hw.plateau16)
+    t_permutes = gemm.memory_bound_time(2.0 * ((3 * 8 + 2) * slice_ + 4 * routed) * 7168, hbm)
+    assert float(on.ly.layer_b - off.ly.layer_b) == pytest.approx(
+        share * float(t_shared + t_experts + t_router + t_permutes), rel=1e-9)
+    # beside "moe_act", the experts' activation a third time (its own checkpoint inside)
+    act = chain("DeepSeek_V3_MC", HGX, **kw, fp8_recipe="tensorwise", **{RM: "core_attn,moe,moe_act"})
+    assert float(act.ly.layer_b - on.ly.layer_b) == pytest.approx(
+        share * float(gemm.memory_bound_time(2.0 * routed * 2048 * 3.0, hbm)), rel=1e-9)
     shared = chain("DeepSeek_V3_MC", HGX, **kw, **{RM: "core_attn,shared_experts"})
     both = chain("DeepSeek_V3_MC", HGX, **kw, **{RM: "core_attn,moe,shared_experts"})
-    t_shared = float(shared.ly.layer_b - off.ly.layer_b) / share
-    f_e = 2048 / 2
-    assert t_shared == pytest.approx(float(
-        g(2.0 * tokens * 7168 * f_e * 2, 1.0, k=7168) + g(2.0 * tokens * f_e * 7168, 1.0, k=f_e)
-        + gemm.memory_bound_time(2.0 * tokens * f_e * 3.0, hbm)), rel=1e-9)
-    # nested: the shared experts' checkpoint inside the MoE layer's runs them twice
-    assert float(both.ly.layer_b - on.ly.layer_b) == pytest.approx(share * t_shared, rel=1e-9)
-    assert float(on.ly.layer_b - off.ly.layer_b) > 4 * share * t_shared
+    assert float(shared.ly.layer_b - off.ly.layer_b) == pytest.approx(share * float(t_shared),
+                                                                      rel=1e-9)
+    # nested: the shared experts' checkpoint inside the MoE layer's runs them twice more
+    assert float(both.ly.layer_b - on.ly.layer_b) == pytest.approx(share * float(t_shared),
+                                                                   rel=1e-9)
     # the shared expert's TP pair again: once under "moe" or "shared_experts", twice under both
     d_moe = float(on.cm.tp_total - off.cm.tp_total)
     assert d_moe > 0.0
@@ -161,6 +213,11 @@ def test_hfu_counts_the_recomputed_flops():
     b, _ = ratio("Llama3_8B_MC", "core_attn,mlp")
     assert b - a == pytest.approx(2 * 3 * 4096 * 14336 * 32 * tokens / model_flops(x, 16),
                                   rel=1e-9)
+    # an MTP module's layer is of the last layer's kind: dense here, MoE in DeepSeek-V3
+    a, x = ratio("Llama3_8B_MC", "core_attn", mtp_num_layers=1)
+    b, _ = ratio("Llama3_8B_MC", "core_attn,mlp", mtp_num_layers=1)
+    assert b - a == pytest.approx(2 * 3 * 4096 * 14336 * 33 * tokens / model_flops(x, 16),
+                                  rel=1e-9)
     more = dict(ep_size=8, etp_size=1, mtp_num_layers=1)
     a, x = ratio("DeepSeek_V3_MC", "core_attn", **more)
     b, _ = ratio("DeepSeek_V3_MC", "core_attn,moe", **more)
@@ -169,6 +226,8 @@ def test_hfu_counts_the_recomputed_flops():
     assert b - a == pytest.approx(2 * 3 * 7168 * (8 + 1) * 2048 * (58 + 1) * tokens / flops,
                                   rel=1e-9)
     assert c - b == pytest.approx(2 * 3 * 7168 * 2048 * (58 + 1) * tokens / flops, rel=1e-9)
+    d, _ = ratio("DeepSeek_V3_MC", "core_attn,mlp", **more)
+    assert d - a == pytest.approx(2 * 3 * 7168 * 18432 * 3 * tokens / flops, rel=1e-9)
 
 
 def test_what_megatron_core_leaves_alone_changes_nothing():
@@ -209,6 +268,11 @@ def test_moe_recompute_is_refused_beside_the_combined_schedule():
                                   **{RM: "moe"})
     out = _solve("Mixtral_8x7B_MC", **base, **{RM: ["core_attn", "moe", "moe_act"]})
     assert out["realizable"].tolist() == [True, False, True]
+    # Megatron-Core asserts it whatever the granularity, though it reads the list under
+    # selective recompute alone (here none: priced as no recompute, not realizable)
+    none = dict(base, recompute="none")
+    assert sorted(M.why_unrealizable(wl, fl, **none, **{RM: "moe"})) == ["a2a_overlap"]
+    assert not M.why_unrealizable(wl, fl, **none, **{RM: "moe_act"})
 
 
 @pytest.mark.parametrize("workload", ["DeepSeek_V3_MC", "Qwen3_30B_A3B_MC", "Llama3_8B_MC"])

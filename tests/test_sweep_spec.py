@@ -423,7 +423,7 @@ def test_a_choice_knob_takes_no_helper_table_and_an_array_axis_is_a_list():
     # (recompute_modules' 127 sets by its seven modules, not listed one by one)
     with pytest.raises(SpecError, match=r"axes\.recompute_modules: expected a list of values "
                                         r"\(one or more of 'core_attn', .*'shared_experts' "
-                                        r"joined by ','\): a choice knob"):
+                                        r"joined by ',' or '\+'\): a choice knob"):
         load_spec({**base, "axes": {"recompute_modules": {"powers_of_two": 4}}})
     spec = load_spec({**base, "axes": {"exp_avg_dtype": np.array(["fp32", "bf16"]),
                                        "tp_size": np.array([1, 2])}})

@@ -337,8 +337,10 @@ References
     ``shared_experts_recompute``: a checkpoint of ``self.shared_experts`` inside it), and
     ``transformer_config.py`` ("shared_experts recompute cannot work with
     --moe-shared-expert-overlap", which the model does not price; beside
-    ``overlap_moe_expert_parallel_comm``, ``"moe" not in recompute_modules``, "because the
-    MoE recompute path re-runs dispatch").
+    ``overlap_moe_expert_parallel_comm``, under any granularity, "disable moe in
+    recompute_modules when enabling overlap_moe_expert_parallel_comm"; under selective
+    recompute, "mla_up_proj in recompute_modules is only supported with
+    multi_latent_attention").
 [46] Megatron-Core ``transformer/transformer_config.py`` (``moe_router_num_groups``:
     "Experts are divided into 'moe_router_num_groups' equal-sized groups"; "For each token,
     'moe_router_group_topk' groups are selected based on sum of
@@ -554,7 +556,7 @@ KNOBS = {k.name: k for k in (
            "'layernorm' (the norms that are modules of their own), 'mla_up_proj' (a "
            "multi-head latent attention's up projections), 'mlp' (a dense layer's MLP), 'moe' "
            "(an MoE layer whole, its dispatch and combine too), 'shared_experts' (an MoE "
-           "layer's shared experts), or several joined by ','; read only under "
+           "layer's shared experts), or several joined by ',' or '+'; read only under "
            "recompute='selective'"),
     _K("recompute_num_layers", "int", 0, low=0, high=4095,
        why="layers of each pipeline chunk whose forward recompute='full' recomputes, the "
@@ -1117,20 +1119,24 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         ``"mla_up_proj"``, a multi-head latent attention's up projections and RoPE, whose Q,
         K and V are discarded once the attention core has run and computed again before its
         backward (its GEMMs, the latents' norms and RoPE, and under SP the latents'
-        all-gathers), every layer's (nothing without MLA); ``"mlp"``, a dense layer's MLP
+        all-gathers), every layer's (without MLA not realizable: Megatron-Core refuses it);
+        ``"mlp"``, a dense layer's MLP
         (an MoE layer's is left alone), ``"moe"``, an MoE layer whole (shared experts,
-        router, dispatch, experts, combine: its all-to-alls run again), ``"shared_experts"``,
-        an MoE layer's shared experts: checkpoints that keep their input and free what runs
-        inside them, their forward run again before their backward (with their TP pair and
-        their FLOPs in ``hfu``); nested as Megatron-Core nests them (the shared experts'
-        checkpoint inside the MoE layer's runs twice). ``"moe"`` beside
-        ``overlap_moe_expert_parallel_comm`` is not realizable (Megatron-Core refuses it).
-        Several join by ``","`` (or ``"+"``), in any order, in one string:
+        router, dispatch, experts, combine: its dispatcher's exchanges run again),
+        ``"shared_experts"``, an MoE layer's shared experts: checkpoints that keep their
+        input and free what runs inside them (the dense MLP its fused norm's output too,
+        the MoE layer its routed copies), their forward run again before their backward
+        (with their TP pair and their FLOPs in ``hfu``); nested as Megatron-Core nests
+        them (inside the MoE layer's checkpoint, the shared experts' runs them twice more,
+        three times in all, and "moe_act" the activation likewise). ``"moe"`` beside
+        ``overlap_moe_expert_parallel_comm`` is not realizable, whatever ``recompute``
+        (Megatron-Core refuses it). Several join by ``","`` (or ``"+"``), in any order, in one string:
         ``"moe_act,layernorm"`` (Megatron-Core's list; a list or array here is an axis of
         sets, one a configuration). Under FP8, "moe_act" and "layernorm" need an
         ``fp8_recipe`` other than delayed scaling (Megatron-Core refuses them beside it: not
         realizable). Read under selective recompute only;
-        a name Megatron-Core does not have is refused (ValueError). Configurations that
+        a name the model does not know (Megatron-Core's seven of 2025) is refused
+        (ValueError, naming it). Configurations that
         set other than ``"core_attn"`` under selective recompute are priced on the numpy
         path, in a call of the fused kernel too.
     recompute_num_layers : int [40]
@@ -1573,8 +1579,8 @@ def _beside_rows(w, k, shape):
     ``cross_entropy_fusion_impl`` without the fusion, ``store_param_remainders`` without the
     precision-aware optimizer, and
     ``moe_router_num_groups`` without ``moe_router_group_topk`` (or on a dense model),
-    ``recompute_modules`` outside selective recompute and ``fp8_recipe`` outside FP8 change
-    nothing; under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
+    ``recompute_modules`` outside selective recompute (but for "moe" beside the combined 1F1B
+    schedule, which only breaks its rule) and ``fp8_recipe`` outside FP8 change nothing; under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
     optimizer does (priced with it) and the blockwise recipes, whose rule is the fleet's,
     are priced again."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
@@ -1604,8 +1610,14 @@ def _beside_rows(w, k, shape):
         return flat(np.asarray(_codes(name, value) if np.asarray(value).dtype.kind in "UO"
                                else value))
     full = codes("recompute") == RECOMPUTE.index("full")
+    moe_overlap = np.zeros(n, dtype=bool)
     if np.any(modules):  # (read under selective recompute only)
-        modules = flat(modules) & (codes("recompute") == RECOMPUTE.index("selective"))
+        selective = codes("recompute") == RECOMPUTE.index("selective")
+        # ("moe" beside the combined 1F1B schedule breaks its rule under any recompute)
+        moe_overlap = ~selective & flat(steps.names_module(
+            {"recompute_modules": codes("recompute_modules")}, "moe")) & flat(
+            np.asarray(k["overlap_moe_expert_parallel_comm"]))
+        modules = flat(modules) & selective
     rnl, fp8_params = flat(rnl != 0), flat(fp8_params)
     gathers_fp8 = np.zeros(n, dtype=bool)
     if np.any(fp8_params):
@@ -1625,7 +1637,7 @@ def _beside_rows(w, k, shape):
             codes("fp8_recipe") != steps.FP8_RECIPES.index("tensorwise"))
         priced = priced | recipe
     return ((rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on) | (flat(dtypes) & ~pa)
-            | broken), priced
+            | broken | moe_overlap), priced
 
 
 def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):

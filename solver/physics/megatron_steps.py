@@ -52,10 +52,18 @@ def recompute_module_set(value):
     names = [n for n in names if n]
     unknown = [n for n in names if n not in RECOMPUTE_MODULES]
     if unknown or not names:
+        which = f" ({', '.join(map(repr, unknown))} unknown)" if unknown else ""
         raise ValueError(f"recompute_modules must name one or more of "
-                         f"{', '.join(map(repr, RECOMPUTE_MODULES))} joined by ',', but got "
-                         f"{value!r}")
+                         f"{', '.join(map(repr, RECOMPUTE_MODULES))} joined by ',' or '+', "
+                         f"but got {value!r}{which}")
     return ",".join(m for m in RECOMPUTE_MODULES if m in names)
+
+
+def names_module(k, module):
+    """Where ``recompute_modules`` names ``module``, under any ``recompute`` (Megatron-Core
+    checks some pairings of the list whatever the granularity)."""
+    mask = np.asarray(k.get("recompute_modules", 0)) + 1
+    return (mask >> RECOMPUTE_MODULES.index(module)) & 1 == 1
 
 
 def recompute_flags(k):
@@ -373,8 +381,9 @@ REALIZABLE_CONDITIONS = {
     "recompute_layers": "recompute_num_layers is set only under recompute='full' (Megatron-Core "
                         "refuses it beside selective recompute) [40]",
     "a2a_overlap": "overlap_moe_expert_parallel_comm needs ep_size > 1, no full recompute and "
-                   "no 'moe' in recompute_modules, an interleaved schedule (v_stages > 1) where "
-                   "pp_size > 1, and at most one MTP layer [35] [47]",
+                   "no 'moe' in recompute_modules (whatever recompute is), an interleaved "
+                   "schedule (v_stages > 1) where pp_size > 1, and at most one MTP layer "
+                   "[35] [47]",
     "deepep_group": "the flex dispatcher (moe_enable_deepep) of an MoE model needs etp_size x "
                     "ep_size > 1 [39]",
     "deepep_domain": "DeepEP runs on NVLink domains of at most 8 GPUs (not GB200/GB300 NVL72 "
@@ -385,6 +394,8 @@ REALIZABLE_CONDITIONS = {
                          "each group holding top-k / moe_router_group_topk experts or more [46]",
     "fp8_recipe": "under precision='fp8', fp8_recipe 'mxfp8' needs a Blackwell accelerator "
                   "and 'blockwise' a Hopper or Blackwell one [48]",
+    "recompute_mla_up_proj": "recompute_modules 'mla_up_proj' (under recompute='selective') "
+                             "needs multi-head latent attention [47]",
     "recompute_fp8_recipe": "recompute_modules 'moe_act' and 'layernorm' under precision='fp8' "
                             "need an fp8_recipe other than 'delayed' [47]",
     "fp8_param_gather": "fp8_param_gather needs precision='fp8' and the distributed optimizer "
@@ -467,7 +478,7 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # Megatron-Core's TransformerConfig refuses the combined 1F1B schedule otherwise [35]
         "a2a_overlap": ~k["overlap_moe_expert_parallel_comm"] | (
             (ep > 1) & (k["recompute"] != 2) & ((pp == 1) | (v > 1)) & (k["mtp_num_layers"] <= 1)
-            & ~recompute_flags(k)[RECOMPUTE_MODULES.index("moe")]),
+            & ~names_module(k, "moe")),
         # "Flex token dispatcher requires TPxEP > 1" (its TP the expert grid's) [39]
         "deepep_group": ~k["moe_enable_deepep"] | (not w.moe) | (etp * ep > 1),
         # DeepEP reaches 8 NVLink peers; Megatron-Bridge refuses it on GB200/GB300 [39]
@@ -485,6 +496,8 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # Transformer Engine's support matrix: MXFP8 on Blackwell, FP8 blocks on Hopper and
         # Blackwell [48]
         "fp8_recipe": fp8_recipe_runs(fleet, k),
+        # "mla_up_proj in recompute_modules is only supported with multi_latent_attention" [47]
+        "recompute_mla_up_proj": w.mla | ~recompute_flags(k)[RECOMPUTE_MODULES.index("mla_up_proj")],
         # "Delayed scaling does not support moe_act and layernorm recompute for fp8" [47]
         "recompute_fp8_recipe": ~(delayed_scaling(k) & (
             recompute_flags(k)[RECOMPUTE_MODULES.index("moe_act")]
