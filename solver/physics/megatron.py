@@ -427,8 +427,12 @@ References
     stage, or one of its ``v_stages`` chunks) checkpoints its first
     ``recompute_num_layers`` layers one by one and runs the rest as a plain forward that
     stores its activations; "When using recompute_granularity: selective
-    recompute_num_layers must be None". The ``uniform`` method with one layer a group is
-    ``recompute="full"`` here; groups of more than one layer are not modelled.
+    recompute_num_layers must be None"; with ``recompute_method="uniform"``, "Uniformly
+    divide the total number of Transformer layers and checkpoint the input activation of
+    each divided chunk" (``while layer_idx < self.num_layers_per_pipeline_rank:
+    checkpoint_handler(custom(layer_idx, layer_idx + recompute_num_layers)); layer_idx +=
+    recompute_num_layers``: every layer, in checkpoints of that many, the last one shorter);
+    "Using recompute_granularity: full so recompute_method must be "block" or "uniform"".
 """
 
 from __future__ import annotations
@@ -559,9 +563,14 @@ KNOBS = {k.name: k for k in (
            "layer's shared experts), or several joined by ',' or '+'; read only under "
            "recompute='selective'"),
     _K("recompute_num_layers", "int", 0, low=0, high=4095,
-       why="layers of each pipeline chunk whose forward recompute='full' recomputes, the "
-           "first ones (Megatron-Core's recompute_num_layers, recompute_method 'block'); 0: "
-           "not set, every layer"),
+       why="under recompute='full', Megatron-Core's recompute_num_layers: with "
+           "recompute_method 'block' the layers of each pipeline chunk whose forward is "
+           "recomputed, the first ones; with 'uniform' the layers of one checkpoint (every "
+           "layer recomputed); 0: not set, every layer, one checkpoint each"),
+    _K("recompute_method", "choice", "block",
+       why="Megatron-Core's recompute_method under recompute='full': 'block' (recompute the "
+           "first recompute_num_layers layers of each chunk) or 'uniform' (every layer, in "
+           "checkpoints of recompute_num_layers layers)"),
     _K("zero_stage", "int", 1, low=0, high=3, why="0 DDP, 1 distributed optimizer, 2 + grads (reduce-scattered every microbatch), 3 FSDP"),
     _K("precision", "choice", "bf16"),
     _K("tp_comm_overlap", "bool", False),
@@ -668,7 +677,8 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS, "cp_comm_type": CP_
             "cross_entropy_fusion_impl": steps.CROSS_ENTROPY_IMPLS,
             "main_params_dtype": steps.MAIN_PARAMS_DTYPES, "exp_avg_dtype": steps.MOMENT_DTYPES,
             "exp_avg_sq_dtype": steps.MOMENT_DTYPES,
-            "recompute_modules": steps.RECOMPUTE_MODULE_SETS, "fp8_recipe": steps.FP8_RECIPES}
+            "recompute_modules": steps.RECOMPUTE_MODULE_SETS, "fp8_recipe": steps.FP8_RECIPES,
+            "recompute_method": steps.RECOMPUTE_METHODS}
 #: The values of each knob of kind ``"choice"`` (name -> tuple, the codes their indices).
 CHOICES = dict(_CHOICES)
 
@@ -747,7 +757,7 @@ _BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_pa
                   "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
                   "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype",
                   "exp_avg_sq_dtype", "store_param_remainders", "moe_router_num_groups",
-                  "moe_router_group_topk", "recompute_modules", "fp8_recipe")
+                  "moe_router_group_topk", "recompute_modules", "fp8_recipe", "recompute_method")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -1037,7 +1047,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           cp_size=1, ep_size=1, dp_size=None, etp_size=None, v_stages=1, micro_batch_size=1,
           cp_comm_type="p2p", cp_a2a_size=0,
           sequence_parallel=False, recompute="none", recompute_modules="core_attn",
-          recompute_num_layers=0, zero_stage=1,
+          recompute_num_layers=0, recompute_method="block", zero_stage=1,
           precision="bf16",
           tp_comm_overlap=False, overlap_grad_reduce=True, overlap_param_gather=True,
           flash_attention=True, cross_entropy_loss_fusion=False,
@@ -1153,6 +1163,19 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         of a stage is priced at its mix of the two kinds, recomputed or not. MTP modules
         run plain under it (Megatron-Core's block method skips them), and a chunk's plain
         layers, its last, free their activations before its first recomputed forward.
+        Under ``recompute_method="uniform"``, the layers of one checkpoint instead.
+    recompute_method : {"block", "uniform"}
+        Megatron-Core's ``--recompute-method`` under ``recompute="full"`` [40]: ``"block"``
+        (default) as above; ``"uniform"``, every layer recomputed, each chunk's in
+        checkpoints of ``recompute_num_layers`` layers (``_checkpointed_forward``: the last
+        one shorter where they do not divide the chunk), each keeping its first layer's
+        input: a chunk of ``c`` layers stores ``ceil(c / n)`` inputs a microbatch, and a
+        checkpoint's backward holds what its ``n`` layers store without recompute (the
+        heavier kind's, each, where the rank holds dense and MoE layers), beside the
+        checkpoints. Time and FLOPs as full recompute of every layer. With 0 or 1 layers,
+        the same as ``"block"`` with 0. Read under full recompute only; its layouts with
+        ``recompute_num_layers`` set are priced on the numpy path, in a call of the fused
+        kernel too.
     zero_stage : {0, 1, 2, 3}
         0 DDP, 1 distributed optimizer, 2 also gradients, 3 FSDP.
     precision : {"bf16", "fp16", "fp8", "fp4"}

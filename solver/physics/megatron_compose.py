@@ -541,6 +541,19 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
                            np.where(dense_n - r_dense > 0, work_d0, 0.0)))
             # the block method leaves MTP modules plain [40]
             mtp_act = np.where((np.asarray(sp.rc) == 2) & (np.asarray(sp.rnl) > 0), act_m0, act_moe)
+        if sp.grouped:
+            # The uniform method [40]: each chunk's layers in checkpoints of rgroup (the
+            # last one shorter), each keeping its first layer's input, the full recompute's
+            # act_*; a checkpoint's backward runs its layers' forward again and holds what
+            # they store without recompute, all of them, beside the checkpoints (the
+            # heavier kind's, each, where the rank holds both).
+            g = np.asarray(sp.rgroup) * 1.0
+            c = n / sp.v
+            span = np.minimum(g, c)
+            whole = np.maximum(np.where(moe_n > 0, work_moe + act_moe, 0.0),
+                               np.where(dense_n > 0, work_dense + act_dense, 0.0))
+            per_mb = np.where(g > 1, sp.v * np.ceil(c / g) * act_moe + first * mask, per_mb)
+            work = np.where(g > 1, span * whole - act_moe, work)
         stored = per_mb * mem.in_flight_layers(1.0, pp, sp.v, sp.m, rank) \
             + (sp.a2a_paired > 0.0) * one
         act = stored + np.maximum(work, last * ((act_moe if plain is None else mtp_act) * sp.mtp

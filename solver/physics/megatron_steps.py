@@ -31,6 +31,8 @@ from .common import even_splits
 
 #: Recompute modes, coded 0, 1, 2.
 RECOMPUTE = ("none", "selective", "full")
+#: Megatron-Core's ``recompute_method`` under full recompute, coded 0, 1 [40].
+RECOMPUTE_METHODS = ("block", "uniform")
 #: The modules of Megatron-Core's ``recompute_modules`` (under ``recompute="selective"``) [47],
 #: in the order their sets are named: every one it has.
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
@@ -275,8 +277,12 @@ class Split:
     #: the share of the first rank's microbatches (chunks) the combined 1F1B schedule
     #: pairs (overlap_moe_expert_parallel_comm [35]; 0.0 without it): combined_1f1b_paired
     a2a_paired: object = 0.0
-    #: recompute_num_layers: under full recompute, each chunk's recomputed layers (0: all) [40]
+    #: recompute_num_layers: under full recompute, each chunk's recomputed layers (0: all),
+    #: the block method's [40] (0 under the uniform method, which recomputes every layer)
     rnl: object = 0
+    #: the layers of one checkpoint under full recompute: recompute_num_layers under the
+    #: uniform method (recompute_method "uniform"), 1 under the block method [40]
+    rgroup: object = 1
     #: cp_comm_type's code (CP_COMM_TYPES; 0, the K/V ring, by default) [42]
     cpc: object = 0
     #: cp_a2a_size: the all-to-all group of hierarchical CP ("a2a+p2p"; 0: not set) [42]
@@ -305,6 +311,11 @@ class Split:
         return bool(np.any(self.moe_act) or np.any(self.norms) or np.any(self.up_proj)
                     or np.any(self.dense_mlp) or np.any(self.moe_layer)
                     or np.any(self.shared_mlp))
+
+    @property
+    def grouped(self):
+        """Whether any configuration checkpoints more than one layer at once (:attr:`rgroup`)."""
+        return bool(np.any(np.asarray(self.rgroup) > 1))
 
     @property
     def partial(self):
@@ -553,6 +564,14 @@ def split(w, fleet, k) -> Split:
     realizable = valid
     for holds in realizable_conditions(w, fleet, k, m_exact, n_acc).values():
         realizable = realizable & holds
+    # recompute_method [40]: the block method recomputes recompute_num_layers layers of each
+    # chunk, one checkpoint each; the uniform one every layer, in checkpoints of that many
+    rnl, rgroup = k.get("recompute_num_layers", 0), 1
+    uniform = np.asarray(k.get("recompute_method", 0)) == RECOMPUTE_METHODS.index("uniform")
+    if np.any(uniform):
+        rnl = np.where(uniform, 0, rnl)
+        rgroup = np.where(uniform & (np.asarray(k["recompute"]) == 2),
+                          np.maximum(k.get("recompute_num_layers", 0), 1), 1)
     return Split(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, v=v, mbs=mbs, batch=batch, s=s, sp=sp,
                  rc=rc, zero=k["zero_stage"], prec=prec, dp=dp, group=group,
                  valid=valid, n_acc=n_acc, m_exact=m_exact, m=m, realizable=realizable,
@@ -560,7 +579,7 @@ def split(w, fleet, k) -> Split:
                  p2p_steady=p2p_steady_sends(v, m, k["overlap_p2p_comm"]),
                  mtp=k["mtp_num_layers"], first=first, last=last,
                  a2a_paired=combined_1f1b_paired(pp, v, m, k["overlap_moe_expert_parallel_comm"]),
-                 rnl=k.get("recompute_num_layers", 0), cpc=k.get("cp_comm_type", 0),
+                 rnl=rnl, rgroup=rgroup, cpc=k.get("cp_comm_type", 0),
                  cpa=k.get("cp_a2a_size", 0),
                  ce_te=te_cross_entropy(k), moe_act=moe_act, norms=norms,
                  up_proj=up_proj, dense_mlp=dense_mlp, moe_layer=moe_layer,
