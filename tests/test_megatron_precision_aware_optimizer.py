@@ -15,6 +15,7 @@ from solver import catalog
 from solver.physics import megatron as M
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _megatron_steps import solve  # noqa: E402
 from test_fused_megatron import _draw  # noqa: E402
 
 FLEETS = ("HGX_H100_1K_MC", "GB200_NVL72_8_MC")
@@ -29,9 +30,7 @@ PARTS = ("memory_weights", "memory_gradients", "memory_activations",
 
 
 def _solve(workload, fleet, engine="numpy", **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return M.solve(catalog.workload(workload), catalog.fleet(fleet), engine=engine, **kw)
+    return solve(workload, fleet, engine, **kw)
 
 
 def test_megatron_cores_rule():

@@ -338,7 +338,10 @@ References
     ``transformer_config.py`` ("shared_experts recompute cannot work with
     --moe-shared-expert-overlap", which the model does not price; beside
     ``overlap_moe_expert_parallel_comm``, under any granularity, "disable moe in
-    recompute_modules when enabling overlap_moe_expert_parallel_comm"; under selective
+    recompute_modules when enabling overlap_moe_expert_parallel_comm" (in a later
+    Megatron-Core, as a port of it quotes, crediting its merge request M3573, "because the
+    MoE recompute path re-runs dispatch which is incompatible with overlap"; the versions
+    before it lack the assert); under selective
     recompute, "mla_up_proj in recompute_modules is only supported with
     multi_latent_attention").
 [46] Megatron-Core ``transformer/transformer_config.py`` (``moe_router_num_groups``:
@@ -389,10 +392,11 @@ References
     megatron fsdp, or inference mode"; ``pretrain_gpt.model_provider`` builds the model
     under Transformer Engine's ``fp8_model_init`` where it is set (the linear layers'
     weights FP8 tensors; the embedding, output layer and norms are no TE linear layers).
-    Not modelled: Megatron-Bridge's Blackwell MXFP8 recipes pair it with
+    Under ``fp8_recipe="mxfp8"`` Megatron-Bridge's Blackwell recipes pair it with
     ``reuse_grad_buf_for_mxfp8_param_ag``, which gathers BF16 through the gradient buffer
     and casts to MXFP8 on copy ("The parameters are cast from bf16 to MXFP8 during copy",
-    ``param_and_grad_buffer.py``): there the one-byte gather here is optimistic.
+    ``param_and_grad_buffer.py``): priced so, 16-bit gathers (the gradient buffer reused:
+    no memory of its own).
 [42] Transformer Engine ``pytorch/attention/dot_product_attention/context_parallel.py``
     (NVIDIA/TransformerEngine 9c61cd7, 2025), the kinds Megatron-Core's ``cp_comm_type``
     selects (``TEDotProductAttention``; "p2p" when unset): ``AttnFuncWithCPAndKVP2P``
@@ -431,8 +435,14 @@ References
     divide the total number of Transformer layers and checkpoint the input activation of
     each divided chunk" (``while layer_idx < self.num_layers_per_pipeline_rank:
     checkpoint_handler(custom(layer_idx, layer_idx + recompute_num_layers)); layer_idx +=
-    recompute_num_layers``: every layer, in checkpoints of that many, the last one shorter);
-    "Using recompute_granularity: full so recompute_method must be "block" or "uniform"".
+    recompute_num_layers``: every layer, in checkpoints of that many, ``custom(start, end)``
+    reading ``self.layers[index]`` up to ``end``, past the chunk where that many do not
+    divide it); "Using recompute_granularity: full so recompute_method must be "block" or
+    "uniform""; ``multi_token_prediction.py``: "recompute_num_layers must be 1 for MTP
+    recompute" under the uniform method; Megatron-LM ``arguments.py``: "recompute method is
+    not yet supported for selective recomputing granularity", and beside
+    ``overlap_moe_expert_parallel_comm`` "disable recomputation method when enabling
+    overlap_moe_expert_parallel_comm".
 """
 
 from __future__ import annotations
@@ -1167,15 +1177,18 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
     recompute_method : {"block", "uniform"}
         Megatron-Core's ``--recompute-method`` under ``recompute="full"`` [40]: ``"block"``
         (default) as above; ``"uniform"``, every layer recomputed, each chunk's in
-        checkpoints of ``recompute_num_layers`` layers (``_checkpointed_forward``: the last
-        one shorter where they do not divide the chunk), each keeping its first layer's
-        input: a chunk of ``c`` layers stores ``ceil(c / n)`` inputs a microbatch, and a
-        checkpoint's backward holds what its ``n`` layers store without recompute (the
-        heavier kind's, each, where the rank holds dense and MoE layers), beside the
-        checkpoints. Time and FLOPs as full recompute of every layer. With 0 or 1 layers,
-        the same as ``"block"`` with 0. Read under full recompute only; its layouts with
-        ``recompute_num_layers`` set are priced on the numpy path, in a call of the fused
-        kernel too.
+        checkpoints of ``recompute_num_layers`` layers (``_checkpointed_forward``), each
+        keeping its first layer's input: a chunk of ``c`` layers stores ``c / n`` inputs a
+        microbatch, and a checkpoint's backward holds what its ``n`` layers store without
+        recompute (the heavier kind's, each, where the rank holds dense and MoE layers),
+        beside the checkpoints. Time and FLOPs as full recompute of every layer. With 0 or
+        1 layers, the same as ``"block"`` with 0. Not realizable where ``n > 1`` does not
+        divide every chunk's layers (Megatron-Core's checkpoints index past the chunk's
+        last layer) or beside MTP layers ("recompute_num_layers must be 1 for MTP
+        recompute"), nor under selective recompute or beside
+        ``overlap_moe_expert_parallel_comm`` (Megatron-LM refuses a method there); its
+        layouts with ``recompute_num_layers`` set under full recompute are priced on the
+        numpy path, in a call of the fused kernel too.
     zero_stage : {0, 1, 2, 3}
         0 DDP, 1 distributed optimizer, 2 also gradients, 3 FSDP.
     precision : {"bf16", "fp16", "fp8", "fp4"}
@@ -1619,9 +1632,10 @@ def _beside_rows(w, k, shape):
     if not w.moe:
         grouped = np.zeros((), dtype=bool)  # (a dense model has no router: nothing to price)
     recipe = np.asarray(k.get("fp8_recipe", 0)) != 0
+    uniform = steps._uniform(k)
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)
             or np.any(pa) or np.any(dtypes) or np.any(grouped) or np.any(modules)
-            or np.any(recipe)):
+            or np.any(recipe) or np.any(uniform)):
         return None
     n = int(np.prod(shape)) if shape else 1
 
@@ -1659,8 +1673,17 @@ def _beside_rows(w, k, shape):
         recipe = flat(recipe) & (codes("precision") == PRECISIONS.index("fp8")) & (
             codes("fp8_recipe") != steps.FP8_RECIPES.index("tensorwise"))
         priced = priced | recipe
+    if np.any(uniform):
+        # (the uniform method under selective recompute or beside the combined 1F1B schedule
+        # only breaks its rule; under full recompute, its rows with recompute_num_layers set
+        # are priced again above)
+        uniform = flat(uniform) & ~full & (
+            (codes("recompute") == RECOMPUTE.index("selective"))
+            | flat(np.asarray(k["overlap_moe_expert_parallel_comm"])))
+    else:
+        uniform = np.zeros(n, dtype=bool)
     return ((rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on) | (flat(dtypes) & ~pa)
-            | broken | moe_overlap), priced
+            | broken | moe_overlap | uniform), priced
 
 
 def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):

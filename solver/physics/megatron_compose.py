@@ -100,12 +100,16 @@ def _gathered_bytes(w, k, sp: Split, heavy_params, expert_stage_params):
     layers (their linear layers' weights: Transformer Engine builds them as FP8 tensors,
     ``fp8_model_init``, and the distributed optimizer gathers those [43]); the embedding and
     output matrices stay 16-bit (the norms' and the router's weights, well under 0.1 % of
-    a layer's, are counted at one byte too)."""
+    a layer's, are counted at one byte too). Under ``fp8_recipe="mxfp8"`` the gathers move
+    16 bits still: Megatron-Core gathers the BF16 parameters and casts them to MXFP8 on the
+    copy out of the buffer ("The parameters are cast from bf16 to MXFP8 during copy", with
+    ``reuse_grad_buf_for_mxfp8_param_ag``, as Megatron-Bridge's MXFP8 recipes set it) [43]."""
     dense, expert = mem.WEIGHT_BYTES * heavy_params, mem.WEIGHT_BYTES * expert_stage_params
     fp8_params = np.asarray(k.get("fp8_param_gather", False))
     if not np.any(fp8_params):
         return dense, expert
-    on = fp8_params & (np.asarray(sp.prec) == steps.PRECISIONS.index("fp8"))
+    on = (fp8_params & (np.asarray(sp.prec) == steps.PRECISIONS.index("fp8"))
+          & (np.asarray(k.get("fp8_recipe", 0)) != steps.FP8_RECIPES.index("mxfp8")))
     # the embedding matrices the heaviest stage holds (_stage_params' last two terms)
     emb = steps.vocab_per_rank(w, sp.tp) * float(w.hidden) * (
         w.embedding_copies * (sp.pp == 1) + (sp.pp > 1) * (1.0 + (sp.mtp > 0)))
@@ -542,11 +546,12 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
             # the block method leaves MTP modules plain [40]
             mtp_act = np.where((np.asarray(sp.rc) == 2) & (np.asarray(sp.rnl) > 0), act_m0, act_moe)
         if sp.grouped:
-            # The uniform method [40]: each chunk's layers in checkpoints of rgroup (the
-            # last one shorter), each keeping its first layer's input, the full recompute's
-            # act_*; a checkpoint's backward runs its layers' forward again and holds what
-            # they store without recompute, all of them, beside the checkpoints (the
-            # heavier kind's, each, where the rank holds both).
+            # The uniform method [40]: each chunk's layers in checkpoints of rgroup, each
+            # keeping its first layer's input, the full recompute's act_*; a checkpoint's
+            # backward runs its layers' forward again and holds what they store without
+            # recompute, all of them, beside the checkpoints (the heavier kind's, each,
+            # where the rank holds both). (Where rgroup does not divide the chunk, the
+            # layout is not realizable: priced as its last checkpoint shorter.)
             g = np.asarray(sp.rgroup) * 1.0
             c = n / sp.v
             span = np.minimum(g, c)

@@ -391,6 +391,11 @@ REALIZABLE_CONDITIONS = {
     "no_sharding_with_pipeline": "ZeRO-2/3 (FSDP) runs without a pipeline [30]",
     "recompute_layers": "recompute_num_layers is set only under recompute='full' (Megatron-Core "
                         "refuses it beside selective recompute) [40]",
+    "recompute_method": "recompute_method 'uniform' is refused under selective recompute and "
+                        "beside overlap_moe_expert_parallel_comm [40]",
+    "recompute_uniform": "recompute_method 'uniform' with recompute_num_layers > 1 (under full "
+                         "recompute) needs it to divide every pipeline chunk's layers, and no "
+                         "MTP layer [40]",
     "a2a_overlap": "overlap_moe_expert_parallel_comm needs ep_size > 1, no full recompute and "
                    "no 'moe' in recompute_modules (whatever recompute is), an interleaved "
                    "schedule (v_stages > 1) where pp_size > 1, and at most one MTP layer "
@@ -417,6 +422,33 @@ REALIZABLE_CONDITIONS = {
                         "'fp32' need use_precision_aware_optimizer [45]",
     "precision": "the accelerator has the precision [21]",
 }
+
+
+def _uniform(k):
+    """Where ``recompute_method`` is "uniform" [40]."""
+    return np.asarray(k.get("recompute_method", 0)) == RECOMPUTE_METHODS.index("uniform")
+
+
+def _uniform_groups_hold(w, k):
+    """Where the uniform method's checkpoints of ``recompute_num_layers`` layers (more than
+    one, under full recompute) fit Megatron-Core [40]: the number divides the layers of every
+    pipeline chunk (``_checkpointed_forward`` checkpoints ``layers[i : i + n]`` for ``i`` in
+    steps of ``n`` and indexes past the chunk's last layer otherwise), and no multi-token
+    prediction layer (whose checkpoint asserts one layer)."""
+    n = np.asarray(k.get("recompute_num_layers", 0))
+    grouped = _uniform(k) & (np.asarray(k["recompute"]) == 2) & (n > 1)
+    if not np.any(grouped):
+        return np.ones(np.shape(grouped), dtype=bool)
+    pp, v = np.asarray(k["pp_size"]), np.asarray(k["v_stages"])
+    nf, nm, nl = held_layers(w, pp, k["num_layers_in_first_pipeline_stage"],
+                             k["num_layers_in_last_pipeline_stage"])
+    safe = np.maximum(n, 1)
+
+    def divides(layers):
+        chunk = layers / np.maximum(v, 1)
+        return (chunk == np.floor(chunk)) & (np.mod(chunk, safe) == 0)
+    fits = divides(nf) & ((pp <= 2) | divides(nm)) & ((pp == 1) | divides(nl))
+    return ~grouped | (fits & (np.asarray(k["mtp_num_layers"]) == 0))
 
 
 def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
@@ -486,6 +518,14 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # sharded gradients or parameters (ZeRO-2/3, FSDP) with a pipeline [30]
         "no_sharding_with_pipeline": ~((k["zero_stage"] >= 2) & (pp > 1)),
         "recompute_layers": (k.get("recompute_num_layers", 0) == 0) | (k["recompute"] == 2),  # [40]
+        # Megatron-LM: "recompute method is not yet supported for selective recomputing
+        # granularity"; "disable recomputation method when enabling
+        # overlap_moe_expert_parallel_comm" [40]
+        "recompute_method": ~_uniform(k) | ((k["recompute"] != 1)
+                                            & ~k["overlap_moe_expert_parallel_comm"]),
+        # its checkpoints of n layers index past a chunk's last layer unless n divides it,
+        # and "recompute_num_layers must be 1 for MTP recompute" [40]
+        "recompute_uniform": _uniform_groups_hold(w, k),
         # Megatron-Core's TransformerConfig refuses the combined 1F1B schedule otherwise [35]
         "a2a_overlap": ~k["overlap_moe_expert_parallel_comm"] | (
             (ep > 1) & (k["recompute"] != 2) & ((pp == 1) | (v > 1)) & (k["mtp_num_layers"] <= 1)
@@ -567,7 +607,7 @@ def split(w, fleet, k) -> Split:
     # recompute_method [40]: the block method recomputes recompute_num_layers layers of each
     # chunk, one checkpoint each; the uniform one every layer, in checkpoints of that many
     rnl, rgroup = k.get("recompute_num_layers", 0), 1
-    uniform = np.asarray(k.get("recompute_method", 0)) == RECOMPUTE_METHODS.index("uniform")
+    uniform = _uniform(k)
     if np.any(uniform):
         rnl = np.where(uniform, 0, rnl)
         rgroup = np.where(uniform & (np.asarray(k["recompute"]) == 2),
