@@ -603,7 +603,8 @@ KNOBS = {k.name: k for k in (
     _K("fp8_param_gather", "bool", False,
        why="FP8 parameters gathered in FP8 (Megatron-Core's --fp8-param-gather): under "
            "precision='fp8' with the distributed optimizer or FSDP, the parameter all-gathers "
-           "move a byte a transformer-layer parameter, not two"),
+           "move a byte a transformer-layer parameter, not two (two still under fp8_recipe "
+           "'mxfp8', which gathers BF16 and casts on the copy)"),
     _K("grad_reduce_in_bf16", "bool", False),
     _K("use_precision_aware_optimizer", "bool", False,
        why="Megatron-Core's precision-aware optimizer (Transformer Engine's FusedAdam): the "

@@ -400,7 +400,7 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
                "discarded_attn": qkv,
                "restored_norms": 2.0 * attn_norm + np.where(sp.norms, 2.0, 0.0),
                "restored_act": 2.0 * routed_act}
-        if np.any(sp.dense_mlp) or np.any(sp.moe_layer) or np.any(sp.shared_mlp):
+        if sp.checkpoints:
             # Its checkpointed modules [47] keep their input and free what runs inside them,
             # which their backward holds again as it was (restored = discarded): "mlp" a
             # dense layer's MLP, its first GEMM's input (the norm fused into it: its
@@ -663,7 +663,7 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         up = 2.0 * w.heads * ((w.q_lora or h) * w.qk_dim + w.kv_lora * (w.qk_dim - w.rope + w.head_dim))
         recompute_extra = recompute_extra + np.where(
             sp.up_proj, up * (w.layers + mtp) * (batch * s) * per_flop, 0.0)
-    if np.any(sp.dense_mlp) or np.any(sp.moe_layer) or np.any(sp.shared_mlp):
+    if sp.checkpoints:
         # "mlp", "moe", "shared_experts" [47]: the checkpointed MLPs' forward again, 2 FLOPs a
         # weight a token (Megatron-LM's count: the router's not in it): every dense layer's
         # MLP, every MoE layer's routed (top-k) and shared experts or its shared experts

@@ -73,8 +73,7 @@ def recompute_flags(k):
     ``recompute="selective"`` recomputes each (``recompute_modules`` [47]; the attention
     core alone by default)."""
     selective = np.asarray(k["recompute"]) == 1
-    mask = np.asarray(k.get("recompute_modules", 0)) + 1
-    return tuple(selective & ((mask >> i) & 1 == 1) for i in range(len(RECOMPUTE_MODULES)))
+    return tuple(selective & names_module(k, module) for module in RECOMPUTE_MODULES)
 
 
 #: Megatron-Core's ``fp8_recipe`` under ``precision="fp8"`` (Transformer Engine's
@@ -309,8 +308,13 @@ class Split:
     def modules(self):
         """Whether any configuration recomputes a module other than the attention core."""
         return bool(np.any(self.moe_act) or np.any(self.norms) or np.any(self.up_proj)
-                    or np.any(self.dense_mlp) or np.any(self.moe_layer)
-                    or np.any(self.shared_mlp))
+                    or self.checkpoints)
+
+    @property
+    def checkpoints(self):
+        """Whether any configuration checkpoints a dense layer's MLP, an MoE layer or its
+        shared experts ("mlp", "moe", "shared_experts")."""
+        return bool(np.any(self.dense_mlp) or np.any(self.moe_layer) or np.any(self.shared_mlp))
 
     @property
     def grouped(self):
@@ -466,6 +470,7 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
     # Set first and last stages [13]: a pipeline, the rest of the layers split evenly over
     # the stages between, a layer or more each (none left where there are none), each
     # stage's layers divisible by v_stages when interleaved.
+    modules = dict(zip(RECOMPUTE_MODULES, recompute_flags(k)))  # [47]
     layers_set = ((pp > 1) & (rest >= 0)
                   & np.where(middle > 0, (rest % np.maximum(middle, 1) == 0) & (rest >= middle),
                              rest == 0)
@@ -548,11 +553,9 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # Blackwell [48]
         "fp8_recipe": fp8_recipe_runs(fleet, k),
         # "mla_up_proj in recompute_modules is only supported with multi_latent_attention" [47]
-        "recompute_mla_up_proj": w.mla | ~recompute_flags(k)[RECOMPUTE_MODULES.index("mla_up_proj")],
+        "recompute_mla_up_proj": w.mla | ~modules["mla_up_proj"],
         # "Delayed scaling does not support moe_act and layernorm recompute for fp8" [47]
-        "recompute_fp8_recipe": ~(delayed_scaling(k) & (
-            recompute_flags(k)[RECOMPUTE_MODULES.index("moe_act")]
-            | recompute_flags(k)[RECOMPUTE_MODULES.index("layernorm")])),
+        "recompute_fp8_recipe": ~(delayed_scaling(k) & (modules["moe_act"] | modules["layernorm"])),
         "fp8_param_gather": ~np.asarray(k.get("fp8_param_gather", False)) | (
             (prec == _FP8) & (k["zero_stage"] >= 1)),
         # "--use-precision-aware-optimizer only supported with distributed optimizer" [45]
@@ -1074,7 +1077,7 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
         again_moe = (again_moe + np.where(sp.moe_layer, t_moe, 0.0)
                      + np.where(sp.shared_mlp, t_shared, 0.0))
         layer_b = layer_b + (1 - moe_share) * again_dense + moe_share * again_moe
-        if np.any(sp.dense_mlp) or np.any(sp.moe_layer) or np.any(sp.shared_mlp):
+        if sp.checkpoints:
             t_tp_gemms_again = ((1 - moe_share) * np.where(sp.dense_mlp, t_mlp_dense, 0.0)
                                 + moe_share * t_shared * (
                                     np.asarray(sp.moe_layer, dtype=np.float64)
@@ -1249,7 +1252,7 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
         up_tp = np.where(sp.up_proj & sp.sp, latents * t_ar + (1.5 - latents) * t_lat, 0.0)
         tp_total, tp_b = tp_total + up_tp, tp_b + up_tp
     hide_b = (1.0 + again_f) * ly.t_tp_gemms_f
-    if np.any(sp.dense_mlp) or np.any(sp.moe_layer) or np.any(sp.shared_mlp):
+    if sp.checkpoints:
         # "mlp", "moe" and "shared_experts" [47] run the checkpointed MLPs' forward again in
         # the backward, and with it their TP pair (a dense layer's MLP's, an MoE layer's
         # shared experts'; the routed experts' TP traffic is the dispatcher's, below),
