@@ -60,6 +60,14 @@ References
     frees once the next module has run, restored before its backward; under FP8 the next
     linear layers keep their 16-bit input, ``set_save_original_input``, which is the
     discarded one): see [47] of ``solver.physics.megatron``.
+[11] Megatron-Core ``transformer/moe/shared_experts.py`` (``SharedExpertMLP`` under
+    ``moe_shared_expert_overlap``: "disable TP related AG/RS communications in the linear
+    module", ``linear.parallel_mode = None``; ``pre_forward_comm`` all-gathers the input,
+    ``gather_from_sequence_parallel_region``, before ``linear_fc1``, which then keeps that
+    whole tensor for its weight gradient as any linear layer without a parallel mode keeps
+    its input; under FP8 Transformer Engine keeps its FP8 cast, but its original input
+    where ``set_save_original_input`` applies, every recipe but delayed scaling): see [49]
+    of ``solver.physics.megatron``.
 """
 
 from __future__ import annotations
@@ -151,7 +159,8 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
                            moe_top_k=0.0, moe_ffn_hidden=0.0, low_bits=False,
                            attention_bytes=None, latent_bytes=0.0, context_ratio=1.0,
                            routed_gather=1.0, hidden_dropout=0.1, attention_dropout=0.1,
-                           discarded_norms=0.0, discarded_act=0.0, discarded_attn=0.0):
+                           discarded_norms=0.0, discarded_act=0.0, discarded_attn=0.0,
+                           whole_input=0.0):
     """Bytes one layer stores for the backward pass of one microbatch, on one rank [B].
 
     Parameters
@@ -202,6 +211,11 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
         the second GEMM's input (``moe_act``; split by TP as the experts' intermediates), and
         a multi-head latent attention's Q, K and V (``mla_up_proj``; of ``attention_bytes``,
         split by TP with the heads). 0.0 by default.
+    whole_input : array_like [1]
+        Bytes per token over h a layer keeps whole on every TP rank, beyond the rest: an MoE
+        layer's shared-expert input, all-gathered over TP (SP) outside its first GEMM under
+        Megatron-Core's ``moe_shared_expert_overlap`` and kept by it for its weight
+        gradient [11]. 0.0 by default.
 
     Returns
     -------
@@ -249,6 +263,8 @@ def layer_activation_bytes(micro_batch, seq_len, hidden, *, heads, kv_heads, ffn
     scores = np.where(np.asarray(flash_attention) | (np.asarray(recompute_code) >= 1), 0.0,
                       score_bytes * heads * s / (h * t))
     per_layer = sbh * (replicated + attention + mlp + scores)
+    if np.any(np.asarray(whole_input) != 0):
+        per_layer = per_layer + sbh * whole_input
     # Table 2 of [1]: full recomputation keeps the layer input, 2 s b h (/t with SP).
     full = 2.0 * sbh / np.where(sp, t, 1.0)
     return np.where(np.asarray(recompute_code) == 2, full, per_layer)

@@ -12,10 +12,15 @@ from solver.physics import megatron_compose as after
 from solver.physics import megatron_steps as steps
 
 
+def _workload(workload):
+    """A catalog key's workload, or ``workload`` itself (a Workload a test built)."""
+    return catalog.workload(workload) if isinstance(workload, str) else workload
+
+
 def chain(workload, fleet, **knobs):
     """Steps 1-6 (split ... data parallel) of ``workload`` on ``fleet`` at ``knobs`` (solve's,
     scalars), with the shipped constants: a namespace of ``w, k, c, sp, hw, ly, cm, pl, dpr``."""
-    wl, fl = catalog.workload(workload), catalog.fleet(fleet)
+    wl, fl = _workload(workload), catalog.fleet(fleet)
     w = M._Shape(wl)
     k = M._account_stages(w, M._normalize(M._knob_values(knobs, "chain")))
     c = M._constants({})
@@ -29,19 +34,18 @@ def chain(workload, fleet, **knobs):
 
 
 def solve(workload, fleet, engine="numpy", **knobs):
-    """``megatron.solve`` of catalog keys, its warnings silenced (the tests' layouts break
+    """``megatron.solve`` of catalog keys (or a Workload), its warnings silenced (the tests' layouts break
     rules on purpose)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return M.solve(catalog.workload(workload), catalog.fleet(fleet), engine=engine, **knobs)
+        return M.solve(_workload(workload), catalog.fleet(fleet), engine=engine, **knobs)
 
 
 def why(workload, fleet, **knobs):
     """The names of the rules ``megatron.why_unrealizable`` finds broken, sorted."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return sorted(M.why_unrealizable(catalog.workload(workload), catalog.fleet(fleet),
-                                         **knobs))
+        return sorted(M.why_unrealizable(_workload(workload), catalog.fleet(fleet), **knobs))
 
 
 def engines_agree(workload, fleet, **knobs):

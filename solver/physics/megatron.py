@@ -300,6 +300,24 @@ References
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
     rack's NVLink, is not modelled.
+[49] Megatron-Core ``transformer/moe/shared_experts.py`` (``SharedExpertMLP``: "This
+    stream is used when '--moe-shared-expert-overlap' is set. The shared experts are
+    scheduled into this stream to be overlapped with the dispatcher"; under it "disable TP
+    related AG/RS communications in the linear module", ``parallel_mode = None`` and every
+    ``ub_overlap_*`` False, the input all-gathered by ``pre_forward_comm``
+    (``gather_from_sequence_parallel_region``) and the output reduce-scattered by
+    ``post_forward_comm`` on that stream), ``transformer/moe/token_dispatcher.py``
+    (``MoEAlltoAllTokenDispatcher``: ``linear_fc1_forward_and_act`` right after the
+    tokens' all-to-all, "Make sure the shared experts fc1 is overlapped with dispatch A2A",
+    ``linear_fc2_forward`` after the combine's; "Backward launch order: probs A2A -> tokens A2A
+    -> shared experts fc1", ``set_tensor_grad_fn_sequence_sr`` scheduling the exchanges'
+    backward first; the comments of a later Megatron-LM, as a walk-through of its commit
+    60e039626 quotes them), and ``transformer/transformer_config.py``
+    ("moe_shared_expert_overlap only works with alltoall token dispatcher" where
+    ``moe_shared_expert_intermediate_size`` is set: not the flex one, which Megatron-Bridge's
+    validation refuses with it too; "disable moe_shared_expert_overlap when enabling
+    overlap_moe_expert_parallel_comm"; under selective recompute "shared_experts recompute
+    cannot work with --moe-shared-expert-overlap").
 [48] Megatron-Core ``transformer/transformer_config.py`` (``fp8_recipe: Optional[str] =
     "delayed"``, "If set, enables the use of FP8 precision through Transformer Engine. There
     are 4 predefined choices (1) 'delayed' ... (2) 'tensorwise' ... (3) 'mxfp8' ... (4)
@@ -336,7 +354,7 @@ References
     hidden_states)`` over the shared experts, router, dispatch, experts and combine;
     ``shared_experts_recompute``: a checkpoint of ``self.shared_experts`` inside it), and
     ``transformer_config.py`` ("shared_experts recompute cannot work with
-    --moe-shared-expert-overlap", which the model does not price; beside
+    --moe-shared-expert-overlap": see [49]; beside
     ``overlap_moe_expert_parallel_comm``, under any granularity, "disable moe in
     recompute_modules when enabling overlap_moe_expert_parallel_comm" (in a later
     Megatron-Core, as a port of it quotes, crediting its merge request M3573, "because the
@@ -629,6 +647,12 @@ KNOBS = {k.name: k for k in (
     _K("scatter_gather_tensors_in_pipeline", "bool", False),
     _K("overlap_p2p_comm", "bool", True),
     _K("overlap_moe_expert_parallel_comm", "bool", False),
+    _K("moe_shared_expert_overlap", "bool", False,
+       why="an MoE layer's shared experts on a stream of their own beside the dispatcher "
+           "(Megatron-Core's --moe-shared-expert-overlap): their GEMMs hide part of the "
+           "dispatch and the combine, their TP pair leaves tp_comm_overlap, and their "
+           "first GEMM keeps its TP-gathered input whole; a model without shared experts "
+           "ignores it"),
     _K("moe_enable_deepep", "bool", False,
        why="the flex token dispatcher with DeepEP (--moe-token-dispatcher-type flex "
            "--moe-enable-deepep): a token sent once to each rank and domain holding its "
@@ -675,7 +699,9 @@ REALIZABLE_RULES = (
     "overlap_grad_reduce, ep_size > 1 a precision other than fp16, zero_stage 2 and 3 (FSDP) "
     "pp_size 1, recompute_num_layers recompute='full', "
     "overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
-    "interleaved schedule where pp_size > 1 and at most one MTP layer, moe_enable_deepep "
+    "interleaved schedule where pp_size > 1 and at most one MTP layer, "
+    "moe_shared_expert_overlap no overlap_moe_expert_parallel_comm and (with shared "
+    "experts) neither moe_enable_deepep nor 'shared_experts' recompute, moe_enable_deepep "
     "(an MoE model) etp_size x ep_size > 1 and an NVLink domain of at most 8 GPUs, "
     "moe_router_group_topk (an MoE model) moe_router_num_groups set, dividing the experts "
     "and no smaller than it, moe_router_group_topk dividing top-k, a group holding top-k / "
@@ -768,7 +794,8 @@ _BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_pa
                   "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
                   "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype",
                   "exp_avg_sq_dtype", "store_param_remainders", "moe_router_num_groups",
-                  "moe_router_group_topk", "recompute_modules", "fp8_recipe", "recompute_method")
+                  "moe_router_group_topk", "recompute_modules", "fp8_recipe", "recompute_method",
+                  "moe_shared_expert_overlap")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -1067,8 +1094,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           use_precision_aware_optimizer=False, main_params_dtype="fp32", exp_avg_dtype="fp32",
           exp_avg_sq_dtype="fp32", store_param_remainders=True, fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
-          overlap_moe_expert_parallel_comm=False, moe_enable_deepep=False,
-          moe_router_num_groups=0, moe_router_group_topk=0, hidden_dropout=0.1,
+          overlap_moe_expert_parallel_comm=False, moe_shared_expert_overlap=False,
+          moe_enable_deepep=False, moe_router_num_groups=0, moe_router_group_topk=0, hidden_dropout=0.1,
           attention_dropout=0.1, mtp_num_layers=0,
           num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
           account_for_embedding_in_pipeline_split=False,
@@ -1296,6 +1323,24 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         while its backward frees one). It needs
         ``ep_size > 1``, no full recompute, ``v_stages > 1`` where ``pp_size > 1`` and at
         most one MTP layer (else not ``realizable``). False (default).
+    moe_shared_expert_overlap : bool
+        Megatron-Core's ``--moe-shared-expert-overlap`` [49]: an MoE layer's shared
+        experts run on a CUDA stream of their own, their first GEMM (with the activation)
+        beside the dispatch (the all-to-all and the expert TP all-gather after it),
+        their second beside the combine's all-to-all, and in
+        the backward each GEMM's gradients beside that exchange's backward: each hides up
+        to ``overlap_efficiency`` of the exchange it runs beside (``ep_communication_latency``
+        is what is left). Their linear layers lose their TP mode: their pair (an
+        all-gather of the 16-bit input, a reduce-scatter of the output) runs on their
+        stream outside ``tp_comm_overlap``, priced exposed, and under SP the first GEMM
+        keeps its gathered input whole on each TP rank (2 bytes a token of h, 1 under
+        FP8's delayed scaling). Megatron-Core refuses it beside
+        ``overlap_moe_expert_parallel_comm`` and, on a model with shared experts, beside
+        the flex dispatcher (``moe_enable_deepep``) and beside "shared_experts" in
+        ``recompute_modules`` under selective recompute (else not ``realizable``). A model without shared experts ignores it (Megatron-Core reads
+        it only where they are set). Configurations that set it on a model with shared
+        experts are priced on the numpy path, in a call of the fused kernel too. False
+        (default).
     moe_enable_deepep : bool
         Megatron-Core's flex token dispatcher with DeepEP (``--moe-token-dispatcher-type
         flex --moe-enable-deepep``) [39]: one exchange over the expert TP x EP group in
@@ -1617,7 +1662,9 @@ def _beside_rows(w, k, shape):
     precision-aware optimizer, and
     ``moe_router_num_groups`` without ``moe_router_group_topk`` (or on a dense model),
     ``recompute_modules`` outside selective recompute (but for "moe" beside the combined 1F1B
-    schedule, which only breaks its rule) and ``fp8_recipe`` outside FP8 change nothing; under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
+    schedule, which only breaks its rule), ``moe_shared_expert_overlap`` on a model without
+    shared experts (but beside that schedule, which only breaks its rule; with them it is
+    priced again) and ``fp8_recipe`` outside FP8 change nothing; under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
     optimizer does (priced with it) and the blockwise recipes, whose rule is the fleet's,
     are priced again."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
@@ -1634,9 +1681,10 @@ def _beside_rows(w, k, shape):
         grouped = np.zeros((), dtype=bool)  # (a dense model has no router: nothing to price)
     recipe = np.asarray(k.get("fp8_recipe", 0)) != 0
     uniform = steps._uniform(k)
+    se_overlap = np.asarray(k.get("moe_shared_expert_overlap", False))
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)
             or np.any(pa) or np.any(dtypes) or np.any(grouped) or np.any(modules)
-            or np.any(recipe) or np.any(uniform)):
+            or np.any(recipe) or np.any(uniform) or np.any(se_overlap)):
         return None
     n = int(np.prod(shape)) if shape else 1
 
@@ -1683,8 +1731,19 @@ def _beside_rows(w, k, shape):
             | flat(np.asarray(k["overlap_moe_expert_parallel_comm"])))
     else:
         uniform = np.zeros(n, dtype=bool)
+    if np.any(se_overlap):
+        # (the shared experts beside the dispatcher, where the model has them; on one that
+        # has none it only breaks its rule beside the combined 1F1B schedule)
+        se_overlap = flat(se_overlap)
+        if w.moe and w.shared:
+            priced = priced | se_overlap
+            se_overlap = np.zeros(n, dtype=bool)
+        else:
+            se_overlap = se_overlap & flat(np.asarray(k["overlap_moe_expert_parallel_comm"]))
+    else:
+        se_overlap = np.zeros(n, dtype=bool)
     return ((rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on) | (flat(dtypes) & ~pa)
-            | broken | moe_overlap | uniform), priced
+            | broken | moe_overlap | uniform | se_overlap), priced
 
 
 def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):

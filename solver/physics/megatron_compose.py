@@ -427,6 +427,19 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
                 # its restored 16-bit tensor under FP8 is not counted beside the layer's)
                 moe["discarded_act"] = np.where(sp.moe_layer, 0.0, moe["discarded_act"]) + extra
                 moe["restored_act"] = np.where(sp.moe_layer, 0.0, moe["restored_act"]) + extra
+    if w.moe and np.any(sp.se_overlap):
+        # moe_shared_expert_overlap [49]: the shared experts all-gather their input over TP
+        # (SP) themselves, and their first GEMM, with no parallel mode, keeps it whole for its
+        # weight gradient [11] of megatron_memory: 2 bytes a token of h (its FP8 cast, 1,
+        # under delayed scaling; the original input under the other recipes and FP4), on
+        # every TP rank; at tp 1 nothing is gathered. "moe" frees it with the rest of the
+        # layer (times tp, as discarded_act is over it).
+        moe["whole_input"] = np.where(sp.se_overlap & sp.sp,
+                                      np.where(steps.delayed_scaling(k), 1.0, 2.0), 0.0)
+        if sp.checkpoints:
+            inside = np.where(sp.moe_layer, tp * moe["whole_input"], 0.0)
+            moe["discarded_act"] = moe["discarded_act"] + inside
+            moe["restored_act"] = moe["restored_act"] + inside
 
     def kinds(rc):
         """(stored, working set) of a dense layer, then of an MoE layer (the dense layer's

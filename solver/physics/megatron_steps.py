@@ -303,6 +303,9 @@ class Split:
     dense_mlp: object = False
     moe_layer: object = False
     shared_mlp: object = False
+    #: where an MoE layer's shared experts run on a stream of their own beside the
+    #: dispatcher (moe_shared_expert_overlap, on a model with shared experts) [49]
+    se_overlap: object = False
 
     @property
     def modules(self):
@@ -404,6 +407,11 @@ REALIZABLE_CONDITIONS = {
                    "no 'moe' in recompute_modules (whatever recompute is), an interleaved "
                    "schedule (v_stages > 1) where pp_size > 1, and at most one MTP layer "
                    "[35] [47]",
+    "shared_expert_overlap": "moe_shared_expert_overlap is refused beside "
+                             "overlap_moe_expert_parallel_comm and, on a model with shared "
+                             "experts, beside the flex dispatcher (moe_enable_deepep) and "
+                             "beside 'shared_experts' in recompute_modules under "
+                             "recompute='selective' [49]",
     "deepep_group": "the flex dispatcher (moe_enable_deepep) of an MoE model needs etp_size x "
                     "ep_size > 1 [39]",
     "deepep_domain": "DeepEP runs on NVLink domains of at most 8 GPUs (not GB200/GB300 NVL72 "
@@ -535,6 +543,13 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         "a2a_overlap": ~k["overlap_moe_expert_parallel_comm"] | (
             (ep > 1) & (k["recompute"] != 2) & ((pp == 1) | (v > 1)) & (k["mtp_num_layers"] <= 1)
             & ~names_module(k, "moe")),
+        # "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm"
+        # (whatever the model); where the model has shared experts, "moe_shared_expert_overlap
+        # only works with alltoall token dispatcher" and "shared_experts recompute cannot
+        # work with --moe-shared-expert-overlap" [49]
+        "shared_expert_overlap": ~np.asarray(k.get("moe_shared_expert_overlap", False)) | (
+            ~k["overlap_moe_expert_parallel_comm"]
+            & ~(bool(w.moe and w.shared) & (modules["shared_experts"] | k["moe_enable_deepep"]))),
         # "Flex token dispatcher requires TPxEP > 1" (its TP the expert grid's) [39]
         "deepep_group": ~k["moe_enable_deepep"] | (not w.moe) | (etp * ep > 1),
         # DeepEP reaches 8 NVLink peers; Megatron-Bridge refuses it on GB200/GB300 [39]
@@ -626,7 +641,15 @@ def split(w, fleet, k) -> Split:
                  cpa=k.get("cp_a2a_size", 0),
                  ce_te=te_cross_entropy(k), moe_act=moe_act, norms=norms,
                  up_proj=up_proj, dense_mlp=dense_mlp, moe_layer=moe_layer,
-                 shared_mlp=shared_mlp)
+                 shared_mlp=shared_mlp, se_overlap=shared_expert_overlap(w, k))
+
+
+def shared_expert_overlap(w, k):
+    """Where an MoE layer's shared experts run beside the dispatcher on a stream of their
+    own: ``moe_shared_expert_overlap`` on a model with shared experts (Megatron-Core reads
+    it only where ``moe_shared_expert_intermediate_size`` is set) [49]."""
+    on = np.asarray(k.get("moe_shared_expert_overlap", False))
+    return on & bool(w.moe and w.shared)
 
 
 def _groups_split(experts, top_k, groups, group_topk):
@@ -809,6 +832,11 @@ class Layer:
     #: those that selective recompute's "mlp", "moe" and "shared_experts" run again in the
     #: backward (the dense or shared-expert MLP's) [47]
     t_tp_gemms_again: object = 0.0
+    #: an MoE layer's shared experts, forward: the first GEMM with the activation, and the
+    #: second GEMM (what runs beside the dispatch and the combine under
+    #: moe_shared_expert_overlap [49]; 0.0 without it)
+    t_shared_fc1: object = 0.0
+    t_shared_fc2: object = 0.0
 
 
 def _accounted(state, rule):
@@ -958,11 +986,17 @@ def heaviest_moe_share(w, pp, v=1, first=0, last=0):
 
 
 def _mlp_time(w, hw: Hardware, tok, width, calls=1.0):
+    t_fc1, t_fc2, t_act = _mlp_parts(w, hw, tok, width, calls)
+    return t_fc1 + t_fc2 + t_act
+
+
+def _mlp_parts(w, hw: Hardware, tok, width, calls=1.0):
+    """An MLP's first GEMM, second GEMM and activation (memory-bound) [s]."""
     h = float(w.hidden)
     fc1 = 2.0 * tok * h * width * (1.0 + w.gated)
     fc2 = 2.0 * tok * width * h
     act = gemm.memory_bound_time(2.0 * tok * width * (3.0 if w.gated else 2.0), hw.hbm)
-    return hw.gemm(fc1, calls, k=h) + hw.gemm(fc2, calls, k=width) + act
+    return hw.gemm(fc1, calls, k=h), hw.gemm(fc2, calls, k=width), act
 
 
 def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
@@ -1083,6 +1117,11 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
                                     np.asarray(sp.moe_layer, dtype=np.float64)
                                     + np.asarray(sp.shared_mlp, dtype=np.float64)))
     layer_f = layer_f + t_core_f
+    t_shared_fc1 = t_shared_fc2 = 0.0
+    if w.moe and w.shared and np.any(sp.se_overlap):
+        # (the shared experts' two halves, for moe_shared_expert_overlap [49])
+        fc1, t_shared_fc2, act = _mlp_parts(w, hw, tokens, w.shared * w.moe_ffn / tp)
+        t_shared_fc1 = fc1 + act
     # A multi-token prediction module besides its layer and the head [34]: the projection of
     # the 2h-wide concatenation to h (column-parallel over TP, its input gathered under SP),
     # and memory-bound, 16 bits read and written, its three norms and the concatenation;
@@ -1092,7 +1131,8 @@ def layer_times(w, k, c, sp: Split, hw: Hardware) -> Layer:
     return Layer(h=h, d=d, s_local=s_local, tokens=tokens, kv_t=kv_t, norm_split=norm_split,
                  act_bytes=2.0 * tokens * h, moe_share=moe_share, t_core_f=t_core_f,
                  t_core_b=t_core_b, layer_f=layer_f, layer_b=layer_b, t_mtp=t_mtp,
-                 t_tp_gemms_f=t_tp_gemms_f, t_tp_gemms_again=t_tp_gemms_again)
+                 t_tp_gemms_f=t_tp_gemms_f, t_tp_gemms_again=t_tp_gemms_again,
+                 t_shared_fc1=t_shared_fc1, t_shared_fc2=t_shared_fc2)
 
 
 # ---------------------------------------------------------- 4. communication
@@ -1219,7 +1259,9 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     t_rs_ag8 = (net.reduce_scatter_time(ly.act_bytes, tp, bus_bandwidth=tp_bw, latency=tp_lat)
                 + net.all_gather_time(ly.act_bytes / 2.0, tp, bus_bandwidth=tp_bw, latency=tp_lat))
     # (Under SP a pair's all-reduce is a reduce-scatter and an all-gather: two launches.)
-    t_ar = np.where(np.asarray(hw.low_bits) & sp.sp, t_rs_ag8, t_ar) + call_lat * (tp > 1) * (1.0 + sp.sp)
+    launches = call_lat * (tp > 1) * (1.0 + sp.sp)
+    t_ar16 = t_ar + launches  # (16 bits either way: moe_shared_expert_overlap's pair, below)
+    t_ar = np.where(np.asarray(hw.low_bits) & sp.sp, t_rs_ag8, t_ar) + launches
     mlp_pairs = (1.0 - ly.moe_share) + ly.moe_share * (1.0 if w.shared else 0.0) if w.moe else 1.0
     # (A multi-head latent attention's pair moves its latents where the others move h on
     # one of its two collectives: ``attn_pair`` of a pair's bytes [33].)
@@ -1268,6 +1310,28 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
     tp_hidden = np.where(k["tp_comm_overlap"] & sp.sp & (not w.mla), c["overlap_efficiency"], 0.0)
     tp_layer_f = tp_f - tp_hidden * np.minimum(tp_f, ly.t_tp_gemms_f)
     tp_layer = tp_layer_f + (tp_b - tp_hidden * np.minimum(tp_b, hide_b))
+    if w.moe and w.shared and np.any(sp.se_overlap):
+        # moe_shared_expert_overlap [49]: the shared experts' linear layers lose their
+        # parallel mode and their userbuffers; their pair, an all-gather of the 16-bit input
+        # and a reduce-scatter of the output (each's backward the other), runs on the
+        # shared experts' stream, outside tp_comm_overlap: neither hidden by it nor a GEMM
+        # it hides the rest behind. Priced exposed (its own stream lets it run beside the
+        # dispatcher's work, not counted: an upper bound). A forward, the backward (a full
+        # recompute's forward too), and the forward "moe" runs again.
+        t_shared = ly.t_shared_fc1 + ly.t_shared_fc2
+        again_pairs = (np.asarray(sp.moe_layer, dtype=np.float64)
+                       + np.asarray(sp.shared_mlp, dtype=np.float64))
+        calls_b = again_f + again_pairs
+        rest_f = tp_f - ly.moe_share * t_ar
+        rest_b = tp_b - ly.moe_share * calls_b * t_ar
+        window_f = ly.t_tp_gemms_f - ly.moe_share * t_shared
+        window_b = hide_b - ly.moe_share * (1.0 + again_f + again_pairs) * t_shared
+        se_f = rest_f - tp_hidden * np.minimum(rest_f, window_f) + ly.moe_share * t_ar16
+        se_b = rest_b - tp_hidden * np.minimum(rest_b, window_b) + ly.moe_share * calls_b * t_ar16
+        tp_total = np.where(sp.se_overlap, tp_total + ly.moe_share * (1.0 + calls_b)
+                            * (t_ar16 - t_ar), tp_total)
+        tp_layer_f = np.where(sp.se_overlap, se_f, tp_layer_f)
+        tp_layer = np.where(sp.se_overlap, se_f + se_b, tp_layer)
     tp_layer_b = tp_layer - tp_layer_f
     # CP: cp-1 ring steps of the local K and V, forward; K, V and their gradients backward
     # (3x in all), each step's send beside that step's share of the attention core, one
@@ -1326,6 +1390,28 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
         ep_layer = ly.moe_share * (2.0 + again_ep) * moe_f
         ep_layer_f = ly.moe_share * moe_f
         ep_layer_b = ly.moe_share * (1.0 + again_ep) * moe_f
+        if w.shared and np.any(sp.se_overlap):
+            # moe_shared_expert_overlap [49]: the shared experts run on a stream of their
+            # own, their first GEMM (with the activation) beside the dispatch (the
+            # all-to-all, and the expert TP group's all-gather after it), their second
+            # beside the combine's all-to-all; in the backward, each GEMM's two (the input's
+            # and the weights' gradients) beside that exchange's backward. Each hides up
+            # to overlap_efficiency of the exchange it runs beside (the kernels share the
+            # SMs). (Megatron-Core refuses it beside the flex dispatcher, whose exchange is
+            # priced alike: not realizable.)
+            gather = (net.all_gather_time(routed_bytes, etp, bus_bandwidth=etp_bw,
+                                          latency=etp_lat) + call_lat * (etp > 1))
+            window_d = np.where(k["moe_enable_deepep"], flex, a2a + gather)
+            window_c = np.where(k["moe_enable_deepep"], flex, a2a)
+            eta = c["overlap_efficiency"]
+            fc1, fc2 = ly.t_shared_fc1, ly.t_shared_fc2
+            save_f = eta * (np.minimum(window_d, fc1) + np.minimum(window_c, fc2))
+            save_b = eta * (np.minimum(window_d, 2.0 * fc1) + np.minimum(window_c, 2.0 * fc2))
+            se_f = ly.moe_share * (moe_f - save_f)
+            se_b = ly.moe_share * ((1.0 + again_ep) * moe_f - save_b - again_ep * save_f)
+            ep_layer_f = np.where(sp.se_overlap, se_f, ep_layer_f)
+            ep_layer_b = np.where(sp.se_overlap, se_b, ep_layer_b)
+            ep_layer = np.where(sp.se_overlap, se_f + se_b, ep_layer)
     else:
         ep_layer = ep_layer_f = ep_layer_b = np.zeros(())
     return Communication(tp_total=tp_total, tp_layer=tp_layer, tp_layer_f=tp_layer_f,

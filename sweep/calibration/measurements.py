@@ -47,7 +47,9 @@ full), ``zero_stage`` (0 DDP, 1 distributed optimizer, 2, 3 FSDP),
 ``attention_dropout``, ``cp_comm_type`` (p2p, all_gather, a2a, a2a+p2p),
 ``cp_a2a_size``, ``fp8_param_gather``, ``cross_entropy_loss_fusion``,
 ``cross_entropy_fusion_impl`` (native, te), ``recompute_modules`` (core_attn,
-moe_act, layernorm, several joined by "+" or a quoted ","), ``moe_router_num_groups``,
+moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts, several joined by "+" or a
+quoted ","), ``fp8_recipe``, ``recompute_method``, ``moe_shared_expert_overlap``,
+``moe_router_num_groups``,
 ``moe_router_group_topk``, ``use_precision_aware_optimizer``,
 ``main_params_dtype`` (fp32, fp16), ``exp_avg_dtype`` and ``exp_avg_sq_dtype``
 (fp32, fp16, bf16, fp8), ``store_param_remainders``, ...); an

@@ -1,0 +1,221 @@
+"""moe_shared_expert_overlap in the megatron physics ([49] of solver.physics.megatron):
+Megatron-Core's shared experts on a stream of their own beside the dispatcher. Held to
+closed forms (the GEMMs hide up to overlap_efficiency of the exchange each runs beside; the
+shared experts' TP pair leaves tp_comm_overlap and moves 16 bits; their first GEMM keeps its
+gathered input whole), to its limits (nothing to hide at EP 1 and TP 1; a model without
+shared experts ignores it), to Megatron-Core's refusals, and to the fused engine, which
+prices it beside its kernel, the same bits."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from solver import catalog
+from solver import gemm
+from solver import network as net
+from solver.physics import megatron as M
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _megatron_steps import chain, engines_agree, solve, why  # noqa: E402
+from test_fused_megatron import _draw  # noqa: E402
+
+H100, NVL72 = "HGX_H100_1K_MC", "GB200_NVL72_8_MC"
+SEO = "moe_shared_expert_overlap"
+#: A shared expert beside grouped-query attention (a Llama 4 Scout-like shape: 16 experts,
+#: top-1, one shared expert as wide as an expert, every layer MoE): the catalog's one model
+#: with shared experts, DeepSeek-V3, has multi-head latent attention, which turns
+#: tp_comm_overlap off.
+SCOUT = dataclasses.replace(
+    catalog.workload("DeepSeek_V3_MC"), name="Scout-like", parameters=109e9,
+    active_parameters=17e9, layers=48, dense_layers=0, hidden_dim=5120, heads=40, kv_heads=8,
+    head_dim=128, q_lora_rank=None, kv_lora_rank=None, qk_nope_head_dim=None,
+    qk_rope_head_dim=None, v_head_dim=None, ffn_hidden_dim=16384, moe_ffn_hidden_dim=8192,
+    experts=16, active_experts_per_token=1, shared_experts=1, vocab_size=202048)
+KW = dict(batch_size=256, seq_len=8192, pp_size=4, ep_size=8, micro_batch_size=1,
+          sequence_parallel=True)
+
+
+def _pair(**kw):
+    return (chain(SCOUT, H100, **kw, **{SEO: False}), chain(SCOUT, H100, **kw, **{SEO: True}))
+
+
+def _shared_gemms(ns, tp):
+    """The shared expert's first GEMM with its activation, and its second, forward [s]."""
+    tok, h, f = float(ns.ly.tokens), 5120.0, 8192.0 / tp
+    fc1 = (ns.hw.gemm(2.0 * tok * h * f * 2.0, 1.0, k=h)
+           + gemm.memory_bound_time(2.0 * tok * f * 3.0, ns.hw.hbm))
+    return fc1, ns.hw.gemm(2.0 * tok * f * h, 1.0, k=f)
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_the_shared_gemms_hide_the_exchanges_they_run_beside(recompute):
+    """At TP 1 (one all-to-all each way, no expert TP gather; EP 16 over two nodes): the
+    forward hides
+    eta (min(a2a, fc1) + min(a2a, fc2)), the backward eta (min(a2a, 2 fc1) + min(a2a, 2 fc2))
+    and, where the backward runs the forward again (full recompute), the forward's again."""
+    off, on = _pair(**dict(KW, seq_len=4096, ep_size=16), tp_size=1, recompute=recompute)
+    eta, share = off.c["overlap_efficiency"], off.ly.moe_share
+    a2a = float(off.cm.ep_layer_f) / share / 2.0
+    fc1, fc2 = _shared_gemms(off, 1)
+    # both sides of each min are reached: the first GEMM outlasts the exchange, the second not
+    assert fc2 < a2a < fc1 and a2a < 2.0 * fc2
+    save_f = eta * (min(a2a, fc1) + min(a2a, fc2))
+    save_b = eta * (min(a2a, 2.0 * fc1) + min(a2a, 2.0 * fc2)) + (recompute == "full") * save_f
+    assert float(off.cm.ep_layer_f - on.cm.ep_layer_f) == pytest.approx(share * save_f, rel=1e-12)
+    assert float(off.cm.ep_layer_b - on.cm.ep_layer_b) == pytest.approx(share * save_b, rel=1e-12)
+    # the rest of the layer is the same: compute, and TP (none at TP 1)
+    assert float(on.ly.layer_f) == float(off.ly.layer_f)
+    assert float(on.cm.tp_layer) == float(off.cm.tp_layer) == 0.0
+
+
+def test_the_dispatch_window_takes_the_expert_tp_gather():
+    """With expert TP (etp 2 beside TP 1), the first GEMM runs beside the all-to-all and the
+    expert TP group's all-gather after it; the second beside the combine's all-to-all."""
+    off, on = _pair(**dict(KW, ep_size=4), tp_size=1, etp_size=2, dp_size=8)
+    eta, share = off.c["overlap_efficiency"], off.ly.moe_share
+    hw = off.hw
+    routed = float(off.ly.act_bytes) * 1.0 * 2.0  # top-1 copies, etp / tp = 2
+    bw, lat = hw.link(hw.within(2, off.sp.n_acc))
+    gather = float(net.all_gather_time(routed, 2, bus_bandwidth=bw, latency=lat)) + hw.call_lat
+    scatter = float(net.reduce_scatter_time(routed, 2, bus_bandwidth=bw, latency=lat)) + hw.call_lat
+    a2a = (float(off.cm.ep_layer_f) / share - gather - scatter) / 2.0
+    fc1, fc2 = _shared_gemms(off, 1)
+    save_f = eta * (min(a2a + gather, fc1) + min(a2a, fc2))
+    assert float(off.cm.ep_layer_f - on.cm.ep_layer_f) == pytest.approx(share * save_f, rel=1e-12)
+    assert gather > 0.0 and min(a2a + gather, fc1) > min(a2a, fc1)
+
+
+def test_the_shared_pair_leaves_tp_comm_overlap():
+    """Under tp_comm_overlap, where the GEMMs outlast the TP traffic: without the knob the
+    layer's two pairs (attention, shared expert) hide eta of their forward; with it the
+    shared expert's pair is exposed whole, eta of its share (a half) more. Without
+    tp_comm_overlap (BF16) the pair is exposed either way."""
+    kw = dict(KW, tp_size=2, tp_comm_overlap=True)
+    off, on = _pair(**kw)
+    eta = off.c["overlap_efficiency"]
+    tp_f = float(off.cm.tp_total) / 2.0
+    fc1, fc2 = _shared_gemms(off, 2)
+    assert float(off.ly.t_tp_gemms_f) - (fc1 + fc2) > tp_f  # the window binds nothing
+    assert float(off.cm.tp_layer_f) == pytest.approx(tp_f * (1.0 - eta), rel=1e-12)
+    assert float(on.cm.tp_layer_f - off.cm.tp_layer_f) == pytest.approx(eta * tp_f / 2.0,
+                                                                         rel=1e-12)
+    assert float(on.cm.tp_total) == float(off.cm.tp_total)
+    plain_off, plain_on = _pair(**dict(kw, tp_comm_overlap=False))
+    assert float(plain_on.cm.tp_layer) == pytest.approx(float(plain_off.cm.tp_layer), rel=1e-12)
+
+
+def test_under_fp8_the_shared_pair_gathers_16_bits():
+    """Under FP8 with SP the layer's all-gathers move FP8; the shared expert's own all-gather
+    (outside its linear layer) moves the 16-bit input: per pair call, a 16-bit all-gather
+    where the others move half the bytes; forward and backward, three with full recompute."""
+    for recompute, calls in (("none", 2.0), ("full", 3.0)):
+        off, on = _pair(**KW, tp_size=4, precision="fp8", recompute=recompute)
+        hw, act = off.hw, float(off.ly.act_bytes)
+        bw, lat = hw.link(hw.within(4, off.sp.n_acc))
+        d = float(net.all_gather_time(act, 4, bus_bandwidth=bw, latency=lat)
+                  - net.all_gather_time(act / 2.0, 4, bus_bandwidth=bw, latency=lat))
+        assert d > 0.0
+        assert float(on.cm.tp_total - off.cm.tp_total) == pytest.approx(calls * d, rel=1e-9)
+        assert float(on.cm.tp_layer - off.cm.tp_layer) == pytest.approx(calls * d, rel=1e-9)
+
+
+@pytest.mark.parametrize("precision, recipe, width", [
+    ("bf16", "delayed", 2.0), ("fp8", "delayed", 1.0), ("fp8", "tensorwise", 2.0)])
+def test_the_first_gemm_keeps_its_gathered_input_whole(precision, recipe, width):
+    """The first rank holds pp microbatches of its L / pp layers in 1F1B: L layers of one
+    microbatch, each keeping s b h more (the gathered input, whole on every TP rank): 2 bytes,
+    the FP8 cast (1) under delayed scaling, the original input under current scaling; none
+    at TP 1, where nothing is gathered."""
+    kw = dict(KW, batch_size=1024, precision=precision, fp8_recipe=recipe)  # 4+ microbatches
+    sbh = 1 * 8192 * 5120.0
+    for tp, extra in ((4, 48 * sbh * width), (2, 48 * sbh * width), (1, 0.0)):
+        off = solve(SCOUT, H100, **kw, tp_size=tp, **{SEO: False})
+        on = solve(SCOUT, H100, **kw, tp_size=tp, **{SEO: True})
+        assert float(on["memory_activations"] - off["memory_activations"]) == extra, tp
+
+
+def test_moe_recompute_frees_the_gathered_input():
+    """Under "moe" the MoE layer keeps its input alone: the gathered copy is freed with the
+    rest and held again by the one layer whose backward runs (its working set)."""
+    kw = dict(KW, tp_size=4, recompute="selective", recompute_modules="core_attn,moe")
+    off = solve(SCOUT, H100, **kw, **{SEO: False})
+    on = solve(SCOUT, H100, **kw, **{SEO: True})
+    assert float(on["memory_activations"] - off["memory_activations"]) == 8192 * 5120.0 * 2.0
+
+
+def test_nothing_to_hide_and_nothing_to_read():
+    """At TP 1 and EP 1 there is no exchange to hide and no pair or gather: the same bits; a
+    model without shared experts ignores the knob (Megatron-Core reads it only with them)."""
+    kw = dict(KW, tp_size=1, ep_size=1)
+    for workload, knobs in ((SCOUT, kw), ("Mixtral_8x7B_MC", dict(KW, tp_size=2))):
+        off = engines_agree(workload, H100, **knobs, **{SEO: False})
+        on = engines_agree(workload, H100, **knobs, **{SEO: True})
+        for name in M.OUTPUTS:
+            np.testing.assert_array_equal(on[name], off[name], err_msg=name)
+
+
+def test_megatron_refuses_it_where_it_cannot_run():
+    """Beside the combined 1F1B schedule (whatever the model); with shared experts, beside
+    the flex dispatcher and beside "shared_experts" recompute (under selective recompute)."""
+    kw = dict(KW, tp_size=1, pp_size=1, dp_size=8, **{SEO: True})
+    assert why(SCOUT, H100, **kw) == []
+    assert why(SCOUT, H100, **kw, moe_enable_deepep=True) == ["shared_expert_overlap"]
+    assert why("Mixtral_8x7B_MC", H100, **kw, moe_enable_deepep=True) == []
+    for workload in (SCOUT, "Mixtral_8x7B_MC"):
+        assert why(workload, H100, **kw, overlap_moe_expert_parallel_comm=True) == [
+            "shared_expert_overlap"]
+        assert why(workload, H100, **dict(kw, **{SEO: False}),
+                   overlap_moe_expert_parallel_comm=True) == []
+    shared = dict(kw, recompute_modules="core_attn,shared_experts")
+    assert why(SCOUT, H100, **shared, recompute="selective") == ["shared_expert_overlap"]
+    assert why(SCOUT, H100, **shared, recompute="full") == []
+    assert why(SCOUT, H100, **dict(shared, **{SEO: False}), recompute="selective") == []
+    assert why("Mixtral_8x7B_MC", H100, **shared, recompute="selective") == []
+
+
+@pytest.mark.parametrize("workload", [SCOUT, "DeepSeek_V3_MC", "Mixtral_8x7B_MC"])
+@pytest.mark.parametrize("fleet", [H100, NVL72])
+def test_the_fused_kernel_prices_it_beside_it(workload, fleet):
+    """Random layouts, the knob on in half of them, with recompute module sets: the fused
+    engine's outputs are the numpy path's, bit for bit."""
+    rng = np.random.default_rng(4900 + len(fleet) + (workload is SCOUT))
+    n = 3000
+    knobs = _draw(rng, n, dp_given=fleet == NVL72, etp_given=True)
+    knobs[SEO] = rng.random(n) < 0.5
+    knobs["recompute_modules"] = rng.choice(["core_attn", "core_attn,moe", "shared_experts",
+                                             "core_attn,moe_act"], n)
+    out = engines_agree(workload, fleet, **knobs)
+    assert np.asarray(out["valid"]).any()
+    if workload != "Mixtral_8x7B_MC":  # (with shared experts, the knob moves the rows it sets)
+        off = solve(workload, fleet, **dict(knobs, **{SEO: False}))
+        moved = out["ep_communication_latency"] != off["ep_communication_latency"]
+        assert moved.any() and not (moved & ~knobs[SEO] & out["valid"]).any()
+
+
+def test_it_hides_and_never_more_than_eta():
+    """On random layouts at TP 1 (no TP pair to move): the step never grows; where one stage
+    holds every layer (the stage that paces the pipeline cannot change with it) and the
+    combined 1F1B schedule (which Megatron-Core refuses beside it) hides nothing, the
+    exposed EP time never grows, and keeps at least 1 - eta of what it was."""
+    rng = np.random.default_rng(4949)
+    n = 4000
+    knobs = _draw(rng, n, dp_given=True)
+    knobs.update(tp_size=1, etp_size=1, moe_enable_deepep=False)
+    off = solve(SCOUT, NVL72, **knobs, **{SEO: False})
+    on = solve(SCOUT, NVL72, **knobs, **{SEO: True})
+    eta = M._constants({})["overlap_efficiency"]
+    valid = off["valid"]
+    assert valid.mean() > 0.2
+    assert np.all(on["step_latency_total"][valid]
+                  <= off["step_latency_total"][valid] * (1.0 + 1e-12))
+    one = (valid & (knobs["pp_size"] == 1) & (knobs["mtp_num_layers"] == 0)
+           & ~knobs["overlap_moe_expert_parallel_comm"])
+    assert one.sum() > 80
+    ep_off, ep_on = off["ep_communication_latency"][one], on["ep_communication_latency"][one]
+    assert np.all(ep_on <= ep_off)
+    assert np.all(ep_on >= (1.0 - eta) * ep_off * (1.0 - 1e-12))
+    assert (ep_on < ep_off).mean() > 0.5
+    np.testing.assert_array_equal(on["memory_footprint"], off["memory_footprint"])
