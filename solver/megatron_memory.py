@@ -66,7 +66,9 @@ References
     ``gather_from_sequence_parallel_region``, before ``linear_fc1``, which then keeps that
     whole tensor for its weight gradient as any linear layer without a parallel mode keeps
     its input; under FP8 Transformer Engine keeps its FP8 cast, but its original input
-    where ``set_save_original_input`` applies, every recipe but delayed scaling): see [49]
+    where ``set_save_original_input`` applies, every recipe but delayed scaling, from
+    Transformer Engine 2.6 (FP4 from 2.7; before, the FP8 cast under every recipe, which
+    the model does not price)): see [49]
     of ``solver.physics.megatron``.
 """
 

@@ -71,38 +71,77 @@ def test_the_shared_gemms_hide_the_exchanges_they_run_beside(recompute):
     assert float(on.cm.tp_layer) == float(off.cm.tp_layer) == 0.0
 
 
-def test_the_dispatch_window_takes_the_expert_tp_gather():
-    """With expert TP (etp 2 beside TP 1), the first GEMM runs beside the all-to-all and the
-    expert TP group's all-gather after it; the second beside the combine's all-to-all."""
-    off, on = _pair(**dict(KW, ep_size=4), tp_size=1, etp_size=2, dp_size=8)
-    eta, share = off.c["overlap_efficiency"], off.ly.moe_share
-    hw = off.hw
-    routed = float(off.ly.act_bytes) * 1.0 * 2.0  # top-1 copies, etp / tp = 2
-    bw, lat = hw.link(hw.within(2, off.sp.n_acc))
-    gather = float(net.all_gather_time(routed, 2, bus_bandwidth=bw, latency=lat)) + hw.call_lat
-    scatter = float(net.reduce_scatter_time(routed, 2, bus_bandwidth=bw, latency=lat)) + hw.call_lat
+@pytest.mark.parametrize("fleet, ep, etp", [(H100, 8, 4), ("DGX_B200_1K_MC", 16, 2)])
+def test_the_expert_tp_collectives_widen_one_window_each_way(fleet, ep, etp):
+    """With expert TP (etp beside TP 1): forward, the first GEMM runs beside the all-to-all
+    and the expert TP group's all-gather after it, the second beside the combine's
+    all-to-all; backward, the collectives run the other way round, the second GEMM's
+    gradients beside the combine's all-to-all and the all-gather (its reduce-scatter's
+    backward), the first's beside the dispatch's all-to-all alone. The two layouts reach
+    each side of every min (the H100's first GEMM about its window, the second's gradients
+    inside theirs; the B200's first GEMM inside its window, its gradients outside)."""
+    kw = dict(KW, ep_size=ep, seq_len=4096)
+    off = chain(SCOUT, fleet, **kw, tp_size=1, etp_size=etp, dp_size=32, **{SEO: False})
+    on = chain(SCOUT, fleet, **kw, tp_size=1, etp_size=etp, dp_size=32, **{SEO: True})
+    eta, share, hw = off.c["overlap_efficiency"], off.ly.moe_share, off.hw
+    routed = float(off.ly.act_bytes) * etp  # top-1 copies, etp / tp = etp
+    bw, lat = hw.link(hw.within(etp, off.sp.n_acc))
+    gather = float(net.all_gather_time(routed, etp, bus_bandwidth=bw, latency=lat)) + hw.call_lat
+    scatter = float(net.reduce_scatter_time(routed, etp, bus_bandwidth=bw, latency=lat)) + hw.call_lat
     a2a = (float(off.cm.ep_layer_f) / share - gather - scatter) / 2.0
     fc1, fc2 = _shared_gemms(off, 1)
     save_f = eta * (min(a2a + gather, fc1) + min(a2a, fc2))
+    save_b = eta * (min(a2a, 2.0 * fc1) + min(a2a + gather, 2.0 * fc2))
     assert float(off.cm.ep_layer_f - on.cm.ep_layer_f) == pytest.approx(share * save_f, rel=1e-12)
-    assert gather > 0.0 and min(a2a + gather, fc1) > min(a2a, fc1)
+    assert float(off.cm.ep_layer_b - on.cm.ep_layer_b) == pytest.approx(share * save_b, rel=1e-12)
+    assert gather > 0.0 and fc2 < a2a and 2.0 * fc2 < a2a + gather
+    if fleet == H100:
+        assert a2a < 2.0 * fc1 and a2a + gather < fc1 * 1.02
+    else:
+        assert fc1 < a2a < 2.0 * fc1
 
 
-def test_the_shared_pair_leaves_tp_comm_overlap():
-    """Under tp_comm_overlap, where the GEMMs outlast the TP traffic: without the knob the
-    layer's two pairs (attention, shared expert) hide eta of their forward; with it the
-    shared expert's pair is exposed whole, eta of its share (a half) more. Without
+def test_fused_calls_that_set_it_alone_are_priced_beside_the_kernel():
+    """A call of the fused engine that sets the knob and no other knob the kernel does not
+    read is priced again on the numpy path (the knob moves it); on a model without shared
+    experts the fused engine keeps Megatron-Core's refusal beside the combined 1F1B
+    schedule."""
+    kw = dict(KW, tp_size=2)
+    off = engines_agree(SCOUT, H100, **kw, **{SEO: False})
+    on = engines_agree(SCOUT, H100, **kw, **{SEO: True})
+    assert float(on["ep_communication_latency"]) < float(off["ep_communication_latency"])
+    mixtral = dict(KW, tp_size=1, pp_size=1, ep_size=8, dp_size=8,
+                   overlap_moe_expert_parallel_comm=True)
+    assert bool(engines_agree("Mixtral_8x7B_MC", H100, **mixtral)["realizable"])
+    assert not bool(engines_agree("Mixtral_8x7B_MC", H100, **mixtral, **{SEO: True})["realizable"])
+
+
+@pytest.mark.parametrize("tp, seq_len", [(2, 8192), (4, 4096), (8, 8192)])
+def test_the_shared_pair_leaves_tp_comm_overlap(tp, seq_len):
+    """Under tp_comm_overlap each phase's TP traffic hides eta of itself behind that phase's
+    TP-communicating GEMMs, as far as they last (the forward's W, the backward's 2 W).
+    With the knob the shared expert's pair (a half of the traffic: the attention's pair
+    and it) is exposed whole and its GEMMs leave the window: (T - p) - eta min(T - p,
+    W' - S) + p, S the shared GEMMs' time (2 S backward). The three layouts: no window
+    binds; the knob's forward window binds; both forward windows bind. Without
     tp_comm_overlap (BF16) the pair is exposed either way."""
-    kw = dict(KW, tp_size=2, tp_comm_overlap=True)
+    kw = dict(KW, tp_size=tp, seq_len=seq_len, tp_comm_overlap=True)
     off, on = _pair(**kw)
     eta = off.c["overlap_efficiency"]
-    tp_f = float(off.cm.tp_total) / 2.0
-    fc1, fc2 = _shared_gemms(off, 2)
-    assert float(off.ly.t_tp_gemms_f) - (fc1 + fc2) > tp_f  # the window binds nothing
-    assert float(off.cm.tp_layer_f) == pytest.approx(tp_f * (1.0 - eta), rel=1e-12)
-    assert float(on.cm.tp_layer_f - off.cm.tp_layer_f) == pytest.approx(eta * tp_f / 2.0,
-                                                                         rel=1e-12)
+    tp_f = float(off.cm.tp_total) / 2.0  # the forward's, the backward's the same (rc 0)
+    pair = tp_f / 2.0
+    shared = sum(_shared_gemms(off, tp))
+    window = float(off.ly.t_tp_gemms_f)
+    assert float(off.cm.tp_layer_f) == pytest.approx(tp_f - eta * min(tp_f, window), rel=1e-12)
+    assert float(off.cm.tp_layer_b) == pytest.approx(tp_f - eta * min(tp_f, 2.0 * window),
+                                                     rel=1e-12)
+    for got, hide in ((on.cm.tp_layer_f, window - shared), (on.cm.tp_layer_b,
+                                                             2.0 * (window - shared))):
+        expect = (tp_f - pair) - eta * min(tp_f - pair, hide) + pair
+        assert float(got) == pytest.approx(expect, rel=1e-12)
     assert float(on.cm.tp_total) == float(off.cm.tp_total)
+    binds = {2: (False, False), 4: (False, True), 8: (True, True)}[tp]
+    assert (window < tp_f, window - shared < tp_f - pair) == binds
     plain_off, plain_on = _pair(**dict(kw, tp_comm_overlap=False))
     assert float(plain_on.cm.tp_layer) == pytest.approx(float(plain_off.cm.tp_layer), rel=1e-12)
 
@@ -110,9 +149,12 @@ def test_the_shared_pair_leaves_tp_comm_overlap():
 def test_under_fp8_the_shared_pair_gathers_16_bits():
     """Under FP8 with SP the layer's all-gathers move FP8; the shared expert's own all-gather
     (outside its linear layer) moves the 16-bit input: per pair call, a 16-bit all-gather
-    where the others move half the bytes; forward and backward, three with full recompute."""
-    for recompute, calls in (("none", 2.0), ("full", 3.0)):
-        off, on = _pair(**KW, tp_size=4, precision="fp8", recompute=recompute)
+    where the others move half the bytes; forward and backward, three with full recompute
+    or "moe" (whose backward runs the layer's forward again, its pair with it)."""
+    for recompute, modules, calls in (("none", "core_attn", 2.0), ("full", "core_attn", 3.0),
+                                      ("selective", "core_attn,moe", 3.0)):
+        off, on = _pair(**KW, tp_size=4, precision="fp8", recompute=recompute,
+                        fp8_recipe="tensorwise", recompute_modules=modules)
         hw, act = off.hw, float(off.ly.act_bytes)
         bw, lat = hw.link(hw.within(4, off.sp.n_acc))
         d = float(net.all_gather_time(act, 4, bus_bandwidth=bw, latency=lat)

@@ -315,7 +315,10 @@ References
     60e039626 quotes them), and ``transformer/transformer_config.py``
     ("moe_shared_expert_overlap only works with alltoall token dispatcher" where
     ``moe_shared_expert_intermediate_size`` is set: not the flex one, which Megatron-Bridge's
-    validation refuses with it too; "disable moe_shared_expert_overlap when enabling
+    validation refuses with it too, and whose ``set_shared_experts`` raises "Shared expert
+    overlap is not supported in Flex Token Dispatcher"; a 2026 Megatron-LM is reported to
+    let the flex dispatcher through, which the model does not follow; "disable
+    moe_shared_expert_overlap when enabling
     overlap_moe_expert_parallel_comm"; under selective recompute "shared_experts recompute
     cannot work with --moe-shared-expert-overlap").
 [48] Megatron-Core ``transformer/transformer_config.py`` (``fp8_recipe: Optional[str] =

@@ -1395,18 +1395,23 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
             # own, their first GEMM (with the activation) beside the dispatch (the
             # all-to-all, and the expert TP group's all-gather after it), their second
             # beside the combine's all-to-all; in the backward, each GEMM's two (the input's
-            # and the weights' gradients) beside that exchange's backward. Each hides up
-            # to overlap_efficiency of the exchange it runs beside (the kernels share the
-            # SMs). (Megatron-Core refuses it beside the flex dispatcher, whose exchange is
-            # priced alike: not realizable.)
+            # and the weights' gradients) beside that exchange's backward, which runs the
+            # expert TP collectives the other way round: the combine's all-to-all then the
+            # all-gather (its reduce-scatter's backward) beside the second GEMM's, the
+            # dispatch's all-to-all alone (its all-gather's backward, a reduce-scatter,
+            # runs before it) beside the first's. Each hides up to overlap_efficiency of the
+            # exchange it runs beside (the kernels share the SMs). (Megatron-Core's
+            # releases refuse it beside the flex dispatcher, whose exchange is priced
+            # alike: not realizable.)
             gather = (net.all_gather_time(routed_bytes, etp, bus_bandwidth=etp_bw,
                                           latency=etp_lat) + call_lat * (etp > 1))
-            window_d = np.where(k["moe_enable_deepep"], flex, a2a + gather)
-            window_c = np.where(k["moe_enable_deepep"], flex, a2a)
+            deepep = k["moe_enable_deepep"]
+            with_gather = np.where(deepep, flex, a2a + gather)
+            alone = np.where(deepep, flex, a2a)
             eta = c["overlap_efficiency"]
             fc1, fc2 = ly.t_shared_fc1, ly.t_shared_fc2
-            save_f = eta * (np.minimum(window_d, fc1) + np.minimum(window_c, fc2))
-            save_b = eta * (np.minimum(window_d, 2.0 * fc1) + np.minimum(window_c, 2.0 * fc2))
+            save_f = eta * (np.minimum(with_gather, fc1) + np.minimum(alone, fc2))
+            save_b = eta * (np.minimum(alone, 2.0 * fc1) + np.minimum(with_gather, 2.0 * fc2))
             se_f = ly.moe_share * (moe_f - save_f)
             se_b = ly.moe_share * ((1.0 + again_ep) * moe_f - save_b - again_ep * save_f)
             ep_layer_f = np.where(sp.se_overlap, se_f, ep_layer_f)
