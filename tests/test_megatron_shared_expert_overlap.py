@@ -101,6 +101,21 @@ def test_the_expert_tp_collectives_widen_one_window_each_way(fleet, ep, etp):
         assert fc1 < a2a < 2.0 * fc1
 
 
+def test_the_flex_dispatchers_exchange_is_hidden_alike():
+    """Beside the flex dispatcher (DeepEP), each GEMM runs beside its one exchange, the
+    dispatch's or the combine's, forward and backward: eta (min(x, fc1) + min(x, fc2))
+    forward, eta (min(x, 2 fc1) + min(x, 2 fc2)) backward, x = moe_f / 2."""
+    off, on = _pair(**dict(KW, seq_len=4096, ep_size=16), tp_size=1, moe_enable_deepep=True)
+    eta, share = off.c["overlap_efficiency"], off.ly.moe_share
+    flex = float(off.cm.ep_layer_f) / share / 2.0
+    fc1, fc2 = _shared_gemms(off, 1)
+    assert fc2 < flex < fc1
+    save_f = eta * (min(flex, fc1) + min(flex, fc2))
+    save_b = eta * (min(flex, 2.0 * fc1) + min(flex, 2.0 * fc2))
+    assert float(off.cm.ep_layer_f - on.cm.ep_layer_f) == pytest.approx(share * save_f, rel=1e-12)
+    assert float(off.cm.ep_layer_b - on.cm.ep_layer_b) == pytest.approx(share * save_b, rel=1e-12)
+
+
 def test_fused_calls_that_set_it_alone_are_priced_beside_the_kernel():
     """A call of the fused engine that sets the knob and no other knob the kernel does not
     read is priced again on the numpy path (the knob moves it); on a model without shared
@@ -203,10 +218,11 @@ def test_nothing_to_hide_and_nothing_to_read():
 
 def test_megatron_refuses_it_where_it_cannot_run():
     """Beside the combined 1F1B schedule (whatever the model); with shared experts, beside
-    the flex dispatcher and beside "shared_experts" recompute (under selective recompute)."""
+    "shared_experts" recompute (under selective recompute). Beside the flex dispatcher it
+    runs (Megatron-Core since 2026)."""
     kw = dict(KW, tp_size=1, pp_size=1, dp_size=8, **{SEO: True})
     assert why(SCOUT, H100, **kw) == []
-    assert why(SCOUT, H100, **kw, moe_enable_deepep=True) == ["shared_expert_overlap"]
+    assert why(SCOUT, H100, **kw, moe_enable_deepep=True) == []
     assert why("Mixtral_8x7B_MC", H100, **kw, moe_enable_deepep=True) == []
     for workload in (SCOUT, "Mixtral_8x7B_MC"):
         assert why(workload, H100, **kw, overlap_moe_expert_parallel_comm=True) == [

@@ -299,7 +299,22 @@ References
     GB200 and GB300 (``validate_flex_dispatcher_backend``: "DeepEP is supported for
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
-    rack's NVLink, is not modelled.
+    rack's NVLink: [50].
+[50] Megatron-Core ``transformer/transformer_config.py`` (NVIDIA/Megatron-LM at 002526d8:
+    ``moe_flex_dispatcher_backend``, "deepep" by default, "Currently only "hybridep" backend
+    supports the MNNVL case"; "moe_enable_deepep is deprecated. Please use
+    --moe-flex-dispatcher-backend=deepep instead"); DeepSeek's DeepEP, NVIDIA's Hybrid-EP
+    (``docs/Hybrid-EP_Implementation.md``: a node is an NVLink domain, "Similar to DeepEP,
+    Hybrid-EP first performs IB communication between peer GPUs, then each rank
+    distributes the received inter-node data locally", its buffers one row a token and
+    destination rank; ``csrc/hybrid_ep/config.cuh``: "Now we support up to 72(GB200) ranks
+    per node", ``hidden_dim % 512 == 0``); Megatron-Bridge
+    ``training/flex_dispatcher_backend.py`` (HybridEP on compute capabilities 8, 9 and 10:
+    "HybridEP is supported for GB200, GB300 with NVL72 and for Ampere, Hopper, B200 and
+    B300 GPUs") and its performance recipes (DeepSeek-V3 on GB200 at EP 64, Qwen3-235B-A22B
+    on GB300 at EP 64, with ``moe_flex_dispatcher_backend="hybridep"``). Its other
+    constraints (ranks a domain even, local experts times them divisible by 4) and the
+    backends "deepepv2" and "ncclep" are not modelled.
 [49] Megatron-Core ``transformer/moe/shared_experts.py`` (``SharedExpertMLP``: "This
     stream is used when '--moe-shared-expert-overlap' is set. The shared experts are
     scheduled into this stream to be overlapped with the dispatcher"; under it "disable TP
@@ -313,12 +328,14 @@ References
     -> shared experts fc1", ``set_tensor_grad_fn_sequence_sr`` scheduling the exchanges'
     backward first; the comments of a later Megatron-LM, as a walk-through of its commit
     60e039626 quotes them), and ``transformer/transformer_config.py``
-    ("moe_shared_expert_overlap only works with alltoall token dispatcher" where
-    ``moe_shared_expert_intermediate_size`` is set: not the flex one, which Megatron-Bridge's
-    validation refuses with it too, and whose ``set_shared_experts`` raises "Shared expert
-    overlap is not supported in Flex Token Dispatcher"; a 2026 Megatron-LM is reported to
-    let the flex dispatcher through, which the model does not follow; "disable
-    moe_shared_expert_overlap when enabling
+    ("moe_shared_expert_overlap only works with alltoall or flex token dispatcher" where
+    ``moe_shared_expert_intermediate_size`` is set, NVIDIA/Megatron-LM at 002526d8, whose
+    ``MoEFlexTokenDispatcher.token_dispatch`` calls ``pre_forward_comm`` and
+    ``linear_fc1_forward_and_act`` as the all-to-all one does; earlier releases refused the
+    flex one, "only works with alltoall token dispatcher", its ``set_shared_experts``
+    raising "Shared expert overlap is not supported in Flex Token Dispatcher", and
+    Megatron-Bridge's ``apply_flex_dispatcher_backend`` still sets it False beside the flex
+    dispatcher; "disable moe_shared_expert_overlap when enabling
     overlap_moe_expert_parallel_comm"; under selective recompute "shared_experts recompute
     cannot work with --moe-shared-expert-overlap").
 [48] Megatron-Core ``transformer/transformer_config.py`` (``fp8_recipe: Optional[str] =
@@ -660,6 +677,10 @@ KNOBS = {k.name: k for k in (
        why="the flex token dispatcher with DeepEP (--moe-token-dispatcher-type flex "
            "--moe-enable-deepep): a token sent once to each rank and domain holding its "
            "experts; off: the all-to-all dispatcher, one copy per routed expert"),
+    _K("moe_flex_dispatcher_backend", "choice", "deepep",
+       why="the flex dispatcher's backend, read with moe_enable_deepep (Megatron-Core's "
+           "--moe-flex-dispatcher-backend): 'deepep' (NVLink to 8 ranks, RDMA beyond) or "
+           "'hybridep' (NVIDIA's HybridEP: NVLink across the whole domain, an NVL72 rack)"),
     _K("moe_router_num_groups", "int", 0, low=0, high=65535,
        why="groups of experts of group-limited routing (Megatron-Core's moe_router_num_groups: "
            "node-limited routing sets it to the nodes of the EP group, device-limited to "
@@ -704,8 +725,9 @@ REALIZABLE_RULES = (
     "overlap_moe_expert_parallel_comm ep_size > 1, no full recompute, an "
     "interleaved schedule where pp_size > 1 and at most one MTP layer, "
     "moe_shared_expert_overlap no overlap_moe_expert_parallel_comm and (with shared "
-    "experts) neither moe_enable_deepep nor 'shared_experts' recompute, moe_enable_deepep "
-    "(an MoE model) etp_size x ep_size > 1 and an NVLink domain of at most 8 GPUs, "
+    "experts) no 'shared_experts' recompute, moe_enable_deepep "
+    "(an MoE model) etp_size x ep_size > 1 and, with DeepEP, an NVLink domain of at most 8 "
+    "GPUs, with HybridEP a hidden size divisible by 512, "
     "moe_router_group_topk (an MoE model) moe_router_num_groups set, dividing the experts "
     "and no smaller than it, moe_router_group_topk dividing top-k, a group holding top-k / "
     "moe_router_group_topk experts or more, and "
@@ -718,7 +740,8 @@ _CHOICES = {"recompute": RECOMPUTE, "precision": PRECISIONS, "cp_comm_type": CP_
             "main_params_dtype": steps.MAIN_PARAMS_DTYPES, "exp_avg_dtype": steps.MOMENT_DTYPES,
             "exp_avg_sq_dtype": steps.MOMENT_DTYPES,
             "recompute_modules": steps.RECOMPUTE_MODULE_SETS, "fp8_recipe": steps.FP8_RECIPES,
-            "recompute_method": steps.RECOMPUTE_METHODS}
+            "recompute_method": steps.RECOMPUTE_METHODS,
+            "moe_flex_dispatcher_backend": steps.FLEX_BACKENDS}
 #: The values of each knob of kind ``"choice"`` (name -> tuple, the codes their indices).
 CHOICES = dict(_CHOICES)
 
@@ -798,7 +821,7 @@ _BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_pa
                   "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype",
                   "exp_avg_sq_dtype", "store_param_remainders", "moe_router_num_groups",
                   "moe_router_group_topk", "recompute_modules", "fp8_recipe", "recompute_method",
-                  "moe_shared_expert_overlap")
+                  "moe_shared_expert_overlap", "moe_flex_dispatcher_backend")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -1098,7 +1121,7 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           exp_avg_sq_dtype="fp32", store_param_remainders=True, fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
           overlap_moe_expert_parallel_comm=False, moe_shared_expert_overlap=False,
-          moe_enable_deepep=False, moe_router_num_groups=0, moe_router_group_topk=0, hidden_dropout=0.1,
+          moe_enable_deepep=False, moe_flex_dispatcher_backend="deepep", moe_router_num_groups=0, moe_router_group_topk=0, hidden_dropout=0.1,
           attention_dropout=0.1, mtp_num_layers=0,
           num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
           account_for_embedding_in_pipeline_split=False,
@@ -1337,10 +1360,12 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         all-gather of the 16-bit input, a reduce-scatter of the output) runs on their
         stream outside ``tp_comm_overlap``, priced exposed, and under SP the first GEMM
         keeps its gathered input whole on each TP rank (2 bytes a token of h, 1 under
-        FP8's delayed scaling). Megatron-Core refuses it beside
+        FP8's delayed scaling). The flex dispatcher's exchange is hidden alike (Megatron-Core
+        lets the two meet since 2026; its earlier releases refused it, and Megatron-Bridge
+        turns it off beside the flex dispatcher). Megatron-Core refuses it beside
         ``overlap_moe_expert_parallel_comm`` and, on a model with shared experts, beside
-        the flex dispatcher (``moe_enable_deepep``) and beside "shared_experts" in
-        ``recompute_modules`` under selective recompute (else not ``realizable``). A model without shared experts ignores it (Megatron-Core reads
+        "shared_experts" in ``recompute_modules`` under selective recompute (else not
+        ``realizable``). A model without shared experts ignores it (Megatron-Core reads
         it only where they are set). Configurations that set it on a model with shared
         experts are priced on the numpy path, in a call of the fused kernel too. False
         (default).
@@ -1351,9 +1376,21 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         once to each other NVLink domain holding one (over the NICs), with routing taken
         as uniform; no TP gather after it. False (default): the all-to-all dispatcher,
         one copy per routed expert, then the expert TP all-gather [31]. An MoE model needs
-        ``etp_size * ep_size > 1`` with it and an NVLink domain of at most 8 GPUs (not a
-        GB200/GB300 NVL72 rack, where NVIDIA runs HybridEP, not modelled) (else not
-        ``realizable``); a dense one ignores it.
+        ``etp_size * ep_size > 1`` with it and, with DeepEP, an NVLink domain of at most 8
+        GPUs (not a GB200/GB300 NVL72 rack, where NVIDIA runs HybridEP:
+        ``moe_flex_dispatcher_backend``) (else not ``realizable``); a dense one ignores it.
+    moe_flex_dispatcher_backend : {"deepep", "hybridep"}
+        The flex dispatcher's backend (Megatron-Core's ``--moe-flex-dispatcher-backend``,
+        which replaces ``--moe-enable-deepep``), read with ``moe_enable_deepep`` [50]:
+        "deepep" (default), DeepEP's normal kernels, NVLink to 8 ranks and RDMA beyond;
+        "hybridep", NVIDIA's HybridEP, the same exchange (a token once to each rank that
+        holds one of its experts, once to each other domain that does, forwarded there)
+        with NVLink across the whole domain, up to 72 ranks: on a GB200/GB300 NVL72 rack
+        an EP group inside the rack sends nothing over the NICs. HybridEP runs on every
+        domain size and needs a hidden size divisible by 512 (its kernels'; else not
+        ``realizable``). Its own kernel efficiency is not modelled (the fitted link
+        efficiencies apply). Configurations of an MoE model that set it beside the flex
+        dispatcher are priced on the numpy path, in a call of the fused kernel too.
     moe_router_num_groups, moe_router_group_topk : int
         Group-limited routing (Megatron-Core's) [46]: the experts in
         ``moe_router_num_groups`` equal blocks, a token's top-k experts chosen from
@@ -1667,7 +1704,9 @@ def _beside_rows(w, k, shape):
     ``recompute_modules`` outside selective recompute (but for "moe" beside the combined 1F1B
     schedule, which only breaks its rule), ``moe_shared_expert_overlap`` on a model without
     shared experts (but beside that schedule, which only breaks its rule; with them it is
-    priced again) and ``fp8_recipe`` outside FP8 change nothing; under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
+    priced again), ``moe_flex_dispatcher_backend`` outside the flex dispatcher (of an MoE
+    model; "hybridep" beside it is priced again) and ``fp8_recipe`` outside FP8 change
+    nothing; under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
     optimizer does (priced with it) and the blockwise recipes, whose rule is the fleet's,
     are priced again."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
@@ -1685,9 +1724,10 @@ def _beside_rows(w, k, shape):
     recipe = np.asarray(k.get("fp8_recipe", 0)) != 0
     uniform = steps._uniform(k)
     se_overlap = np.asarray(k.get("moe_shared_expert_overlap", False))
+    hybrid = steps.hybridep(k) if w.moe else np.zeros((), dtype=bool)
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)
             or np.any(pa) or np.any(dtypes) or np.any(grouped) or np.any(modules)
-            or np.any(recipe) or np.any(uniform) or np.any(se_overlap)):
+            or np.any(recipe) or np.any(uniform) or np.any(se_overlap) or np.any(hybrid)):
         return None
     n = int(np.prod(shape)) if shape else 1
 
@@ -1719,7 +1759,8 @@ def _beside_rows(w, k, shape):
         w, np.asarray(k.get("moe_router_num_groups", 0)), np.asarray(k["moe_router_group_topk"]))) \
         if np.any(grouped) else grouped
     priced = ((rnl & full) | (flat(cpc != 0) & flat(np.asarray(k["cp_size"]) > 1))
-              | (fp8_params & gathers_fp8) | flat(ce_te) | pa_on | flex | flat(modules))
+              | (fp8_params & gathers_fp8) | flat(ce_te) | pa_on | flex | flat(modules)
+              | flat(hybrid))
     if np.any(recipe):
         # (a recipe of blocks under FP8: its rule is the fleet's, which the numpy path reads)
         recipe = flat(recipe) & (codes("precision") == PRECISIONS.index("fp8")) & (

@@ -409,11 +409,12 @@ REALIZABLE_CONDITIONS = {
                    "[35] [47]",
     "shared_expert_overlap": "moe_shared_expert_overlap is refused beside "
                              "overlap_moe_expert_parallel_comm and, on a model with shared "
-                             "experts, beside the flex dispatcher (moe_enable_deepep) and "
-                             "beside 'shared_experts' in recompute_modules under "
+                             "experts, beside 'shared_experts' in recompute_modules under "
                              "recompute='selective' [49]",
     "deepep_group": "the flex dispatcher (moe_enable_deepep) of an MoE model needs etp_size x "
                     "ep_size > 1 [39]",
+    "hybridep_hidden": "the flex dispatcher's HybridEP backend (moe_flex_dispatcher_backend "
+                       "'hybridep') needs a hidden size divisible by 512 [50]",
     "deepep_domain": "DeepEP runs on NVLink domains of at most 8 GPUs (not GB200/GB300 NVL72 "
                      "racks, whose flex dispatcher is HybridEP) [39]",
     "moe_router_groups": "moe_router_group_topk (group-limited routing) of an MoE model needs "
@@ -544,17 +545,18 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
             (ep > 1) & (k["recompute"] != 2) & ((pp == 1) | (v > 1)) & (k["mtp_num_layers"] <= 1)
             & ~names_module(k, "moe")),
         # "disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm"
-        # (whatever the model); where the model has shared experts, "moe_shared_expert_overlap
-        # only works with alltoall token dispatcher" and "shared_experts recompute cannot
-        # work with --moe-shared-expert-overlap" [49]
+        # (whatever the model); where the model has shared experts, "shared_experts
+        # recompute cannot work with --moe-shared-expert-overlap" [49]
         "shared_expert_overlap": ~np.asarray(k.get("moe_shared_expert_overlap", False)) | (
             ~k["overlap_moe_expert_parallel_comm"]
-            & ~(bool(w.moe and w.shared) & (modules["shared_experts"] | k["moe_enable_deepep"]))),
+            & ~(bool(w.moe and w.shared) & modules["shared_experts"])),
         # "Flex token dispatcher requires TPxEP > 1" (its TP the expert grid's) [39]
         "deepep_group": ~k["moe_enable_deepep"] | (not w.moe) | (etp * ep > 1),
         # DeepEP reaches 8 NVLink peers; Megatron-Bridge refuses it on GB200/GB300 [39]
-        "deepep_domain": ~k["moe_enable_deepep"] | (not w.moe) | (
+        "deepep_domain": ~k["moe_enable_deepep"] | (not w.moe) | hybridep(k) | (
             (fleet.node.scale_up_domain or fleet.node.accelerators_per_node) <= DEEPEP_NVL_PEERS),
+        # HybridEP's kernels: "hidden_dim % 512 == 0" (csrc/hybrid_ep/config.cuh) [50]
+        "hybridep_hidden": ~hybridep(k) | (not w.moe) | (w.hidden % 512 == 0),
         # Megatron-Core's TransformerConfig: "moe_router_num_groups must be specified", the
         # experts divisible by it, moe_router_group_topk no larger; Transformer Engine's
         # fused router: "topk must be divisible by group_topk" (the unfused one ranks groups
@@ -1217,13 +1219,29 @@ def routed_miss(experts, top_k, unit, groups=0, group_topk=0):
 #: The NVLink peers DeepEP's normal kernels reach (``NUM_MAX_NVL_PEERS``): a larger NVLink
 #: domain (an NVL72 rack) is used as domains of 8 joined over RDMA [39].
 DEEPEP_NVL_PEERS = 8.0
+#: The flex dispatcher's backends (Megatron-Core's ``moe_flex_dispatcher_backend``), coded
+#: 0, 1: DeepEP [39] and NVIDIA's HybridEP [50].
+FLEX_BACKENDS = ("deepep", "hybridep")
+_HYBRIDEP = FLEX_BACKENDS.index("hybridep")
+#: The ranks of one NVLink domain HybridEP reaches ("Now we support up to 72(GB200) ranks
+#: per node", a node its NVLink domain) [50]: a whole NVL72 rack.
+HYBRIDEP_NVL_PEERS = 72.0
+
+
+def hybridep(k):
+    """Where the flex dispatcher runs HybridEP (``moe_flex_dispatcher_backend="hybridep"``
+    beside ``moe_enable_deepep``) [50]."""
+    return (np.asarray(k.get("moe_flex_dispatcher_backend", 0)) == _HYBRIDEP) & np.asarray(
+        k["moe_enable_deepep"])
 
 
 def flex_dispatch_time(token_bytes, experts, top_k, ep, n, near, hw, call_lat, groups=0,
-                       group_topk=0):
-    """One dispatch (or combine) of the flex dispatcher with DeepEP over ``n`` = etp x ep
-    ranks [39], ``token_bytes`` the rank's tokens, ``near`` the EP peers (expert blocks of
-    ``E / ep``) in the slowest rank's domain, at most :data:`DEEPEP_NVL_PEERS` ranks'. Each
+                       group_topk=0, reach=DEEPEP_NVL_PEERS):
+    """One dispatch (or combine) of the flex dispatcher over ``n`` = etp x ep ranks, DeepEP
+    [39] or HybridEP [50] (``reach``: the NVLink ranks the backend reaches,
+    :data:`DEEPEP_NVL_PEERS` or :data:`HYBRIDEP_NVL_PEERS`), ``token_bytes`` the rank's
+    tokens, ``near`` the EP peers (expert blocks of ``E / ep``) in the slowest rank's
+    domain, at most ``reach`` ranks'. Each
     rank holding one of a token's experts gets it once over NVLink (``(n - 1)`` ranks,
     each hit with ``1 - miss_all(E / ep)``; a remote one forwarded there), each other
     domain holding one once over the NICs (``ep / near - 1`` domains, each hit with
@@ -1232,7 +1250,7 @@ def flex_dispatch_time(token_bytes, experts, top_k, ep, n, near, hw, call_lat, g
     bound); its NVLink copies can be (they carry the forwarded ones), so where NVLink is
     not much faster than the NICs it can take the longer. Group-limited routing
     (``groups``, ``group_topk`` [46]) draws the misses of :func:`routed_miss`."""
-    near = np.minimum(near, np.maximum(np.floor(DEEPEP_NVL_PEERS / (n / ep)), 1.0))
+    near = np.minimum(near, np.maximum(np.floor(reach / (n / ep)), 1.0))
     blocks = experts / ep
     hit_rank = 1.0 - routed_miss(experts, top_k, blocks, groups, group_topk)
     hit_domain = 1.0 - routed_miss(experts, top_k, np.minimum(near * blocks, experts), groups,
@@ -1375,10 +1393,15 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
         # other domain that does (over the NICs), not once per routed copy; no TP gather
         # after it. Routing uniform over the experts: a token misses m of E experts with
         # probability C(E - m, k) / C(E, k) (miss_all); group-limited, routed_miss.
+        # HybridEP [50]: the same exchange, its NVLink reach the whole domain (an NVL72
+        # rack), where DeepEP's is 8 ranks.
+        hybrid = hybridep(k)
+        reach = (np.where(hybrid, HYBRIDEP_NVL_PEERS, DEEPEP_NVL_PEERS) if np.any(hybrid)
+                 else DEEPEP_NVL_PEERS)
         flex = flex_dispatch_time(ly.act_bytes / ly.norm_split, w.experts, w.top_k, ep,
                                   etp * ep, near, hw, call_lat,
                                   k.get("moe_router_num_groups", 0),
-                                  k.get("moe_router_group_topk", 0))
+                                  k.get("moe_router_group_topk", 0), reach)
         routed_bytes = ly.act_bytes * w.top_k * (etp / (tp * 1.0))
         etp_bw, etp_lat = hw.link(hw.within(etp, sp.n_acc))
         dispatch_tp = (net.all_gather_time(routed_bytes, etp, bus_bandwidth=etp_bw, latency=etp_lat)
@@ -1400,9 +1423,9 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
             # all-gather (its reduce-scatter's backward) beside the second GEMM's, the
             # dispatch's all-to-all alone (its all-gather's backward, a reduce-scatter,
             # runs before it) beside the first's. Each hides up to overlap_efficiency of the
-            # exchange it runs beside (the kernels share the SMs). (Megatron-Core's
-            # releases refuse it beside the flex dispatcher, whose exchange is priced
-            # alike: not realizable.)
+            # exchange it runs beside (the kernels share the SMs). The flex dispatcher's
+            # dispatch and combine alike (its token_dispatch and combine run the same calls
+            # in Megatron-Core since it lets the two meet [49]).
             gather = (net.all_gather_time(routed_bytes, etp, bus_bandwidth=etp_bw,
                                           latency=etp_lat) + call_lat * (etp > 1))
             deepep = k["moe_enable_deepep"]
