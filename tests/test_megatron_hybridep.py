@@ -6,6 +6,7 @@ and to the fused engine, which prices it beside its kernel, the same bits."""
 
 import dataclasses
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -65,9 +66,20 @@ def test_its_rules():
     assert why("Mixtral_8x7B_MC", NVL72, **kw) == ["deepep_domain"]
     odd = dataclasses.replace(catalog.workload("Mixtral_8x7B_MC"), name="hidden 3840",
                               hidden_dim=3840)  # (divisible by 256, not by 512)
-    assert why(odd, NVL72, **kw, **{BACKEND: "hybridep"}) == ["hybridep_hidden"]
-    assert why(odd, HGX, **kw, **{BACKEND: "hybridep"}) == ["hybridep_hidden"]
+    assert why(odd, NVL72, **kw, **{BACKEND: "hybridep"}) == ["hybridep_layout"]
+    assert why(odd, HGX, **kw, **{BACKEND: "hybridep"}) == ["hybridep_layout"]
     assert why(odd, HGX, **kw) == []
+    # (the backend is read beside the flex dispatcher of an MoE model only)
+    assert why(odd, HGX, **dict(kw, moe_enable_deepep=False), **{BACKEND: "hybridep"}) == []
+    dense = dataclasses.replace(catalog.workload("Llama3_8B_MC"), name="dense 3840",
+                                hidden_dim=3840)
+    assert why(dense, HGX, batch_size=64, tp_size=2, pp_size=1, dp_size=4,
+               moe_enable_deepep=True, **{BACKEND: "hybridep"}) == []
+    # EP 64 on racks filled to 72 straddles them (8 + 56 ranks): HybridEP refuses the split
+    # it prices, as on racks of 64, where every group is inside one
+    ep64 = dict(KW, pp_size=1, dp_size=128, **{BACKEND: "hybridep"})
+    assert why("Qwen3_235B_A22B_MC", NVL72, **ep64) == ["hybridep_layout"]
+    assert why("Qwen3_235B_A22B_MC", RACKS64, **ep64) == []
     plain = dict(kw, moe_enable_deepep=False)
     off = engines_agree("Mixtral_8x7B_MC", NVL72, **plain)
     on = engines_agree("Mixtral_8x7B_MC", NVL72, **plain, **{BACKEND: "hybridep"})
@@ -75,6 +87,79 @@ def test_its_rules():
         np.testing.assert_array_equal(on[name], off[name], err_msg=name)
     assert why("Llama3_8B_MC", NVL72, batch_size=64, tp_size=2, pp_size=1, dp_size=4,
                moe_enable_deepep=True, **{BACKEND: "hybridep"}) == []
+
+
+def test_hybrideps_own_checks_of_its_ranks_a_domain():
+    """At most 72 of the group's ranks in a domain (EP 128 inside a domain of 144 is
+    refused), and an even number of them (expert TP 3 x EP 1 inside a node is refused),
+    where the group is otherwise inside one domain."""
+    hgx = catalog.fleet(HGX)
+    big = dataclasses.replace(hgx, node=dataclasses.replace(hgx.node, scale_up_domain=144))
+    kw = dict(KW, pp_size=1, ep_size=128, dp_size=128, **{BACKEND: "hybridep"})
+    assert sorted(M.why_unrealizable(catalog.workload("Qwen3_235B_A22B_MC"), big, **kw)) == [
+        "hybridep_layout"]
+    assert sorted(M.why_unrealizable(catalog.workload("Qwen3_235B_A22B_MC"), big,
+                                     **dict(kw, ep_size=64, dp_size=64))) == []
+    odd = dict(KW, pp_size=1, ep_size=1, etp_size=3, dp_size=6, batch_size=6,
+               **{BACKEND: "hybridep"})
+    assert why("Qwen3_235B_A22B_MC", HGX, **odd) == ["hybridep_layout"]
+    assert why("Qwen3_235B_A22B_MC", HGX, **dict(odd, etp_size=2, dp_size=4, batch_size=4)) == []
+
+
+def test_reach_is_the_whole_rack_up_to_72():
+    """A flex group of 72 ranks (expert TP 9 x EP 8) filling a rack of 72: HybridEP's NVLink
+    reaches all 72, so each EP block's 9 ranks are near and nothing crosses the NICs: 71
+    NVLink sends, each hit with 1 - C(56, 8) / C(64, 8) (8 experts a rank of 64, top-8),
+    71 latency steps and a launch. (A reach of 64 would leave a block over the NICs.)"""
+    wl = dataclasses.replace(catalog.workload("Qwen3_30B_A3B_MC"), name="64 experts of 2304",
+                             experts=64, moe_ffn_hidden_dim=2304)
+    kw = dict(batch_size=72, seq_len=4096, tp_size=1, pp_size=1, ep_size=8, etp_size=9,
+              dp_size=72, micro_batch_size=1, moe_enable_deepep=True, **{BACKEND: "hybridep"})
+    ns = chain(wl, NVL72, **kw)
+    hw = ns.hw
+    miss = 1.0
+    for i in range(8):
+        miss *= (56.0 - i) / (64.0 - i)
+    flex = 71.0 * (1.0 - miss) * float(ns.ly.act_bytes) / hw.up_bw + 71.0 * hw.up_lat + hw.call_lat
+    assert float(ns.cm.ep_layer_f) == pytest.approx(2.0 * ns.ly.moe_share * flex, rel=1e-12)
+    assert why(wl, NVL72, **kw) == []
+
+
+def test_deepep_is_the_default_backend():
+    """Without the backend named, the flex dispatcher is DeepEP's: refused on an NVL72 rack."""
+    import inspect
+    assert M.DEFAULTS[BACKEND] == "deepep"
+    assert inspect.signature(M.solve).parameters[BACKEND].default == "deepep"
+    out = solve("Qwen3_235B_A22B_MC", RACKS64, **KW)
+    assert not bool(out["realizable"])
+    deep = solve("Qwen3_235B_A22B_MC", RACKS64, **KW, **{BACKEND: "deepep"})
+    for name in M.OUTPUTS:
+        np.testing.assert_array_equal(out[name], deep[name], err_msg=name)
+
+
+def test_the_flex_dispatcher_needs_an_nvidia_gpu_it_runs_on():
+    """On an accelerator of no NVIDIA architecture the flex dispatcher (either backend) is not
+    realizable; the fused engine keeps the rule."""
+    hgx = catalog.fleet(HGX)
+    amd = dataclasses.replace(hgx, node=dataclasses.replace(
+        hgx.node, accelerator=catalog.accelerator("MI300X")))
+    kw = dict(KW, ep_size=8, dp_size=64)
+    for backend in ("deepep", "hybridep"):
+        assert why("Mixtral_8x7B_MC", HGX, **kw, **{BACKEND: backend}) == []
+        broken = sorted(M.why_unrealizable(catalog.workload("Mixtral_8x7B_MC"), amd, **kw,
+                                           **{BACKEND: backend}))
+        assert "flex_architecture" in broken
+    rng = np.random.default_rng(5151)
+    knobs = _draw(rng, 5000, dp_given=True)
+    knobs["precision"] = rng.choice(["bf16", "fp8"], 5000)
+    wl = catalog.workload("Mixtral_8x7B_MC")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = M.solve(wl, amd, engine="numpy", **knobs)
+        fast = M.solve(wl, amd, engine="fused", **knobs)
+    for name in M.OUTPUTS:
+        np.testing.assert_array_equal(fast[name], ref[name], err_msg=name)
+    assert not (np.asarray(ref["realizable"]) & knobs["moe_enable_deepep"]).any()
 
 
 def test_bad_backends_are_refused_by_name():
@@ -89,7 +174,7 @@ def test_the_fused_kernel_prices_it_beside_it(workload, fleet):
     engine's outputs are the numpy path's, bit for bit, and HybridEP moves the rows of the
     flex dispatcher that reach past 8 ranks of a rack (and no other)."""
     rng = np.random.default_rng(5050 + len(fleet) + len(workload))
-    n = 3000
+    n = 5000  # (past FUSED_MIN_POINTS: the kernel's own path)
     knobs = _draw(rng, n, dp_given=True, etp_given=True)
     knobs[BACKEND] = rng.choice(["deepep", "hybridep"], n)
     out = engines_agree(workload, fleet, **knobs)

@@ -678,9 +678,10 @@ KNOBS = {k.name: k for k in (
            "--moe-enable-deepep): a token sent once to each rank and domain holding its "
            "experts; off: the all-to-all dispatcher, one copy per routed expert"),
     _K("moe_flex_dispatcher_backend", "choice", "deepep",
-       why="the flex dispatcher's backend, read with moe_enable_deepep (Megatron-Core's "
-           "--moe-flex-dispatcher-backend): 'deepep' (NVLink to 8 ranks, RDMA beyond) or "
-           "'hybridep' (NVIDIA's HybridEP: NVLink across the whole domain, an NVL72 rack)"),
+       why="the flex dispatcher's backend, read with moe_enable_deepep (the flex dispatcher; "
+           "Megatron-Core's --moe-flex-dispatcher-backend): 'deepep' (NVLink to 8 ranks, "
+           "RDMA beyond) or 'hybridep' (NVIDIA's HybridEP: NVLink across the whole domain, "
+           "an NVL72 rack)"),
     _K("moe_router_num_groups", "int", 0, low=0, high=65535,
        why="groups of experts of group-limited routing (Megatron-Core's moe_router_num_groups: "
            "node-limited routing sets it to the nodes of the EP group, device-limited to "
@@ -726,8 +727,10 @@ REALIZABLE_RULES = (
     "interleaved schedule where pp_size > 1 and at most one MTP layer, "
     "moe_shared_expert_overlap no overlap_moe_expert_parallel_comm and (with shared "
     "experts) no 'shared_experts' recompute, moe_enable_deepep "
-    "(an MoE model) etp_size x ep_size > 1 and, with DeepEP, an NVLink domain of at most 8 "
-    "GPUs, with HybridEP a hidden size divisible by 512, "
+    "(an MoE model) etp_size x ep_size > 1, an NVIDIA Ampere, Hopper or Blackwell GPU and, "
+    "with DeepEP, an NVLink domain of at most 8 GPUs, with HybridEP its group split evenly "
+    "over whole domains or inside one (at most 72 and an even number of ranks a domain) "
+    "and a hidden size divisible by 512, "
     "moe_router_group_topk (an MoE model) moe_router_num_groups set, dividing the experts "
     "and no smaller than it, moe_router_group_topk dividing top-k, a group holding top-k / "
     "moe_router_group_topk experts or more, and "
@@ -1370,8 +1373,10 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         experts are priced on the numpy path, in a call of the fused kernel too. False
         (default).
     moe_enable_deepep : bool
-        Megatron-Core's flex token dispatcher with DeepEP (``--moe-token-dispatcher-type
-        flex --moe-enable-deepep``) [39]: one exchange over the expert TP x EP group in
+        Megatron-Core's flex token dispatcher (``--moe-token-dispatcher-type flex``), with
+        the backend ``moe_flex_dispatcher_backend`` names (DeepEP by default: Megatron-Core's
+        ``--moe-enable-deepep``, now ``--moe-flex-dispatcher-backend deepep``) [39]: one
+        exchange over the expert TP x EP group in
         which a token goes once to each rank holding one of its experts (over NVLink) and
         once to each other NVLink domain holding one (over the NICs), with routing taken
         as uniform; no TP gather after it. False (default): the all-to-all dispatcher,
@@ -1381,13 +1386,19 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         ``moe_flex_dispatcher_backend``) (else not ``realizable``); a dense one ignores it.
     moe_flex_dispatcher_backend : {"deepep", "hybridep"}
         The flex dispatcher's backend (Megatron-Core's ``--moe-flex-dispatcher-backend``,
-        which replaces ``--moe-enable-deepep``), read with ``moe_enable_deepep`` [50]:
+        which replaces ``--moe-enable-deepep``: "hybridep" is ``--moe-token-dispatcher-type
+        flex --moe-flex-dispatcher-backend hybridep`` without ``--moe-enable-deepep``, beside
+        which Megatron-Core raises "Only one backend is supported for flex token
+        dispatcher"), read with ``moe_enable_deepep`` (here: the flex dispatcher) [50]:
         "deepep" (default), DeepEP's normal kernels, NVLink to 8 ranks and RDMA beyond;
         "hybridep", NVIDIA's HybridEP, the same exchange (a token once to each rank that
         holds one of its experts, once to each other domain that does, forwarded there)
         with NVLink across the whole domain, up to 72 ranks: on a GB200/GB300 NVL72 rack
         an EP group inside the rack sends nothing over the NICs. HybridEP runs on every
-        domain size and needs a hidden size divisible by 512 (its kernels'; else not
+        domain size; it needs its group (``etp_size * ep_size`` ranks) split evenly over
+        the domains it spans (inside one its groups tile, or whole ones: not EP 64 on
+        racks filled to 72), at most 72 and an even number of its ranks a domain, and a
+        hidden size divisible by 512 (its buffer's and kernels' checks; else not
         ``realizable``). Its own kernel efficiency is not modelled (the fitted link
         efficiencies apply). Configurations of an MoE model that set it beside the flex
         dispatcher are priced on the numpy path, in a call of the fused kernel too.
@@ -1641,7 +1652,7 @@ def _price(w, fleet, k, constants, engine, memo):
                              f"'auto' can)")
         # the one rule of solver.fused on the knobs' broadcast shape
         if why is None and fused.resolve_engine(engine, {"the broadcast of the knobs": shape}) == "fused":
-            rows = _beside_rows(w, k, shape)
+            rows = _beside_rows(w, k, shape, fleet)
             if rows is None or not rows[1].all():
                 return _beside_kernel(w, fleet, k, c, shape,
                                       _solve_fused(w, fleet, k, c, shape, memo), rows)
@@ -1682,7 +1693,7 @@ _KERNEL_BOUNDS = tuple(
 # ENGINES and FUSED_MIN_POINTS: the one rule of solver.fused, shared with mlsysim.
 
 
-def _beside_rows(w, k, shape):
+def _beside_rows(w, k, shape, fleet=None):
     """Which configurations set a knob the fused kernel does not read (:data:`_BESIDE_KERNEL`)
     where it matters, flat: ``(rule, priced)``, the rows where a knob only breaks its rule
     (``realizable`` False, the rest the kernel's) and the rows :func:`_solve` prices again;
@@ -1705,8 +1716,9 @@ def _beside_rows(w, k, shape):
     schedule, which only breaks its rule), ``moe_shared_expert_overlap`` on a model without
     shared experts (but beside that schedule, which only breaks its rule; with them it is
     priced again), ``moe_flex_dispatcher_backend`` outside the flex dispatcher (of an MoE
-    model; "hybridep" beside it is priced again) and ``fp8_recipe`` outside FP8 change
-    nothing; under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
+    model; "hybridep" beside it is priced again), the flex dispatcher on an accelerator of
+    another architecture than :data:`~.megatron_steps.FLEX_ARCHITECTURES` (which only breaks
+    its rule; ``fleet`` tells) and ``fp8_recipe`` outside FP8 change nothing; under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
     optimizer does (priced with it) and the blockwise recipes, whose rule is the fleet's,
     are priced again."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
@@ -1725,9 +1737,15 @@ def _beside_rows(w, k, shape):
     uniform = steps._uniform(k)
     se_overlap = np.asarray(k.get("moe_shared_expert_overlap", False))
     hybrid = steps.hybridep(k) if w.moe else np.zeros((), dtype=bool)
+    # (the flex dispatcher on an accelerator its backends do not run on only breaks its rule)
+    foreign = np.zeros((), dtype=bool)
+    if w.moe and fleet is not None and (fleet.node.accelerator.architecture or "").lower() \
+            not in steps.FLEX_ARCHITECTURES:
+        foreign = np.asarray(k["moe_enable_deepep"])
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)
             or np.any(pa) or np.any(dtypes) or np.any(grouped) or np.any(modules)
-            or np.any(recipe) or np.any(uniform) or np.any(se_overlap) or np.any(hybrid)):
+            or np.any(recipe) or np.any(uniform) or np.any(se_overlap) or np.any(hybrid)
+            or np.any(foreign)):
         return None
     n = int(np.prod(shape)) if shape else 1
 
@@ -1787,7 +1805,7 @@ def _beside_rows(w, k, shape):
     else:
         se_overlap = np.zeros(n, dtype=bool)
     return ((rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on) | (flat(dtypes) & ~pa)
-            | broken | moe_overlap | uniform | se_overlap), priced
+            | broken | moe_overlap | uniform | se_overlap | flat(foreign)), priced
 
 
 def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):

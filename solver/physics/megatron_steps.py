@@ -413,8 +413,13 @@ REALIZABLE_CONDITIONS = {
                              "recompute='selective' [49]",
     "deepep_group": "the flex dispatcher (moe_enable_deepep) of an MoE model needs etp_size x "
                     "ep_size > 1 [39]",
-    "hybridep_hidden": "the flex dispatcher's HybridEP backend (moe_flex_dispatcher_backend "
-                       "'hybridep') needs a hidden size divisible by 512 [50]",
+    "hybridep_layout": "the flex dispatcher's HybridEP backend (moe_flex_dispatcher_backend "
+                       "'hybridep') needs its group (etp_size x ep_size ranks) split evenly "
+                       "over the NVLink domains it spans (inside one that its groups tile, or "
+                       "whole ones), at most 72 and an even number of them a domain, and a "
+                       "hidden size divisible by 512 [50]",
+    "flex_architecture": "the flex dispatcher (moe_enable_deepep) runs on NVIDIA Ampere, "
+                         "Hopper and Blackwell GPUs (the catalog's architecture) [39] [50]",
     "deepep_domain": "DeepEP runs on NVLink domains of at most 8 GPUs (not GB200/GB300 NVL72 "
                      "racks, whose flex dispatcher is HybridEP) [39]",
     "moe_router_groups": "moe_router_group_topk (group-limited routing) of an MoE model needs "
@@ -555,8 +560,11 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
         # DeepEP reaches 8 NVLink peers; Megatron-Bridge refuses it on GB200/GB300 [39]
         "deepep_domain": ~k["moe_enable_deepep"] | (not w.moe) | hybridep(k) | (
             (fleet.node.scale_up_domain or fleet.node.accelerators_per_node) <= DEEPEP_NVL_PEERS),
-        # HybridEP's kernels: "hidden_dim % 512 == 0" (csrc/hybrid_ep/config.cuh) [50]
-        "hybridep_hidden": ~hybridep(k) | (not w.moe) | (w.hidden % 512 == 0),
+        # HybridEP's buffer and kernels (hybrid_ep_buffer.py, csrc/hybrid_ep/config.cuh) [50]
+        "hybridep_layout": ~hybridep(k) | (not w.moe) | _hybridep_groups_hold(w, fleet, k, n_acc),
+        # Megatron-Bridge's validate_flex_dispatcher_backend [39] [50]
+        "flex_architecture": ~k["moe_enable_deepep"] | (not w.moe) | (
+            (fleet.node.accelerator.architecture or "").lower() in FLEX_ARCHITECTURES),
         # Megatron-Core's TransformerConfig: "moe_router_num_groups must be specified", the
         # experts divisible by it, moe_router_group_topk no larger; Transformer Engine's
         # fused router: "topk must be divisible by group_topk" (the unfused one ranks groups
@@ -1222,7 +1230,11 @@ DEEPEP_NVL_PEERS = 8.0
 #: The flex dispatcher's backends (Megatron-Core's ``moe_flex_dispatcher_backend``), coded
 #: 0, 1: DeepEP [39] and NVIDIA's HybridEP [50].
 FLEX_BACKENDS = ("deepep", "hybridep")
-_HYBRIDEP = FLEX_BACKENDS.index("hybridep")
+_DEEPEP, _HYBRIDEP = FLEX_BACKENDS.index("deepep"), FLEX_BACKENDS.index("hybridep")
+#: The architectures (the catalog's ``architecture``) the flex dispatcher's backends run on:
+#: NVIDIA's Ampere, Hopper and Blackwell (Megatron-Bridge: DeepEP on compute capability 8
+#: and 9 and B200/B300, HybridEP on 8, 9 and 10) [39] [50].
+FLEX_ARCHITECTURES = ("ampere", "hopper", "blackwell")
 #: The ranks of one NVLink domain HybridEP reaches ("Now we support up to 72(GB200) ranks
 #: per node", a node its NVLink domain) [50]: a whole NVL72 rack.
 HYBRIDEP_NVL_PEERS = 72.0
@@ -1231,8 +1243,23 @@ HYBRIDEP_NVL_PEERS = 72.0
 def hybridep(k):
     """Where the flex dispatcher runs HybridEP (``moe_flex_dispatcher_backend="hybridep"``
     beside ``moe_enable_deepep``) [50]."""
-    return (np.asarray(k.get("moe_flex_dispatcher_backend", 0)) == _HYBRIDEP) & np.asarray(
+    return (np.asarray(k.get("moe_flex_dispatcher_backend", _DEEPEP)) == _HYBRIDEP) & np.asarray(
         k["moe_enable_deepep"])
+
+
+def _hybridep_groups_hold(w, fleet, k, n_acc):
+    """Where HybridEP's layout checks hold [50]: the flex group (etp x ep ranks) splits
+    evenly over the NVLink domains it spans ("The number of ranks ... should be divisible
+    by the number of ranks per NVLink domain"): inside one domain that its groups tile
+    (Hardware.within's rule), or over whole domains; at most 72 of its ranks in a domain
+    (``MAX_NUM_OF_RANKS_PER_NODE``), an even number of them (``config.cuh``'s
+    ``is_valid``), and a hidden size divisible by 512 (the same)."""
+    domain = float(fleet.node.scale_up_domain or fleet.node.accelerators_per_node)
+    span = np.asarray(k.get("etp_size", k["tp_size"]), dtype=np.float64) * k["ep_size"]
+    per_domain = np.minimum(span, domain)
+    even = groups_within(domain, span, n_acc) | (np.mod(span, domain) == 0)
+    return even & (per_domain <= HYBRIDEP_NVL_PEERS) & (np.mod(per_domain, 2) == 0) & (
+        w.hidden % 512 == 0)
 
 
 def flex_dispatch_time(token_bytes, experts, top_k, ep, n, near, hw, call_lat, groups=0,
