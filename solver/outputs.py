@@ -179,6 +179,9 @@ MEGATRON_ONLY: Mapping[str, Output] = MappingProxyType({o.name: o for o in (
     _o("optimizer_latency", "s", "optimizer step", _MIN, physics=_MG),
     _o("launch_latency", "s",
        "host kernel-launch time the paced stage's GPU work does not hide", _MIN, physics=_MG),
+    _o("offload_latency", "s",
+       "host-link copies of offloaded activations the layers' work does not hide", _MIN,
+       physics=_MG),
 )})
 
 #: Every output of every physics model: name -> :class:`Output` (mlsysim's first).

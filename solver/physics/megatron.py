@@ -300,6 +300,24 @@ References
     Ampere, Hopper, and Blackwell (B200/B300) GPUs"): a layout with it on an NVLink
     domain above 8 is not realizable. NVIDIA's HybridEP backend, which spans an NVL72
     rack's NVLink: [50].
+[51] Megatron-Core ``model_parallel_config.py`` (``cpu_offloading``: "all the activations
+    are offloaded to the CPU asynchronously"; ``cpu_offloading_num_layers``: "number of
+    transformer layers for which activations has to be offloaded") and
+    ``transformer/transformer_config.py`` ("Currently there is no support for Pipeline
+    parallelism with CPU offloading", "CPU offloading does not work when activation
+    recomputation is enabled", "CPU offloading can be done only for layers less than
+    {num_layers}"); Transformer Engine ``pytorch/cpu_offload.py`` (the tensors its modules
+    save, copied on a D2H and an H2D stream: "D2h and h2d copying are completely hidden
+    behind computation if computation time of a layer is longer than host-device
+    communication time"; the peak "(num_layers - num_offloaded_layers) * T"; "Cannot
+    offload all layers"); Megatron-Bridge ``scripts/performance/configs/llama/
+    llama3_workload_base_configs.py`` (Llama 3 70B: ``cpu_offloading_num_layers`` 20 to 40
+    on GB200 and GB300, 5 on B200, with Megatron-FSDP). Host links, one way: PCIe Gen4 x16
+    32 GB/s (A100), Gen5 x16 64 GB/s (H100, H200, and B200 and B300 behind their hosts'
+    Gen5 CPUs); GB200 and GB300: NVLink-C2C, 900 GB/s both ways between a Grace and its two
+    GPUs, taken as 225 GB/s one way a GPU (both GPUs copying at once; an assumption, no
+    per-GPU figure is published). The fine-grained offloading (``offload_modules``) is not
+    modelled.
 [50] Megatron-Core ``transformer/transformer_config.py`` (NVIDIA/Megatron-LM at 002526d8:
     ``moe_flex_dispatcher_backend``, "deepep" by default, "Currently only "hybridep" backend
     supports the MNNVL case"; "moe_enable_deepep is deprecated. Please use
@@ -689,6 +707,10 @@ KNOBS = {k.name: k for k in (
     _K("moe_router_group_topk", "int", 0, low=0, high=65535,
        why="groups a token's experts are chosen from (Megatron-Core's moe_router_group_topk; "
            "DeepSeek-V3: 4 of 8); 0: not set, routing over every expert"),
+    _K("cpu_offloading_num_layers", "int", 0, low=0, high=4095,
+       why="layers whose activations are offloaded to host memory (Megatron-Core's "
+           "--cpu-offloading with --cpu-offloading-num-layers); 0: none. One pipeline stage, "
+           "no recompute"),
     _K("hidden_dropout", "float", 0.1, low=0.0, high=1.0,
        why="the hidden state's dropout probability, Megatron-Core's hidden_dropout"),
     _K("attention_dropout", "float", 0.1, low=0.0, high=1.0,
@@ -777,6 +799,7 @@ OUTPUTS = {
     "memory_optimizer_state": ("byte", "optimizer state per accelerator (and the step's FP32 copies: of 16-bit gradients, of a precision-aware optimizer's narrower states), of the pipeline rank memory_footprint prices"),
     "memory_activations": ("byte", "stored activations per accelerator, of the pipeline rank memory_footprint prices"),
     "memory_communication_buffers": ("byte", "gradient buckets, p2p and gather buffers per accelerator, of the pipeline rank memory_footprint prices"),
+    "offload_latency": ("s", "host-link copies of the offloaded activations (cpu_offloading_num_layers) the layers' work does not hide: to the host in the forward, back in the backward"),
     "feasible": ("1", "training state fits the accelerator's memory"),
 }
 
@@ -824,7 +847,8 @@ _BESIDE_KERNEL = ("recompute_num_layers", "cp_comm_type", "cp_a2a_size", "fp8_pa
                   "use_precision_aware_optimizer", "main_params_dtype", "exp_avg_dtype",
                   "exp_avg_sq_dtype", "store_param_remainders", "moe_router_num_groups",
                   "moe_router_group_topk", "recompute_modules", "fp8_recipe", "recompute_method",
-                  "moe_shared_expert_overlap", "moe_flex_dispatcher_backend")
+                  "moe_shared_expert_overlap", "moe_flex_dispatcher_backend",
+                  "cpu_offloading_num_layers")
 
 
 def _normalize(values, fast=False, unchecked=None):
@@ -1124,7 +1148,8 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
           exp_avg_sq_dtype="fp32", store_param_remainders=True, fsdp_own_nic=False,
           scatter_gather_tensors_in_pipeline=False, overlap_p2p_comm=True,
           overlap_moe_expert_parallel_comm=False, moe_shared_expert_overlap=False,
-          moe_enable_deepep=False, moe_flex_dispatcher_backend="deepep", moe_router_num_groups=0, moe_router_group_topk=0, hidden_dropout=0.1,
+          moe_enable_deepep=False, moe_flex_dispatcher_backend="deepep", moe_router_num_groups=0, moe_router_group_topk=0, cpu_offloading_num_layers=0,
+          hidden_dropout=0.1,
           attention_dropout=0.1, mtp_num_layers=0,
           num_layers_in_first_pipeline_stage=0, num_layers_in_last_pipeline_stage=0,
           account_for_embedding_in_pipeline_split=False,
@@ -1422,6 +1447,20 @@ def solve(workload: Workload, fleet: Fleet, *, batch_size=1, seq_len=2048, tp_si
         many of each) (else not ``realizable``). 0 (default): not set; the groups are read
         only with ``moe_router_group_topk``. Configurations of the flex dispatcher
         that set it are priced on the numpy path, in a call of the fused kernel too.
+    cpu_offloading_num_layers : int [1]
+        Activation offloading to host memory (Megatron-Core's ``--cpu-offloading`` with
+        ``--cpu-offloading-num-layers``, as Megatron-Bridge's ``cpu_offloading_num_layers``
+        override sets them; NVIDIA's Llama 3 70B recipes on GB200 and GB300 offload 20 to 40
+        layers beside Megatron-FSDP) [51]: the first that many layers' stored activations
+        go to the host as the forward leaves each and come back before their backward, so
+        the rank holds the other layers' (``memory_activations``). The copies cross the
+        accelerator's host link (the catalog's ``host_link_bandwidth``, one way: PCIe Gen5
+        x16 on HGX H100 and B200, NVLink-C2C on GB200 and GB300) on streams of their own;
+        what a phase's copies outlast of the layers' work in that phase stalls it
+        (``offload_latency``). Host memory is not counted. It needs one pipeline stage, no
+        recompute, fewer layers than the model's and a catalog host link (else not
+        ``realizable``). 0 (default): none. Configurations that set it are priced on the
+        numpy path, in a call of the fused kernel too.
     hidden_dropout, attention_dropout : float [1]
         Dropout probabilities, Megatron-Core's (``--hidden-dropout``,
         ``--attention-dropout``; 0.1 each by default, as Megatron-Core's). They change
@@ -1718,7 +1757,9 @@ def _beside_rows(w, k, shape, fleet=None):
     priced again), ``moe_flex_dispatcher_backend`` outside the flex dispatcher (of an MoE
     model; "hybridep" beside it is priced again), the flex dispatcher on an accelerator of
     another architecture than :data:`~.megatron_steps.FLEX_ARCHITECTURES` (which only breaks
-    its rule; ``fleet`` tells) and ``fp8_recipe`` outside FP8 change nothing; under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
+    its rule; ``fleet`` tells) and ``fp8_recipe`` outside FP8 change nothing;
+    ``cpu_offloading_num_layers`` is priced again wherever set (the kernel's
+    ``offload_latency`` is 0.0); under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
     optimizer does (priced with it) and the blockwise recipes, whose rule is the fleet's,
     are priced again."""
     rnl = np.asarray(k.get("recompute_num_layers", 0))
@@ -1745,7 +1786,7 @@ def _beside_rows(w, k, shape, fleet=None):
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)
             or np.any(pa) or np.any(dtypes) or np.any(grouped) or np.any(modules)
             or np.any(recipe) or np.any(uniform) or np.any(se_overlap) or np.any(hybrid)
-            or np.any(foreign)):
+            or np.any(foreign) or np.any(np.asarray(k.get("cpu_offloading_num_layers", 0)) > 0)):
         return None
     n = int(np.prod(shape)) if shape else 1
 
@@ -1778,7 +1819,7 @@ def _beside_rows(w, k, shape, fleet=None):
         if np.any(grouped) else grouped
     priced = ((rnl & full) | (flat(cpc != 0) & flat(np.asarray(k["cp_size"]) > 1))
               | (fp8_params & gathers_fp8) | flat(ce_te) | pa_on | flex | flat(modules)
-              | flat(hybrid))
+              | flat(hybrid) | flat(np.asarray(k.get("cpu_offloading_num_layers", 0)) > 0))
     if np.any(recipe):
         # (a recipe of blocks under FP8: its rule is the fleet's, which the numpy path reads)
         recipe = flat(recipe) & (codes("precision") == PRECISIONS.index("fp8")) & (
@@ -1822,6 +1863,10 @@ def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):
     flat = {name: np.asarray(value).reshape(n) for name, value in out.items()}
     flat["realizable"][rule] = False
     idx = np.flatnonzero(priced)
+    if idx.size and not flat["offload_latency"].flags.writeable:
+        # (the kernel's zeros are one read-only view)
+        flat["offload_latency"] = np.zeros(n)
+        out["offload_latency"] = flat["offload_latency"].reshape(shape)
     if idx.size:
         sub = {}
         for name, value in k.items():
@@ -1925,7 +1970,20 @@ def _solve_fused(w: _Shape, fleet: Fleet, k, c, shape, memo):
     memo["unchecked"] = []
     rows = {name: fo[j].reshape(shape) for j, name in enumerate(fk.FLOAT_OUTPUTS)}
     rows.update({name: bo[j].reshape(shape) for j, name in enumerate(fk.BOOL_OUTPUTS)})
+    # (no offloading in the kernel: cpu_offloading_num_layers is priced beside it; NaN
+    # where the split is not valid, as every float output)
+    valid = rows["valid"]
+    if valid.all():
+        rows["offload_latency"] = np.broadcast_to(_ZERO, shape)
+    else:
+        none = buffers.empty(n, np.float64)
+        none.fill(0.0)
+        np.copyto(none, np.nan, where=~valid.reshape(n))
+        rows["offload_latency"] = none.reshape(shape)
     return {name: rows[name] for name in OUTPUTS}
+
+
+_ZERO = np.zeros((), dtype=np.float64)
 
 
 def _solve(w: _Shape, fleet: Fleet, k, c, shape):

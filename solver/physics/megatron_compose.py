@@ -361,6 +361,9 @@ class Memory:
     activations: object
     buffers: object
     footprint: object
+    #: bytes of one microbatch's activations the priced rank offloads to the host (and
+    #: reloads) under cpu_offloading_num_layers [51]; 0.0 without it
+    offloaded: object = 0.0
 
 
 def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataParallel) -> Memory:
@@ -523,6 +526,8 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
     # output (its SP slice), for each microbatch in flight, where hidden_dropout > 0.
     mask = np.where(np.asarray(k["hidden_dropout"]) > 0.0, ly.act_bytes / 2.0 / ly.norm_split, 0.0)
     ranks = pipeline_ranks(w, sp) if plain is None else pipeline_ranks(w, sp, recompute=True)
+    offload = np.asarray(k.get("cpu_offloading_num_layers", 0))
+    offloads = bool(np.any(offload > 0))
     for rank, n, dense_n, first, last, *again in ranks:
         moe_n, mtp = n - dense_n, sp.mtp * last
         # the input embedding on the first rank, the output layer on the last (and a copy
@@ -533,10 +538,25 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         # Combined 1F1B [35]: a paired step's forward builds a layer of one microbatch
         # while its backward frees one of another: one layer more than 1F1B at the peak.
         one = np.maximum(np.where(moe_n > 0, act_moe, 0.0), np.where(dense_n > 0, act_dense, 0.0))
+        offloaded = 0.0
         if plain is None:
             per_mb = dense_n * act_dense + moe_n * act_moe + first * mask
             work = np.maximum(np.where(moe_n > 0, work_moe, 0.0),
                               np.where(dense_n > 0, work_dense, 0.0))
+            if offloads:
+                # Activation offloading [51] (Megatron-Core's cpu_offloading, one pipeline
+                # stage): the first cpu_offloading_num_layers layers' activations go to the
+                # host as the forward leaves each (Transformer Engine's offload context,
+                # on its own streams) and come back before its backward: the rank holds the
+                # rest ("(num_layers - num_offloaded_layers) * T" at its peak; never the
+                # last layer). The dense layers come first. Their whole stored activations
+                # are taken as offloaded (Transformer Engine moves the tensors its modules
+                # save; the dropout masks and an MoE layer's routing state, saved outside
+                # them, stay: an undercount of what stays).
+                n_off = np.minimum(offload, np.maximum(n - 1, 0))
+                off_dense = np.minimum(n_off, dense_n)
+                offloaded = off_dense * act_dense + (n_off - off_dense) * act_moe
+                per_mb = per_mb - offloaded
         else:
             # the rank's recomputed layers [40], the dense ones first in each chunk
             r_dense = again[0]
@@ -583,13 +603,13 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         # rounding, a tie broken either way)
         foot = params * state + experts * state_e + np.maximum(
             act + buffers - (params * sc + experts * sce), 0.0)
-        this = (params, experts, act, foot)
+        this = (params, experts, act, foot, offloaded)
         best = this if best is None else tuple(
             np.where(foot > best[3], a, b) for a, b in zip(this, best))
-    params, experts, activations, footprint = best
+    params, experts, activations, footprint, offloaded = best
     return Memory(weights=params * sw + experts * swe, grads=params * sg + experts * sge,
                   optim=params * so + experts * soe, activations=activations,
-                  buffers=buffers, footprint=footprint)
+                  buffers=buffers, footprint=footprint, offloaded=offloaded)
 
 
 # ---------------------------------------------------------------- 8. compose
@@ -653,6 +673,19 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
     batch, s, m, rc, n_acc = sp.batch, sp.s, sp.m, sp.rc, sp.n_acc
     h = ly.h
     total = pl.t_pipe + pl.t_pp + dpr.t_dp + dpr.t_opt + c["step_overhead"]
+    t_offload = 0.0
+    if np.any(np.asarray(mm.offloaded) > 0):
+        # Activation offloading [51]: each microbatch's offloaded bytes cross the host link
+        # (its one-way rate) to the host during the forward and back during the backward,
+        # on streams of their own beside the layers' work: what a phase's copies outlast of
+        # the stage's layers' time in that phase stalls it (Transformer Engine spreads the
+        # layers' offloads over the forward, one group's due as the next's layers end: for
+        # like layers, the sum of each group's excess is this one).
+        copy = mm.offloaded / hw.host_bw
+        layers = pl.layers_stage
+        t_offload = m * (np.maximum(copy - layers * pl.window_f, 0.0)
+                         + np.maximum(copy - layers * pl.window_b, 0.0))
+        total = total + t_offload
     mtp = sp.mtp
     model_flops = _model_flops(w, batch, s, h, ly.d, mtp)
     per_acc = model_flops / (total * n_acc)
@@ -734,6 +767,7 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         "memory_optimizer_state": mm.optim,
         "memory_activations": mm.activations,
         "memory_communication_buffers": mm.buffers,
+        "offload_latency": t_offload,
     }
     if pl.paced is not None:
         # a stage of both kinds of layer: each kind's own launch time, in proportion (the

@@ -418,6 +418,9 @@ REALIZABLE_CONDITIONS = {
                        "over the NVLink domains it spans (inside one that its groups tile, or "
                        "whole ones), at most 72 and an even number of them a domain, and a "
                        "hidden size divisible by 512 [50]",
+    "cpu_offloading": "cpu_offloading_num_layers (activations offloaded to the host) needs "
+                      "pp_size 1, recompute='none', fewer than the model's layers, and the "
+                      "accelerator's host link in the catalog (host_link_bandwidth) [51]",
     "flex_architecture": "the flex dispatcher (moe_enable_deepep) runs on NVIDIA Ampere, "
                          "Hopper and Blackwell GPUs (the catalog's architecture) [39] [50]",
     "deepep_domain": "DeepEP runs on NVLink domains of at most 8 GPUs (not GB200/GB300 NVL72 "
@@ -562,6 +565,13 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
             (fleet.node.scale_up_domain or fleet.node.accelerators_per_node) <= DEEPEP_NVL_PEERS),
         # HybridEP's buffer and kernels (hybrid_ep_buffer.py, csrc/hybrid_ep/config.cuh) [50]
         "hybridep_layout": ~hybridep(k) | (not w.moe) | _hybridep_groups_hold(w, fleet, k, n_acc),
+        # "Currently there is no support for Pipeline parallelism with CPU offloading", "CPU
+        # offloading does not work when activation recomputation is enabled", "CPU
+        # offloading can be done only for layers less than {num_layers}" [51]
+        "cpu_offloading": (np.asarray(k.get("cpu_offloading_num_layers", 0)) == 0) | (
+            (pp == 1) & (k["recompute"] == 0)
+            & (np.asarray(k.get("cpu_offloading_num_layers", 0)) < w.layers)
+            & (fleet.node.accelerator.host_link_bandwidth is not None)),
         # Megatron-Bridge's validate_flex_dispatcher_backend [39] [50]
         "flex_architecture": ~k["moe_enable_deepep"] | (not w.moe) | (
             (fleet.node.accelerator.architecture or "").lower() in FLEX_ARCHITECTURES),
@@ -745,6 +755,9 @@ class Hardware:
     call_lat: object
     memory_capacity: float
     low_bits: object
+    #: the host link's one-way rate per accelerator (the catalog's host_link_bandwidth; inf
+    #: where it states none: activation offloading is then not realizable) [51]
+    host_bw: float = float("inf")
 
     def gemm(self, flops, calls=1.0, peak=None, plat=None, k=None):
         """Time of ``calls`` GEMMs of ``flops`` in all, at ``peak`` (default: the GEMM precision's)."""
@@ -814,7 +827,8 @@ def hardware(fleet, c, prec, grad_bf16=False) -> Hardware:
         out_bw=(node.nic_bandwidth or fabric.bandwidth / fabric.oversubscription) * c["scale_out_efficiency"],
         up_lat=SCALE_UP_STEP_LATENCY,
         out_lat=fabric.latency if fabric.latency is not None else SCALE_OUT_STEP_LATENCY,
-        call_lat=c["collective_latency"], memory_capacity=acc.memory_capacity, low_bits=low_bits)
+        call_lat=c["collective_latency"], memory_capacity=acc.memory_capacity, low_bits=low_bits,
+        host_bw=acc.host_link_bandwidth or float("inf"))
 
 
 # ------------------------------------------------------------ 3. layer times

@@ -56,7 +56,10 @@ MEGATRON_TERMS = (("compute", "compute_latency"),
                   ("CP communication", "cp_communication_latency"),
                   ("PP communication", "pp_communication_latency"),
                   ("EP communication", "ep_communication_latency"),
-                  ("pipeline bubble", "pipeline_bubble_latency"), ("optimizer", "optimizer_latency"))
+                  ("pipeline bubble", "pipeline_bubble_latency"), ("optimizer", "optimizer_latency"),
+                  ("activation offload", "offload_latency"))
+#: Terms a cube written before they were priced lacks (their value there: 0.0).
+_LATER_TERMS = frozenset({"offload_latency"})
 #: The mlsysim model's outputs its terms are made of (the exposed DP time is the step's rest).
 _MLSYSIM_NEEDS = ("step_latency_total", "node_latency", "tp_communication_latency",
                   "ep_communication_latency", "pipeline_bubble_latency")
@@ -106,7 +109,8 @@ def step_components(out: Mapping, straggler_factor: float = 1.0, physics=None) -
         ``EP communication`` and ``pipeline bubble``, each scaled by the
         straggler factor. megatron: its own exposed terms (:data:`MEGATRON_TERMS`:
         ``compute``, ``exposed DP communication``, ``TP``, ``CP``, ``PP`` and ``EP
-        communication``, ``pipeline bubble``, ``optimizer``), ``launch`` (host launch
+        communication``, ``pipeline bubble``, ``optimizer``, ``activation offload``, 0.0
+        where a cube written before it was priced lacks it), ``launch`` (host launch
         time the GPU work does not hide, ``launch_latency``) and ``step overhead`` (the
         fixed per-step time, the step's rest). Either way they sum to the step time.
 
@@ -118,7 +122,9 @@ def step_components(out: Mapping, straggler_factor: float = 1.0, physics=None) -
     """
     model = _model_of(out, physics)
     if model == "megatron":
-        needs = ("step_latency_total",) + tuple(k for _, k in MEGATRON_TERMS) + ("launch_latency",)
+        needs = (("step_latency_total",)
+                 + tuple(k for _, k in MEGATRON_TERMS if k not in _LATER_TERMS)
+                 + ("launch_latency",))
     else:
         needs = _MLSYSIM_NEEDS
     missing = [name for name in needs if name not in out]
@@ -130,7 +136,7 @@ def step_components(out: Mapping, straggler_factor: float = 1.0, physics=None) -
         if float(straggler_factor) != 1.0:
             raise ValueError(f"step_components: the megatron physics has no straggler factor, "
                              f"so expected straggler_factor=1, but got {straggler_factor!r}")
-        terms = {name: float(out[key]) for name, key in MEGATRON_TERMS}
+        terms = {name: float(out[key]) if key in out else 0.0 for name, key in MEGATRON_TERMS}
         terms["launch"] = float(out["launch_latency"])
         terms["step overhead"] = float(out["step_latency_total"]) - sum(terms.values())
         return terms
