@@ -59,30 +59,63 @@ def test_the_dense_layers_go_first():
     assert steps_[3] < steps_[0] < 0.0  # an MoE layer stores more than a dense one
 
 
-@pytest.mark.parametrize("tp, n", [(1, 16), (1, 31), (2, 24), (4, 31)])
-def test_the_copies_stall_what_they_outlast(tp, n):
-    """Llama 3 8B on H100s (PCIe Gen5 x16, 64 GB/s one way): each microbatch's offloaded
-    bytes B cross to the host in the forward and back in the backward, beside the stage's
-    L layers: m (max(0, B / bw - L t_f) + max(0, B / bw - L t_b)), t_f and t_b a layer's
-    forward and backward phases; the step grows by that alone."""
+B200, GB200 = "DGX_B200_1K_MC", NVL72
+#: (fleet, its host link one way, TP, layers offloaded, whether the forward and the backward
+#: stall): H100s and B200s on PCIe Gen5 x16, GB200s on NVLink-C2C (225 GB/s a GPU, the
+#: catalog's assumption; at 450 the GB200 layout would not stall)
+STALLS = [(H100, 64e9, 1, 16, True, False), (H100, 64e9, 1, 31, True, False),
+          (H100, 64e9, 2, 16, False, False), (H100, 64e9, 2, 24, True, False),
+          (H100, 64e9, 4, 31, True, False), (B200, 64e9, 1, 24, True, True),
+          (GB200, 225e9, 1, 24, False, False), (GB200, 225e9, 1, 31, True, False)]
+
+
+@pytest.mark.parametrize("fleet, bw, tp, n, forward, backward", STALLS)
+def test_the_copies_stall_what_they_outlast(fleet, bw, tp, n, forward, backward):
+    """Llama 3 8B: each microbatch's offloaded bytes B cross to the host in the forward and
+    back in the backward, beside the stage's L layers: m (max(0, B / bw - L t_f) + max(0,
+    B / bw - L t_b)), t_f and t_b a layer's forward and backward phases; the step grows by
+    that alone, and step_components names it."""
     kw = dict(batch_size=256, seq_len=8192, tp_size=tp, pp_size=1, dp_size=64,
               micro_batch_size=1, sequence_parallel=tp > 1, zero_stage=1)
-    base = solve("Llama3_8B_MC", H100, **kw)
-    out = solve("Llama3_8B_MC", H100, **kw, **{N: n})
-    ns = chain("Llama3_8B_MC", H100, **kw, **{N: n})
+    base = solve("Llama3_8B_MC", fleet, **kw)
+    out = solve("Llama3_8B_MC", fleet, **kw, **{N: n})
+    ns = chain("Llama3_8B_MC", fleet, **kw, **{N: n})
     moved = float(base["memory_activations"] - out["memory_activations"])
-    copy = moved / 64e9
+    copy = moved / bw
     m = 256 / 64
-    expect = m * (max(copy - 32 * float(ns.pl.window_f), 0.0)
-                  + max(copy - 32 * float(ns.pl.window_b), 0.0))
-    assert ns.hw.host_bw == 64e9
+    f = copy - 32 * float(ns.pl.window_f)
+    b = copy - 32 * float(ns.pl.window_b)
+    assert ns.hw.host_bw == bw
+    assert (f > 0, b > 0) == (forward, backward)
+    expect = m * (max(f, 0.0) + max(b, 0.0))
     assert float(out["offload_latency"]) == pytest.approx(expect, rel=1e-12)
     assert float(out["step_latency_total"] - base["step_latency_total"]) == pytest.approx(
         expect, rel=1e-9)
-    assert (expect > 0.0) == ((tp, n) != (2, 16))
     parts = step_components(out, physics="megatron")
     assert parts["activation offload"] == float(out["offload_latency"])
     assert sum(parts.values()) == pytest.approx(float(out["step_latency_total"]), rel=1e-12)
+
+
+def test_a_cube_from_before_it_has_no_stall():
+    """step_components of outputs without offload_latency (a cube written before it was
+    priced): the term is 0.0 and the terms still sum to the step."""
+    out = dict(solve("Llama3_8B_MC", H100, batch_size=256, seq_len=8192, tp_size=1, pp_size=1,
+                     dp_size=64))
+    out.pop("offload_latency")
+    parts = step_components(out, physics="megatron")
+    assert parts["activation offload"] == 0.0
+    assert sum(parts.values()) == pytest.approx(float(out["step_latency_total"]), rel=1e-12)
+
+
+def test_fused_calls_of_valid_layouts_only():
+    """A fused call whose layouts are all valid (the kernel's offload_latency one shared view
+    of 0.0) and some offload: those are priced beside it, the rest keep 0.0."""
+    n = 5000
+    layers = np.where(np.arange(n) % 3 == 0, 20, 0)
+    out = engines_agree("Llama3_70B_MC", H100, **KW, **{N: layers})
+    assert np.asarray(out["valid"]).all()
+    assert (np.asarray(out["memory_activations"])[layers > 0]
+            < np.asarray(out["memory_activations"])[layers == 0][0]).all()
 
 
 def test_a_faster_host_link_hides_more():
@@ -160,3 +193,15 @@ def test_more_layers_offloaded_hold_less_and_never_run_faster():
         assert np.all(out["step_latency_total"][valid] >= prev["step_latency_total"][valid])
         prev = out
     assert (prev["offload_latency"][valid] > 0).mean() > 0.1
+
+
+def test_top_breakdown_names_the_stall():
+    """`sweep top --breakdown` shows the stall as its own term, not in "other" (which then
+    holds the step overhead alone)."""
+    from sweep.cli.top import _terms_of
+    kw = dict(batch_size=256, seq_len=8192, tp_size=1, pp_size=1, dp_size=64, zero_stage=1)
+    out = solve("Llama3_8B_MC", H100, **kw, **{N: 31})
+    row = {name: float(np.asarray(value)) for name, value in out.items()}
+    terms = _terms_of(dict(row, physics="megatron"), {}, "megatron")["terms"]
+    assert terms["offload"] == row["offload_latency"] > 0.0
+    assert terms["other"] == pytest.approx(M._constants({})["step_overhead"], rel=1e-6, abs=1e-9)

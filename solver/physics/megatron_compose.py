@@ -545,15 +545,19 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
                               np.where(dense_n > 0, work_dense, 0.0))
             if offloads:
                 # Activation offloading [51] (Megatron-Core's cpu_offloading, one pipeline
-                # stage): the first cpu_offloading_num_layers layers' activations go to the
-                # host as the forward leaves each (Transformer Engine's offload context,
-                # on its own streams) and come back before its backward: the rank holds the
-                # rest ("(num_layers - num_offloaded_layers) * T" at its peak; never the
-                # last layer). The dense layers come first. Their whole stored activations
-                # are taken as offloaded (Transformer Engine moves the tensors its modules
-                # save; the dropout masks and an MoE layer's routing state, saved outside
-                # them, stay: an undercount of what stays).
-                n_off = np.minimum(offload, np.maximum(n - 1, 0))
+                # stage, no recompute): the first cpu_offloading_num_layers layers'
+                # activations go to the host as the forward leaves each (Transformer
+                # Engine's offload context, on its own streams) and come back before its
+                # backward: the rank holds the rest ("(num_layers - num_offloaded_layers) *
+                # T" at its peak; never the last layer). The dense layers come first. Their
+                # whole stored activations are taken as offloaded, as Transformer Engine
+                # 2.10 and later moves every tensor saved in the layer (its first offload
+                # code, NVTE_CPU_OFFLOAD_V1, moved only its own modules' and kept the rest,
+                # the dropout masks and the SwiGLU input among them, and one layer more at
+                # the peak: not priced). Beside recompute, which Megatron-Core refuses with
+                # it, nothing is offloaded.
+                n_off = np.where(np.asarray(sp.rc) == 0,
+                                 np.minimum(offload, np.maximum(n - 1, 0)), 0)
                 off_dense = np.minimum(n_off, dense_n)
                 offloaded = off_dense * act_dense + (n_off - off_dense) * act_moe
                 per_mb = per_mb - offloaded
@@ -680,7 +684,10 @@ def compose(w, c, sp: Split, hw: Hardware, ly: Layer, cm: Communication, pl: Pip
         # on streams of their own beside the layers' work: what a phase's copies outlast of
         # the stage's layers' time in that phase stalls it (Transformer Engine spreads the
         # layers' offloads over the forward, one group's due as the next's layers end: for
-        # like layers, the sum of each group's excess is this one).
+        # like layers, the sum of each group's excess is this one). Optimistic: at the
+        # link's nominal rate (a PCIe Gen5 host-to-device copy measures some 15 % less), and
+        # over all L layers (Transformer Engine's later schedule, one copy after another
+        # on one stream, leaves about L - 2).
         copy = mm.offloaded / hw.host_bw
         layers = pl.layers_stage
         t_offload = m * (np.maximum(copy - layers * pl.window_f, 0.0)

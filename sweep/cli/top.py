@@ -35,6 +35,9 @@ TIME_TERMS = {
 #: The megatron model's host launch time a layer's GPU work does not hide, where the cube
 #: keeps it (else it is part of ``other``).
 LAUNCH_TERM = ("launch", "launch_latency")
+#: The megatron model's stall on activation offloading's host-link copies, where the cube
+#: keeps it (a cube from before 2026-12-06 has none: its layouts offload nothing).
+OFFLOAD_TERM = ("offload", "offload_latency")
 #: step_components' names of the mlsysim terms, as columns.
 _MLSYSIM_COLUMNS = {"replica compute": "compute", "TP communication": "TP",
                     "EP communication": "EP", "pipeline bubble": "bubble",
@@ -161,6 +164,8 @@ def _terms_of(row, fixed, physics) -> dict:
         terms = {label: float(row[name]) for label, name in TIME_TERMS[model]}
         if LAUNCH_TERM[1] in row:  # (a cube from before 2026-12-05 leaves it in "other")
             terms[LAUNCH_TERM[0]] = float(row[LAUNCH_TERM[1]])
+        if OFFLOAD_TERM[1] in row and float(row[OFFLOAD_TERM[1]]) != 0.0:
+            terms[OFFLOAD_TERM[0]] = float(row[OFFLOAD_TERM[1]])
         terms["other"] = step - sum(terms.values())
     memory = {label: float(row[name]) for label, name in MEMORY_TERMS if name in row}
     if memory and "memory_footprint" in row:
@@ -181,7 +186,7 @@ def breakdown_table(cube, points, dims) -> str:
     for model in TIME_TERMS:
         names.update(v for _, v in TIME_TERMS[model])
     names.update(v for _, v in MEMORY_TERMS)
-    names.update((LAUNCH_TERM[1], "memory_footprint"))
+    names.update((LAUNCH_TERM[1], OFFLOAD_TERM[1], "memory_footprint"))
     rows = _rows(points, dims, sorted(names | {"step_latency_total", "straggler_factor"}))
     parts = [_terms_of(row, fixed, physics) for row in rows]
     missing = sorted({n for p in parts for n in p.get("missing", ())})

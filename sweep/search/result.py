@@ -216,8 +216,9 @@ class SearchResult:
                  f"exposed DP {exposed_dp:.4g}, TP {b['tp_communication_latency']:.4g}, CP "
                  f"{b['cp_communication_latency']:.4g}, PP {b['pp_communication_latency']:.4g}, "
                  f"EP {b['ep_communication_latency']:.4g}, bubble "
-                 f"{b['pipeline_bubble_latency']:.4g}, optimizer {b['optimizer_latency']:.4g}; "
-                 f"mfu {b['mfu']:.4f} on {b['n_accelerators']:.0f} accelerators (megatron)"
+                 f"{b['pipeline_bubble_latency']:.4g}, optimizer {b['optimizer_latency']:.4g}"
+                 + (f", offload {b['offload_latency']:.4g}" if b.get('offload_latency') else "")
+                 + f"; mfu {b['mfu']:.4f} on {b['n_accelerators']:.0f} accelerators (megatron)"
                  if physics == "megatron" else None)
         return [first or
             f"step {b['step_latency_total']:.4g} s: replica {b['node_latency']:.4g} s (compute "
