@@ -1732,6 +1732,27 @@ _KERNEL_BOUNDS = tuple(
 # ENGINES and FUSED_MIN_POINTS: the one rule of solver.fused, shared with mlsysim.
 
 
+def _beside_defaults():
+    """Each knob of :data:`_BESIDE_KERNEL` at its default, as :func:`_normalize` codes it."""
+    return {name: (CHOICES[name].index(DEFAULTS[name]) if name in CHOICES else DEFAULTS[name])
+            for name in _BESIDE_KERNEL}
+
+
+def _sets_any(k, defaults):
+    """Whether any knob of ``defaults`` differs from its default in ``k``: the cheap test a
+    small call (a calibration fit's) makes before :func:`_beside_rows` reads them one by one."""
+    for name, default in defaults.items():
+        value = k.get(name)
+        if value is None:
+            continue
+        if getattr(value, "ndim", 0):
+            if (value != default).any():
+                return True
+        elif value != default:
+            return True
+    return False
+
+
 def _beside_rows(w, k, shape, fleet=None):
     """Which configurations set a knob the fused kernel does not read (:data:`_BESIDE_KERNEL`)
     where it matters, flat: ``(rule, priced)``, the rows where a knob only breaks its rule
@@ -1762,6 +1783,10 @@ def _beside_rows(w, k, shape, fleet=None):
     ``offload_latency`` is 0.0); under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
     optimizer does (priced with it) and the blockwise recipes, whose rule is the fleet's,
     are priced again."""
+    foreign_arch = bool(w.moe and fleet is not None and (
+        fleet.node.accelerator.architecture or "").lower() not in steps.FLEX_ARCHITECTURES)
+    if not foreign_arch and not _sets_any(k, _BESIDE_DEFAULTS):
+        return None
     rnl = np.asarray(k.get("recompute_num_layers", 0))
     cpc = np.asarray(k.get("cp_comm_type", 0))
     fp8_params = np.asarray(k.get("fp8_param_gather", False))
@@ -1780,8 +1805,7 @@ def _beside_rows(w, k, shape, fleet=None):
     hybrid = steps.hybridep(k) if w.moe else np.zeros((), dtype=bool)
     # (the flex dispatcher on an accelerator its backends do not run on only breaks its rule)
     foreign = np.zeros((), dtype=bool)
-    if w.moe and fleet is not None and (fleet.node.accelerator.architecture or "").lower() \
-            not in steps.FLEX_ARCHITECTURES:
+    if foreign_arch:
         foreign = np.asarray(k["moe_enable_deepep"])
     if not (np.any(rnl != 0) or np.any(cpc != 0) or np.any(fp8_params) or np.any(ce_te)
             or np.any(pa) or np.any(dtypes) or np.any(grouped) or np.any(modules)
@@ -1847,6 +1871,9 @@ def _beside_rows(w, k, shape, fleet=None):
         se_overlap = np.zeros(n, dtype=bool)
     return ((rnl & ~full) | (fp8_params & ~gathers_fp8) | (pa & ~pa_on) | (flat(dtypes) & ~pa)
             | broken | moe_overlap | uniform | se_overlap | flat(foreign)), priced
+
+
+_BESIDE_DEFAULTS = _beside_defaults()
 
 
 def _beside_kernel(w: _Shape, fleet: Fleet, k, c, shape, out, rows):
