@@ -1783,8 +1783,7 @@ def _beside_rows(w, k, shape, fleet=None):
     ``offload_latency`` is 0.0); under FP8, ``fp8_recipe`` "tensorwise" changes what the precision-aware
     optimizer does (priced with it) and the blockwise recipes, whose rule is the fleet's,
     are priced again."""
-    foreign_arch = bool(w.moe and fleet is not None and (
-        fleet.node.accelerator.architecture or "").lower() not in steps.FLEX_ARCHITECTURES)
+    foreign_arch = bool(w.moe and fleet is not None and not steps.flex_runs_on(fleet))
     if not foreign_arch and not _sets_any(k, _BESIDE_DEFAULTS):
         return None
     rnl = np.asarray(k.get("recompute_num_layers", 0))

@@ -573,8 +573,7 @@ def realizable_conditions(w, fleet, k, m_exact, n_acc) -> dict:
             & (np.asarray(k.get("cpu_offloading_num_layers", 0)) < w.layers)
             & (fleet.node.accelerator.host_link_bandwidth is not None)),
         # Megatron-Bridge's validate_flex_dispatcher_backend [39] [50]
-        "flex_architecture": ~k["moe_enable_deepep"] | (not w.moe) | (
-            (fleet.node.accelerator.architecture or "").lower() in FLEX_ARCHITECTURES),
+        "flex_architecture": ~k["moe_enable_deepep"] | (not w.moe) | flex_runs_on(fleet),
         # Megatron-Core's TransformerConfig: "moe_router_num_groups must be specified", the
         # experts divisible by it, moe_router_group_topk no larger; Transformer Engine's
         # fused router: "topk must be divisible by group_topk" (the unfused one ranks groups
@@ -1252,6 +1251,13 @@ FLEX_ARCHITECTURES = ("ampere", "hopper", "blackwell")
 #: The ranks of one NVLink domain HybridEP reaches ("Now we support up to 72(GB200) ranks
 #: per node", a node its NVLink domain) [50]: a whole NVL72 rack.
 HYBRIDEP_NVL_PEERS = 72.0
+
+
+def flex_runs_on(fleet):
+    """Whether the flex dispatcher's backends run on the fleet's accelerator: an NVIDIA
+    architecture of :data:`FLEX_ARCHITECTURES` (the catalog's ``architecture``; one that
+    states none is taken to lack it) [39] [50]."""
+    return (fleet.node.accelerator.architecture or "").lower() in FLEX_ARCHITECTURES
 
 
 def hybridep(k):
