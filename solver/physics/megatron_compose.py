@@ -607,10 +607,13 @@ def memory(w, k, sp: Split, hw: Hardware, ly: Layer, pl: Pipeline, dpr: DataPara
         # rounding, a tie broken either way)
         foot = params * state + experts * state_e + np.maximum(
             act + buffers - (params * sc + experts * sce), 0.0)
-        this = (params, experts, act, foot, offloaded)
+        # (the offloaded bytes ride along only where some layout offloads: no full-size
+        # selection of zeros on every call)
+        this = (params, experts, act, foot) + ((offloaded,) if offloads else ())
         best = this if best is None else tuple(
             np.where(foot > best[3], a, b) for a, b in zip(this, best))
-    params, experts, activations, footprint, offloaded = best
+    params, experts, activations, footprint = best[:4]
+    offloaded = best[4] if offloads else 0.0
     return Memory(weights=params * sw + experts * swe, grads=params * sg + experts * sge,
                   optim=params * so + experts * soe, activations=activations,
                   buffers=buffers, footprint=footprint, offloaded=offloaded)

@@ -1390,7 +1390,7 @@ def communication(w, k, c, sp: Split, hw: Hardware, ly: Layer) -> Communication:
         rest_f = tp_f - ly.moe_share * t_ar
         rest_b = tp_b - ly.moe_share * calls_b * t_ar
         window_f = ly.t_tp_gemms_f - ly.moe_share * t_shared
-        window_b = hide_b - ly.moe_share * (1.0 + again_f + again_pairs) * t_shared
+        window_b = hide_b - ly.moe_share * (1.0 + calls_b) * t_shared
         se_f = rest_f - tp_hidden * np.minimum(rest_f, window_f) + ly.moe_share * t_ar16
         se_b = rest_b - tp_hidden * np.minimum(rest_b, window_b) + ly.moe_share * calls_b * t_ar16
         tp_total = np.where(sp.se_overlap, tp_total + ly.moe_share * (1.0 + calls_b)
