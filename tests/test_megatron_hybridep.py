@@ -106,6 +106,19 @@ def test_hybrideps_own_checks_of_its_ranks_a_domain():
     assert why("Qwen3_235B_A22B_MC", HGX, **dict(odd, etp_size=2, dp_size=4, batch_size=4)) == []
 
 
+def test_hybrideps_experts_times_ranks_a_domain_divisible_by_4():
+    """``(num_of_experts_per_rank * num_of_ranks_per_node) % 4 == 0``: six experts over EP 2
+    leave 3 a rank, in groups of 2 ranks a node: 6, refused; expert TP 2 makes the groups 4
+    ranks (12), and eight experts make 4 a rank (8): the product is checked, not either
+    factor. DeepEP alone checks none of it."""
+    six = dataclasses.replace(catalog.workload("Mixtral_8x7B_MC"), name="6 experts", experts=6)
+    kw = dict(KW, pp_size=1, ep_size=2, dp_size=8, batch_size=64, **{BACKEND: "hybridep"})
+    assert why(six, HGX, **kw) == ["hybridep_layout"]
+    assert why(six, HGX, **dict(kw, etp_size=2)) == []
+    assert why("Mixtral_8x7B_MC", HGX, **kw) == []
+    assert why(six, HGX, **dict(kw, **{BACKEND: "deepep"})) == []
+
+
 def test_reach_is_the_whole_rack_up_to_72():
     """A flex group of 72 ranks (expert TP 9 x EP 8) filling a rack of 72: HybridEP's NVLink
     reaches all 72, so each EP block's 9 ranks are near and nothing crosses the NICs: 71

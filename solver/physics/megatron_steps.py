@@ -416,8 +416,9 @@ REALIZABLE_CONDITIONS = {
     "hybridep_layout": "the flex dispatcher's HybridEP backend (moe_flex_dispatcher_backend "
                        "'hybridep') needs its group (etp_size x ep_size ranks) split evenly "
                        "over the NVLink domains it spans (inside one that its groups tile, or "
-                       "whole ones), at most 72 and an even number of them a domain, and a "
-                       "hidden size divisible by 512 [50]",
+                       "whole ones), at most 72 and an even number of them a domain, its "
+                       "local experts (experts / ep_size) times those ranks divisible by 4, "
+                       "and a hidden size divisible by 512 [50]",
     "cpu_offloading": "cpu_offloading_num_layers (activations offloaded to the host) needs "
                       "pp_size 1, recompute='none', fewer than the model's layers, and the "
                       "accelerator's host link in the catalog (host_link_bandwidth) [51]",
@@ -1272,14 +1273,18 @@ def _hybridep_groups_hold(w, fleet, k, n_acc):
     evenly over the NVLink domains it spans ("The number of ranks ... should be divisible
     by the number of ranks per NVLink domain"): inside one domain that its groups tile
     (Hardware.within's rule), or over whole domains; at most 72 of its ranks in a domain
-    (``MAX_NUM_OF_RANKS_PER_NODE``), an even number of them (``config.cuh``'s
-    ``is_valid``), and a hidden size divisible by 512 (the same)."""
+    (``MAX_NUM_OF_RANKS_PER_NODE``), an even number of them, their count times the rank's
+    experts (``num_local_experts``, experts / ep) divisible by 4
+    (``(num_of_experts_per_rank * num_of_ranks_per_node) % 4 == 0``), and a hidden size
+    divisible by 512 (all three ``config.cuh``'s ``is_valid``, which DeepEP's Python buffer
+    asserts as it is built, at the first dispatch)."""
     domain = float(fleet.node.scale_up_domain or fleet.node.accelerators_per_node)
-    span = np.asarray(k.get("etp_size", k["tp_size"]), dtype=np.float64) * k["ep_size"]
+    ep = np.asarray(k["ep_size"], dtype=np.float64)
+    span = np.asarray(k.get("etp_size", k["tp_size"]), dtype=np.float64) * ep
     per_domain = np.minimum(span, domain)
     even = groups_within(domain, span, n_acc) | (np.mod(span, domain) == 0)
     return even & (per_domain <= HYBRIDEP_NVL_PEERS) & (np.mod(per_domain, 2) == 0) & (
-        w.hidden % 512 == 0)
+        np.mod(w.experts / ep * per_domain, 4) == 0) & (w.hidden % 512 == 0)
 
 
 def flex_dispatch_time(token_bytes, experts, top_k, ep, n, near, hw, call_lat, groups=0,
