@@ -25,6 +25,7 @@ import argparse
 import csv
 import dataclasses
 import datetime
+import decimal
 import hashlib
 import json
 import platform
@@ -775,6 +776,14 @@ def main(argv=None):
     return results
 
 
+def _cut(x, digits=3):
+    """``x`` with ``digits`` decimals, cut toward zero, never rounded up: the rule for every
+    figure the README quotes (the errors and the taus of fidelity.md's tables)."""
+    q = decimal.Decimal(repr(float(x))).quantize(decimal.Decimal(1).scaleb(-digits),
+                                                  rounding=decimal.ROUND_DOWN)
+    return f"{q:.{digits}f}"
+
+
 def markdown(res):
     meta = res["meta"]
     out = ["# Fidelity against published runs\n",
@@ -782,7 +791,8 @@ def markdown(res):
            f"python {meta['machine']['python']}, numpy {meta['machine']['numpy']}",
            f"- command: `{meta['command']}`", f"- data sha256[:16]: {meta['data_sha256_16']}", "",
            "Absolute percentage error of step time (mean / max). In-sample: all-data fit; LOSO: fitted "
-           "without the source.", "",
+           "without the source. The errors and the taus of the two tables are cut to three decimals, "
+           "not rounded (never up).", "",
            "| source | n | megatron in-sample | megatron LOSO | mlsysim in-sample | mlsysim LOSO |",
            "|---|---|---|---|---|---|"]
     ins, loso = res["in_sample"], res.get("loso")
@@ -792,7 +802,7 @@ def markdown(res):
         a, b = ins["megatron"][src], ins["mlsysim"][src]
         la = loso["megatron"].get(src) if loso else None
         lb = loso["mlsysim"].get(src) if loso else None
-        fmt = lambda d: f"{d['mean_ape']:.1f} / {d['max_ape']:.1f}" if d else "-"
+        fmt = lambda d: f"{_cut(d['mean_ape'])} / {_cut(d['max_ape'])}" if d else "-"
         out.append(f"| {src} | {a['n']} | {fmt(a)} | {fmt(la)} | {fmt(b)} | {fmt(lb)} |")
     vt = ins["megatron"].get("VTRAIN", {})
     if vt:
@@ -800,8 +810,8 @@ def markdown(res):
                 "| model | megatron in-sample | megatron LOSO | mlsysim in-sample |", "|---|---|---|---|"]
         lt = loso["megatron"]["VTRAIN"]["kendall_tau"] if loso else [None] * 8
         for i, (a, b) in enumerate(zip(vt["kendall_tau"], ins["mlsysim"]["VTRAIN"]["kendall_tau"])):
-            out.append(f"| group {i} | {a:.3f} | {lt[i]:.3f} | {b:.3f} |" if lt[i] is not None
-                       else f"| group {i} | {a:.3f} | - | {b:.3f} |")
+            out.append(f"| group {i} | {_cut(a)} | {_cut(lt[i])} | {_cut(b)} |" if lt[i] is not None
+                       else f"| group {i} | {_cut(a)} | - | {_cut(b)} |")
     fl = res.get("vtrain_floor")
     if fl:
         a, b = fl["at_loso"], fl["at_all_data"]
