@@ -776,12 +776,22 @@ def main(argv=None):
     return results
 
 
-def _cut(x, digits=3):
+def _cut(x, digits=3, sign=False):
     """``x`` with ``digits`` decimals, cut toward zero, never rounded up: the rule for every
-    figure the README quotes (the errors and the taus of fidelity.md's tables)."""
+    figure the README quotes (every figure fidelity.md writes). ``sign``: a "+" on the
+    positive ones."""
     q = decimal.Decimal(repr(float(x))).quantize(decimal.Decimal(1).scaleb(-digits),
                                                   rounding=decimal.ROUND_DOWN)
-    return f"{q:.{digits}f}"
+    return f"{q:{'+' if sign else ''}.{digits}f}"
+
+
+def _cut_sig(x, digits):
+    """``x`` to ``digits`` significant digits, cut toward zero (as ``:.{digits}g`` rounds)."""
+    d = decimal.Decimal(repr(float(x)))
+    if d == 0:
+        return "0"
+    q = d.quantize(decimal.Decimal(1).scaleb(d.adjusted() - digits + 1), rounding=decimal.ROUND_DOWN)
+    return format(q.normalize(), "f")
 
 
 def markdown(res):
@@ -791,8 +801,8 @@ def markdown(res):
            f"python {meta['machine']['python']}, numpy {meta['machine']['numpy']}",
            f"- command: `{meta['command']}`", f"- data sha256[:16]: {meta['data_sha256_16']}", "",
            "Absolute percentage error of step time (mean / max). In-sample: all-data fit; LOSO: fitted "
-           "without the source. The errors and the taus of the two tables are cut to three decimals, "
-           "not rounded (never up).", "",
+           "without the source. Every figure of this file is cut toward zero at the digits it shows, "
+           "never rounded up; the first two tables' to three decimals.", "",
            "| source | n | megatron in-sample | megatron LOSO | mlsysim in-sample | mlsysim LOSO |",
            "|---|---|---|---|---|---|"]
     ins, loso = res["in_sample"], res.get("loso")
@@ -818,12 +828,12 @@ def markdown(res):
         ta, tb = a["vtrain"]["kendall_tau"], b["vtrain"]["kendall_tau"]
         out += ["", f"vTrain's LOSO error, taken apart: fitted without vTrain, `{fl['constant']}` (the host "
                 f"time to launch a layer's kernels, a floor under each layer's forward) stays at "
-                f"{fl['loso_value'] * 1e3:.3g} ms, near its prior: no published run identifies it (their mean "
-                f"error is {a['published_mean_ape']:.2f} % there and {b['published_mean_ape']:.2f} % at the "
-                f"all-data fit's {fl['all_data_value'] * 1e3:.3g} ms, every other constant the fold's). "
-                f"At the fold's value vTrain is off {a['vtrain']['mean_ape']:.1f} / {a['vtrain']['max_ape']:.1f} % "
-                f"(tau {min(ta):.2f}-{max(ta):.2f}); with that one constant at the all-data value, "
-                f"{b['vtrain']['mean_ape']:.1f} / {b['vtrain']['max_ape']:.1f} % (tau {min(tb):.2f}-{max(tb):.2f}). "
+                f"{_cut_sig(fl['loso_value'] * 1e3, 3)} ms, near its prior: no published run identifies it (their mean "
+                f"error is {_cut(a['published_mean_ape'], 2)} % there and {_cut(b['published_mean_ape'], 2)} % at the "
+                f"all-data fit's {_cut_sig(fl['all_data_value'] * 1e3, 3)} ms, every other constant the fold's). "
+                f"At the fold's value vTrain is off {_cut(a['vtrain']['mean_ape'], 1)} / {_cut(a['vtrain']['max_ape'], 1)} % "
+                f"(tau {_cut(min(ta), 2)}-{_cut(max(ta), 2)}); with that one constant at the all-data value, "
+                f"{_cut(b['vtrain']['mean_ape'], 1)} / {_cut(b['vtrain']['max_ape'], 1)} % (tau {_cut(min(tb), 2)}-{_cut(max(tb), 2)}). "
                 "The all-data value is vTrain's own fit, so the second figure is a sensitivity, not an "
                 "out-of-sample error."]
     bt = res.get("vtrain_by_tp")
@@ -831,7 +841,7 @@ def markdown(res):
         out += ["", "vTrain in sample by tensor-parallel degree (signed mean, +: predicted slower; "
                 "mean / max absolute, %):", "", "| TP | layouts | signed mean | mean / max |", "|---|---|---|---|"]
         for tp, d in bt["by_tp"].items():
-            out.append(f"| {tp} | {d['n']} | {d['mean_signed']:+.1f} | {d['mean_ape']:.1f} / {d['max_ape']:.1f} |")
+            out.append(f"| {tp} | {d['n']} | {_cut(d['mean_signed'], 1, sign=True)} | {_cut(d['mean_ape'], 1)} / {_cut(d['max_ape'], 1)} |")
         cells = bt.get("by_tp_and_microbatch", {})
         if cells:
             mbs_all = sorted({c["micro_batch_size"] for c in cells.values()})
@@ -842,14 +852,14 @@ def markdown(res):
             for tp in bt["by_tp"]:
                 row = [cells.get(f"{tp}x{m}") for m in mbs_all]
                 out.append(f"| {tp} | " + " | ".join(
-                    f"{c['mean_signed']:+.1f} ({c['n']})" if c else "-" for c in row) + " |")
+                    f"{_cut(c['mean_signed'], 1, sign=True)} ({c['n']})" if c else "-" for c in row) + " |")
         sl = bt["tp8_per_layer_per_microbatch"]
         n_slower = sum(g["mbs1_ms"] > g["mbs2_ms"] for g in sl)
         out += ["", f"At TP 8 (no pipeline, no data parallelism) vTrain measured a microbatch of one "
                 f"sequence slower than one of two, per microbatch and layer, in {n_slower} of {len(sl)} "
-                "groups (" + ", ".join(f"{g['group']} {g['mbs1_ms']:.2f} vs {g['mbs2_ms']:.2f} ms" for g in sl)
+                "groups (" + ", ".join(f"{g['group']} {_cut(g['mbs1_ms'], 2)} vs {_cut(g['mbs2_ms'], 2)} ms" for g in sl)
                 + "): more work in less time, which no model where work costs time fits. "
-                + (f"The in-sample max ({bt['by_tp'][8]['max_ape']:.1f} %) is a TP 8 layout."
+                + (f"The in-sample max ({_cut(bt['by_tp'][8]['max_ape'], 1)} %) is a TP 8 layout."
                    if 8 in bt["by_tp"] and bt["by_tp"][8]["max_ape"] >= max(
                        d["max_ape"] for d in bt["by_tp"].values()) else "")]
     pairs = res.get("vtrain_pipeline_pairs")
@@ -859,26 +869,26 @@ def markdown(res):
                 "Its simulator skips the recompute on the last pipeline stage, so with no pipeline "
                 f"nothing; over the {m['n']} pairs of layouts that differ only in pipeline 2 against data "
                 "parallel 2, the pipelined step is a median "
-                f"{m['median']:.3f}x the other's measured (10th-90th percentile "
-                f"{m['p10']:.3f}-{m['p90']:.3f}x), {e['median']:.3f}x in the model with "
-                f"every stage recomputing, {sr['median']:.3f}x with the simulator's rule."]
+                f"{_cut(m['median'], 3)}x the other's measured (10th-90th percentile "
+                f"{_cut(m['p10'], 3)}-{_cut(m['p90'], 3)}x), {_cut(e['median'], 3)}x in the model with "
+                f"every stage recomputing, {_cut(sr['median'], 3)}x with the simulator's rule."]
     out += ["", "Model-size trend (NAR21 Table 1, MLM24 weak scaling): step [s] and MFU (Megatron-LM's "
             "model FLOPs over the dense 16-bit peak, the same count for measured and predicted)", "",
             "| run | params [B] | measured s | megatron s | MFU measured | MFU megatron | MFU megatron LOSO |",
             "|---|---|---|---|---|---|---|"]
     for t in res["size_trend"]:
-        lo = f"{t['mfu_loso'] * 100:.1f} %" if "mfu_loso" in t else "-"
-        out.append(f"| {t['run_id']} | {t['params_B']:.1f} | {t['measured_s']:.3f} | {t['predicted_s']:.3f} | "
-                   f"{t['mfu_measured'] * 100:.1f} % | {t['mfu_predicted'] * 100:.1f} % | {lo} |")
+        lo = f"{_cut(t['mfu_loso'] * 100, 1)} %" if "mfu_loso" in t else "-"
+        out.append(f"| {t['run_id']} | {_cut(t['params_B'], 1)} | {_cut(t['measured_s'], 3)} | {_cut(t['predicted_s'], 3)} | "
+                   f"{_cut(t['mfu_measured'] * 100, 1)} % | {_cut(t['mfu_predicted'] * 100, 1)} % | {lo} |")
     for prefix in ("NAR21-T1", "MLM24-WS"):
         rows = [t for t in res["size_trend"] if t["run_id"].startswith(prefix)]
         if len(rows) > 2:
             meas = [t["mfu_measured"] for t in rows]
-            txt = (f"- {prefix}: Kendall tau of MFU vs model size, measured {kendall(range(len(rows)), meas):.2f}, "
-                   f"megatron {kendall(range(len(rows)), [t['mfu_predicted'] for t in rows]):.2f}")
+            txt = (f"- {prefix}: Kendall tau of MFU vs model size, measured {_cut(kendall(range(len(rows)), meas), 2)}, "
+                   f"megatron {_cut(kendall(range(len(rows)), [t['mfu_predicted'] for t in rows]), 2)}")
             if "mfu_loso" in rows[0]:
-                txt += f", megatron LOSO {kendall(range(len(rows)), [t['mfu_loso'] for t in rows]):.2f}"
-            txt += f"; tau of predicted vs measured MFU {kendall(meas, [t['mfu_predicted'] for t in rows]):.2f}"
+                txt += f", megatron LOSO {_cut(kendall(range(len(rows)), [t['mfu_loso'] for t in rows]), 2)}"
+            txt += f"; tau of predicted vs measured MFU {_cut(kendall(meas, [t['mfu_predicted'] for t in rows]), 2)}"
             out.append(txt)
     mem = res.get("memory")
     if mem:
@@ -890,10 +900,10 @@ def markdown(res):
                 "accelerator's capacity as the device reports it, e.g. 81,559 MiB on an H100; a published "
                 "run's chosen candidate): "
                 f"{len(bad)} of {len(pub)} published runs over capacity"
-                + (" (" + ", ".join(f"{p['run_id']} {p['ratio']:.3f}" for p in bad) + ")" if bad else "")
-                + f"; largest share {worst['ratio']:.3f} ({worst['run_id']}); vTrain: {vt_over} of {vt_n} "
+                + (" (" + ", ".join(f"{p['run_id']} {_cut(p['ratio'], 3)}" for p in bad) + ")" if bad else "")
+                + f"; largest share {_cut(worst['ratio'], 3)} ({worst['run_id']}); vTrain: {vt_over} of {vt_n} "
                 f"layouts over their A100 40GB's 40,339 MiB (largest share "
-                f"{max(g['max_ratio'] for g in mem['vtrain']):.3f})."
+                f"{_cut(max(g['max_ratio'] for g in mem['vtrain']), 3)})."
                 + (" Those layouts ran, so the model's memory overstates them; `feasible` rules them out."
                    if bad or vt_over else " Every layout that ran fits.")]
     per_run = res.get("per_run", [])
@@ -904,9 +914,9 @@ def markdown(res):
                 "| run | source | measured s | in-sample | LOSO |", "|---|---|---|---|---|"]
         for p in per_run:
             m = p["measured_s"]
-            out.append(f"| {p['run_id']} | {p['source']} | {m:.4g} | "
-                       f"{(p['megatron_s'] / m - 1) * 100:+.1f} % | "
-                       f"{(p['megatron_loso_s'] / m - 1) * 100:+.1f} % |")
+            out.append(f"| {p['run_id']} | {p['source']} | {_cut_sig(m, 4)} | "
+                       f"{_cut((p['megatron_s'] / m - 1) * 100, 1, sign=True)} % | "
+                       f"{_cut((p['megatron_loso_s'] / m - 1) * 100, 1, sign=True)} % |")
     out += ["", "Skipped runs: " + "; ".join(f"{s['run_id']} ({s['why']})" for s in res["skipped"]), ""]
     return "\n".join(out) + "\n"
 

@@ -3,6 +3,8 @@
 import pathlib
 import re
 
+import pytest
+
 _MEGATRON = re.compile(r"megatron|_MC\b", re.IGNORECASE)
 
 
@@ -11,12 +13,13 @@ def _reaches_megatron(item, cache):
     its own id (a notebook's name, a parameter), names the megatron physics or a megatron
     catalog entry (``*_MC``). A test that does without saying so only runs sooner than it
     would (and, where the kernel is not in numba's cache yet, compiles it itself)."""
-    path = pathlib.Path(str(item.fspath))
+    path = pathlib.Path(item.path)
     if path not in cache:
-        cache[path] = bool(_MEGATRON.search(path.read_text()))
+        cache[path] = bool(_MEGATRON.search(path.read_text(encoding="utf-8")))
     return cache[path] or bool(_MEGATRON.search(item.nodeid))
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected theirs
 def pytest_collection_modifyitems(session, config, items):
     """Start each collected test module's background work (``start_in_background``), once,
     as soon as the session knows which tests it runs, and run the tests that do not reach
@@ -29,6 +32,8 @@ def pytest_collection_modifyitems(session, config, items):
     (``wait_until_warm``) and reads the kernel from the cache, instead of compiling it a
     second time beside the probe.
     """
+    if config.option.collectonly:
+        return
     cache = {}
     late = [_reaches_megatron(item, cache) for item in items]
     items[:] = ([item for item, x in zip(items, late) if not x]
@@ -50,6 +55,8 @@ def _wait_before_compiling(wait):
     try:
         from solver.fused import megatron_kernel as mk
     except ImportError:  # no numba: nothing compiles
+        return
+    if not mk._CACHE:  # the kernel does not read numba's cache: the probe's compile is its own
         return
     compile_ = mk._compile
 

@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -84,7 +85,7 @@ for family in only:
     else:
         counts.update({name: packed_divisions(fn) for name, fn in kernels.items()})
 if again:  # compile those again where no cache holds them
-    fresh = tempfile.mkdtemp(prefix="numba-probe-")
+    fresh = tempfile.mkdtemp(prefix="numba-probe-", dir=os.environ.get("PROBE_SCRATCH"))
     try:
         env = {**os.environ, "NUMBA_CACHE_DIR": fresh, "PROBE_ONLY": ",".join(again),
                "PROBE_WARM_MARKER": ""}
@@ -115,13 +116,15 @@ def start_in_background():
     scratch = tempfile.mkdtemp(prefix="probe-")
     marker = os.path.join(scratch, "warm")
     err = open(os.path.join(scratch, "stderr"), "w+")
+    # a session of its own: stop() ends the probe and the compile it may start in turn
     proc = subprocess.Popen([sys.executable, "-c", _PROBE, _PROBE], stdout=subprocess.PIPE,
-                            stderr=err, text=True, env={**os.environ, "PROBE_WARM_MARKER": marker})
+                            stderr=err, text=True, start_new_session=True,
+                            env={**os.environ, "PROBE_WARM_MARKER": marker, "PROBE_SCRATCH": scratch})
     _PROBE_RUN.update(proc=proc, scratch=scratch, marker=marker, err=err)
 
     def stop():
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # (a probe that exited waited for its compile)
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         err.close()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -117,6 +117,13 @@ def test_hybrideps_experts_times_ranks_a_domain_divisible_by_4():
     assert why(six, HGX, **dict(kw, etp_size=2)) == []
     assert why("Mixtral_8x7B_MC", HGX, **kw) == []
     assert why(six, HGX, **dict(kw, **{BACKEND: "deepep"})) == []
+    # the ranks counted are those in one domain, not the group's: expert TP 2 x EP 2 over
+    # NVLink domains of 2 is 2 ranks a domain (3 x 2, refused), not 4
+    hgx = catalog.fleet(HGX)
+    pairs = dataclasses.replace(hgx, node=dataclasses.replace(hgx.node, scale_up_domain=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the shape's parameters against the declared count)
+        assert sorted(M.why_unrealizable(six, pairs, **dict(kw, etp_size=2))) == ["hybridep_layout"]
 
 
 def test_reach_is_the_whole_rack_up_to_72():
