@@ -124,6 +124,16 @@ def test_hybrideps_experts_times_ranks_a_domain_divisible_by_4():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the shape's parameters against the declared count)
         assert sorted(M.why_unrealizable(six, pairs, **dict(kw, etp_size=2))) == ["hybridep_layout"]
+    # the fused engine (which prices HybridEP's rows beside its kernel) refuses what the
+    # check refuses, bit for bit the numpy path, on random layouts past the kernel's own size
+    rng = np.random.default_rng(4646)
+    n = 5000
+    knobs = dict(_draw(rng, n, dp_given=True, etp_given=True), moe_enable_deepep=np.ones(n, bool),
+                 **{BACKEND: "hybridep"})
+    out = engines_agree(six, HGX, **knobs)
+    ranks = np.minimum(knobs["etp_size"] * knobs["ep_size"], 8)
+    binds = np.asarray(out["valid"]) & (ranks % 2 == 0) & ((6 / knobs["ep_size"] * ranks) % 4 != 0)
+    assert binds.sum() > 100 and not np.asarray(out["realizable"])[binds].any()
 
 
 def test_reach_is_the_whole_rack_up_to_72():
